@@ -1,0 +1,66 @@
+// The Python module qbackend._C: the CPU probe and ISA cap. The ops register themselves with the
+// torch dispatcher (TORCH_LIBRARY_FRAGMENT(qbackend, ...)) when this library is loaded.
+#include <torch/extension.h>
+
+#include <fbgemm/Utils.h>
+
+#include "cpu/probe.h"
+
+namespace {
+
+pybind11::dict cpu_probe() {
+  const auto& f = qbackend::cpu::probe();
+  pybind11::dict d;
+  d["vendor"] = f.vendor;
+  d["model_name"] = f.model_name;
+  auto put = [&](const char* name, const qbackend::cpu::Feature& x) {
+    d[name] = pybind11::make_tuple(x.cpu, x.os);
+  };
+  put("avx2", f.avx2);
+  put("fma", f.fma);
+  put("avx512f", f.avx512f);
+  put("avx512bw", f.avx512bw);
+  put("avx512vl", f.avx512vl);
+  put("avx512dq", f.avx512dq);
+  put("avx512_vnni", f.avx512_vnni);
+  put("avx_vnni", f.avx_vnni);
+  put("avx512_bf16", f.avx512_bf16);
+  put("amx_tile", f.amx_tile);
+  put("amx_int8", f.amx_int8);
+  put("amx_bf16", f.amx_bf16);
+  return d;
+}
+
+std::string fbgemm_isa() {
+  switch (fbgemm::fbgemmInstructionSet()) {
+    case fbgemm::inst_set_t::avx2: return "avx2";
+    case fbgemm::inst_set_t::avx512: return "avx512";
+    case fbgemm::inst_set_t::avx512_ymm: return "avx512_ymm";
+    case fbgemm::inst_set_t::avx512_vnni: return "avx512_vnni";
+    case fbgemm::inst_set_t::avx512_vnni_ymm: return "avx512_vnni_ymm";
+    default: return "other";
+  }
+}
+
+// Caps our own kernels at `level` (see probe.h) and forces FBGEMM to the matching ISA, so that a
+// QBACKEND_ISA override keeps every kernel honest. level < 0 removes our cap (FBGEMM untouched).
+void set_isa_cap(int level) {
+  qbackend::cpu::set_level_cap(level);
+  if (level < 0) return;
+  const int usable = qbackend::cpu::usable_level();
+  if (usable <= 1) fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx2);
+  else if (usable == 2) fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx512);
+  else fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx512_vnni);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "qbackend C++ extension: CPU probe, ISA cap; ops live in torch.ops.qbackend";
+  m.def("cpu_probe", &cpu_probe, "CPUID/XGETBV probe: {feature: (cpu_has, os_allows)}");
+  m.def("usable_level", &qbackend::cpu::usable_level,
+        "ISA level our kernels use: 0 scalar, 1 avx2, 2 avx512, 3 avx512_vnni, 4 amx");
+  m.def("set_isa_cap", &set_isa_cap, "cap our kernels and FBGEMM at an ISA level (-1 = none)");
+  m.def("isa_cap", &qbackend::cpu::level_cap);
+  m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
+}

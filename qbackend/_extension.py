@@ -1,0 +1,24 @@
+"""Loads the C++ extension qbackend._C once, with the ISA override applied first.
+
+Loading it registers the torch.ops.qbackend ops (their C++ kernels); the Python fake/meta
+implementations live beside each op's Python wrapper in qbackend.ops.
+"""
+from __future__ import annotations
+
+from . import _isa_override
+
+_isa_override.set_library_environment()
+
+import torch  # noqa: E402  (after the environment above: torch's libraries read it lazily)
+
+try:
+    from . import _C  # noqa: E402
+except ImportError as exc:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "qbackend's C++ extension qbackend._C is missing or does not match this torch "
+        f"({torch.__version__}); reinstall qbackend (see README). Cause: {exc}"
+    ) from exc
+
+_isa_override.apply_cap(_C)
+
+__all__ = ["_C", "torch"]

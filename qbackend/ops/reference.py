@@ -1,0 +1,126 @@
+"""The reference provider: plain PyTorch fp64 math with the exact integer semantics of the kernels.
+
+Every fast provider (fbgemm, onednn, later native) is tested against these functions. They are
+slow on purpose and clear on purpose: integer accumulation is exact in fp64 for the sizes we use
+(|acc| < 2**53), and rounding is round-half-to-even, like torch and the kernels.
+
+Semantics shared by all providers (the contract):
+  quantize:    q = clamp(round_half_even(x / scale) + zero_point, qmin, qmax)
+  dequantize:  x = (q - zero_point) * scale
+  linear:      acc[m, n] = sum_k (x[m, k] - x_zp) * w[n, k]            (weights symmetric, zp 0)
+               y = acc * x_scale * w_scale[n] + bias[n];  y = post_op(y)
+               out = y (fp32/bf16)  or  quantize(y, out_scale, out_zp)   (uint8/int8)
+  conv2d:      the same, with acc the int conv of (x - x_zp) with w over padded input, where
+               padding holds real zeros (i.e. x_zp in the quantized domain)
+  conv2d + sum: y = conv(...) + dequantize(accum, accum_scale, accum_zp), then relu, then quantize
+Scales are float32 values (a Python float is rounded to float32 first, as the kernels do).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+QRANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127)}
+
+
+def f32(v: float) -> float:
+    """Round a Python float to the nearest float32, as the kernels see it."""
+    return float(torch.tensor(v, dtype=torch.float32))
+
+
+def _per_channel_view(v: torch.Tensor, ndim: int, axis: int) -> torch.Tensor:
+    shape = [1] * ndim
+    shape[axis] = -1
+    return v.reshape(shape)
+
+
+def quantize(x: torch.Tensor, scale, zero_point, dtype: torch.dtype, axis: int | None = None) -> torch.Tensor:
+    qmin, qmax = QRANGE[dtype]
+    xd = x.double()
+    if axis is None:
+        s = f32(float(scale))
+        z = int(zero_point)
+    else:
+        axis = axis % x.dim()
+        s = _per_channel_view(scale.float().double(), x.dim(), axis)
+        z = _per_channel_view(zero_point.double(), x.dim(), axis)
+    return torch.clamp(torch.round(xd / s) + z, qmin, qmax).to(dtype)
+
+
+def dequantize(q: torch.Tensor, scale, zero_point, axis: int | None = None) -> torch.Tensor:
+    qd = q.double()
+    if axis is None:
+        return (qd - int(zero_point)) * f32(float(scale))
+    axis = axis % q.dim()
+    s = _per_channel_view(scale.float().double(), q.dim(), axis)
+    z = _per_channel_view(zero_point.double(), q.dim(), axis)
+    return (qd - z) * s
+
+
+def apply_post_op(y: torch.Tensor, post_op: str) -> torch.Tensor:
+    if post_op == "none":
+        return y
+    if post_op == "relu":
+        return torch.relu(y)
+    if post_op == "gelu":
+        return F.gelu(y)
+    raise ValueError(f"post_op must be 'none', 'relu' or 'gelu', got {post_op!r}")
+
+
+def _finish(y: torch.Tensor, out_scale: float, out_zp: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """y is fp64. Integer outputs are quantized; float outputs are returned in fp64 for comparison."""
+    if out_dtype in QRANGE:
+        return quantize(y, out_scale, out_zp, out_dtype)
+    return y
+
+
+def linear_fp64(x_q, x_scale, x_zp, w_q, w_scales, bias, post_op="none"):
+    """fp64 output of the int8 linear before any output quantization."""
+    acc = (x_q.double() - int(x_zp)) @ w_q.double().t()  # exact integers
+    y = acc * f32(x_scale) * w_scales.float().double()
+    if bias is not None:
+        y = y + bias.float().double()
+    return apply_post_op(y, post_op)
+
+
+def linear(x_q, x_scale, x_zp, w_q, w_scales, bias, out_scale=1.0, out_zp=0,
+           out_dtype=torch.float32, post_op="none"):
+    return _finish(linear_fp64(x_q, x_scale, x_zp, w_q, w_scales, bias, post_op), out_scale, out_zp, out_dtype)
+
+
+def conv2d_fp64(x_q, x_scale, x_zp, w_q, w_scales, bias, stride, padding, dilation, groups,
+                accum=None, accum_scale=1.0, accum_zp=0, post_op="none"):
+    """fp64 conv output (NCHW, whatever memory format x has), with optional residual add."""
+    xd = x_q.double() - int(x_zp)  # zero padding here == x_zp padding in the quantized domain
+    acc = F.conv2d(xd, w_q.double(), None, stride, padding, dilation, groups)
+    y = acc * f32(x_scale) * w_scales.float().double().reshape(1, -1, 1, 1)
+    if bias is not None:
+        y = y + bias.float().double().reshape(1, -1, 1, 1)
+    if accum is not None:
+        y = y + dequantize(accum, accum_scale, accum_zp)
+    return apply_post_op(y, post_op)
+
+
+def conv2d(x_q, x_scale, x_zp, w_q, w_scales, bias, stride, padding, dilation, groups,
+           out_scale=1.0, out_zp=0, out_dtype=torch.float32, post_op="none",
+           accum=None, accum_scale=1.0, accum_zp=0):
+    y = conv2d_fp64(x_q, x_scale, x_zp, w_q, w_scales, bias, stride, padding, dilation, groups,
+                    accum, accum_scale, accum_zp, post_op)
+    return _finish(y, out_scale, out_zp, out_dtype)
+
+
+def choose_dynamic_qparams(x: torch.Tensor, reduce_range: bool) -> tuple[float, int]:
+    """Asymmetric uint8 qparams covering [min(x, 0), max(x, 0)] (7-bit with reduce_range).
+
+    The same rule the dynamic linear kernels use, so their activation rounding can be reproduced.
+    """
+    qmax = 127 if reduce_range else 255
+    lo = min(float(x.min()), 0.0)
+    hi = max(float(x.max()), 0.0)
+    scale = f32((hi - lo) / qmax) if hi > lo else 1.0
+    if scale == 0.0 or not math.isfinite(1.0 / scale):
+        scale = 1.0
+    zp = int(min(max(round(-lo / scale), 0), qmax))
+    return scale, zp

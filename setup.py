@@ -1,0 +1,38 @@
+"""Build qbackend and its C++ extension qbackend._C from csrc/.
+
+Portable by construction: no -march flag. ISA-specific kernels live in their own
+translation units (csrc/kernels/*_avx2.cpp, *_avx512.cpp) that switch the target with
+`#pragma GCC target` after their includes; the caller chooses one at run time.
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
+
+setup(
+    name="qbackend",
+    version="0.1.0",
+    description="A unified x86 INT8 quantization backend for PyTorch (FBGEMM + oneDNN)",
+    packages=find_packages(include=["qbackend", "qbackend.*"]),
+    python_requires=">=3.10",
+    install_requires=["torch==2.13.0", "numpy"],
+    extras_require={
+        "test": ["pytest", "hypothesis"],
+        "bench": ["numpy"],
+        "embeddings": ["fbgemm-gpu-cpu==1.8.0"],
+    },
+    ext_modules=[
+        CppExtension(
+            name="qbackend._C",
+            sources=sources,
+            include_dirs=[os.path.join(HERE, "csrc")],
+            extra_compile_args=["-O3", "-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+    entry_points={"console_scripts": ["qbackend=qbackend.cli:main"]},
+)
