@@ -1,0 +1,233 @@
+// The fbgemm provider for Linear: FBGEMM's int8 GEMM (PackAWithRowOffset x PackBMatrix) with
+// ReQuantizeOutput (uint8/int8 out) or ReQuantizeForFloat (fp32/bf16 out), on plain tensors.
+//
+// Ops (torch.ops.qbackend):
+//   fbgemm_linear_prepack(Tensor weight) -> Tensor      int8 [N, K] -> packed handle tensor
+//   fbgemm_linear(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
+//                 output_zero_point, output_dtype, post_op) -> Tensor
+//   fbgemm_linear_dynamic(x, w_packed, w_scales, bias, reduce_range, post_op) -> Tensor
+// FBGEMM wants uint8 activations: int8 ones are shifted by +128 (exact). int8 output is computed
+// as uint8 with zero point + 128 and shifted back (exact). gelu and bf16 output are not FBGEMM
+// epilogues: they run after the fp32 output (unfused, documented in the dispatcher's table).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <fbgemm/Fbgemm.h>
+
+#include "ops/checks.h"
+#include "ops/epilogue.h"
+#include "ops/opaque_handle.h"
+
+namespace qbackend {
+namespace {
+
+struct FbgemmLinearWeight {
+  int64_t N = 0, K = 0;
+  std::vector<int32_t> col_offsets;  // sum_k w[n, k]
+  std::vector<int32_t> w_zero_points;  // all 0 (symmetric weights), FBGEMM wants the array
+  std::unique_ptr<fbgemm::PackBMatrix<int8_t>> packed;
+};
+
+constexpr const char* kWhat = "FBGEMM linear weight (qbackend.fbgemm_linear_prepack)";
+
+at::Tensor fbgemm_linear_prepack(const at::Tensor& weight) {
+  checks::dtype(weight, at::kChar, "weight");
+  TORCH_CHECK_VALUE(weight.dim() == 2, "weight must be 2-D [out_features, in_features], got shape ",
+                    weight.sizes());
+  TORCH_CHECK_VALUE(weight.numel() > 0, "weight must not be empty, got shape ", weight.sizes());
+  TORCH_CHECK_VALUE(weight.size(0) < (1 << 30) && weight.size(1) < (1 << 30),
+                    "weight is too large for FBGEMM (int32 sizes), got shape ", weight.sizes());
+  const at::Tensor w = weight.contiguous();
+  auto h = std::make_unique<FbgemmLinearWeight>();
+  h->N = w.size(0);
+  h->K = w.size(1);
+  const int8_t* wp = w.data_ptr<int8_t>();
+  h->col_offsets.resize(h->N);
+  for (int64_t n = 0; n < h->N; ++n) {
+    int32_t s = 0;
+    for (int64_t k = 0; k < h->K; ++k) s += wp[n * h->K + k];
+    h->col_offsets[n] = s;
+  }
+  h->w_zero_points.assign(h->N, 0);
+  // B is K x N; the int8 weight is N x K row-major, i.e. B transposed with leading dimension K.
+  h->packed = std::make_unique<fbgemm::PackBMatrix<int8_t>>(
+      fbgemm::matrix_op_t::Transpose, static_cast<int32_t>(h->K), static_cast<int32_t>(h->N), wp,
+      static_cast<int32_t>(h->K), nullptr, 1);
+  const int64_t nbytes =
+      fbgemm::PackBMatrix<int8_t>::packedBufferSize(static_cast<int>(h->K), static_cast<int>(h->N));
+  void* buf = h->packed->getBuf();
+  return wrap_opaque(std::move(h), buf, nbytes);
+}
+
+// x as a contiguous [M, K] uint8 matrix with its zero point (int8 input shifted by +128).
+struct U8Input {
+  at::Tensor t;
+  int32_t zp;
+};
+
+U8Input as_u8(const at::Tensor& x2d, int64_t zp) {
+  if (x2d.scalar_type() == at::kByte) return {x2d.contiguous(), static_cast<int32_t>(zp)};
+  return {shift_int8_to_uint8(x2d), static_cast<int32_t>(zp + 128)};
+}
+
+int num_tasks_for(int64_t M, int64_t N, int64_t K) {
+  // A second thread only pays off for GEMMs of roughly >= 100 us on one thread.
+  const int64_t work = M * N * K;
+  return work < (int64_t(1) << 22) ? 1 : at::get_num_threads();
+}
+
+template <bool RELU>
+void gemm_u8(const U8Input& x, int64_t M, const FbgemmLinearWeight& w, const float* multiplier,
+             const float* act_times_w_scale, int32_t out_zp, const float* bias, uint8_t* out) {
+  const int num_tasks = num_tasks_for(M, w.N, w.K);
+  at::Tensor acc = at::empty({M, w.N}, at::kInt);
+  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> row_offsets(fbgemm::PackAWithRowOffset<uint8_t>::rowOffsetBufferSize());
+    for (int64_t task = begin; task < end; ++task) {
+      fbgemm::PackAWithRowOffset<uint8_t> packA(
+          fbgemm::matrix_op_t::NoTranspose, static_cast<uint32_t>(M), static_cast<uint32_t>(w.K),
+          x.t.data_ptr<uint8_t>(), static_cast<uint32_t>(w.K), nullptr, 1, row_offsets.data());
+      fbgemm::DoNothing<> nothing;
+      fbgemm::ReQuantizeOutput<RELU, fbgemm::QuantizationGranularity::OUT_CHANNEL, float> proc(
+          nothing, multiplier, out_zp, x.zp, w.w_zero_points.data(), packA.getRowOffsetBuffer(),
+          w.col_offsets.data(), bias, static_cast<uint32_t>(w.N), 1, act_times_w_scale);
+      fbgemm::fbgemmPacked(packA, *w.packed, out, acc.data_ptr<int32_t>(),
+                           static_cast<uint32_t>(w.N), proc, static_cast<int>(task), num_tasks);
+    }
+  });
+}
+
+template <bool RELU>
+void gemm_f32(const U8Input& x, int64_t M, const FbgemmLinearWeight& w, float x_scale,
+              const float* w_scales, const float* bias, float* out) {
+  const int num_tasks = num_tasks_for(M, w.N, w.K);
+  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> row_offsets(fbgemm::PackAWithRowOffset<uint8_t>::rowOffsetBufferSize());
+    for (int64_t task = begin; task < end; ++task) {
+      fbgemm::PackAWithRowOffset<uint8_t> packA(
+          fbgemm::matrix_op_t::NoTranspose, static_cast<uint32_t>(M), static_cast<uint32_t>(w.K),
+          x.t.data_ptr<uint8_t>(), static_cast<uint32_t>(w.K), nullptr, 1, row_offsets.data());
+      fbgemm::DoNothing<float, float> nothing;
+      fbgemm::ReQuantizeForFloat<RELU, fbgemm::QuantizationGranularity::OUT_CHANNEL> proc(
+          nothing, x_scale, w_scales, x.zp, w.w_zero_points.data(), packA.getRowOffsetBuffer(),
+          w.col_offsets.data(), bias, static_cast<uint32_t>(w.N), 1);
+      // ReQuantizeForFloat works in place on the int32 accumulators stored in `out`.
+      fbgemm::fbgemmPacked(packA, *w.packed, out, reinterpret_cast<int32_t*>(out),
+                           static_cast<uint32_t>(w.N), proc, static_cast<int>(task), num_tasks);
+    }
+  });
+}
+
+// Checks shared by the static and dynamic entry points; returns the weight and the output shape.
+const FbgemmLinearWeight& check_common(const at::Tensor& x, const at::Tensor& w_packed,
+                                       const at::Tensor& w_scales,
+                                       const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, "x must have at least 1 dimension [..., in_features], got a 0-d tensor");
+  const FbgemmLinearWeight& w = unwrap_opaque<FbgemmLinearWeight>(w_packed, "w_packed", kWhat);
+  TORCH_CHECK_VALUE(x.size(-1) == w.K, "x's last dimension (in_features) must be ", w.K,
+                    " to match the weight, got shape ", x.sizes());
+  checks::scales(w_scales, w.N, "w_scales");
+  checks::bias(bias, w.N);
+  return w;
+}
+
+std::vector<int64_t> out_shape(const at::Tensor& x, int64_t N) {
+  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end());
+  s.back() = N;
+  return s;
+}
+
+// The fp32 GEMM output for already-validated arguments, x_u8 [M, K].
+at::Tensor linear_f32(const U8Input& xu, int64_t M, const FbgemmLinearWeight& w, double x_scale,
+                      const at::Tensor& w_scales, const float* bias, bool relu) {
+  at::Tensor y = at::empty({M, w.N}, at::kFloat);
+  const float* ws = w_scales.data_ptr<float>();
+  if (relu) gemm_f32<true>(xu, M, w, static_cast<float>(x_scale), ws, bias, y.data_ptr<float>());
+  else gemm_f32<false>(xu, M, w, static_cast<float>(x_scale), ws, bias, y.data_ptr<float>());
+  return y;
+}
+
+at::Tensor fbgemm_linear(const at::Tensor& x, double x_scale, int64_t x_zero_point,
+                         const at::Tensor& w_packed, const at::Tensor& w_scales,
+                         const std::optional<at::Tensor>& bias, double output_scale,
+                         int64_t output_zero_point, at::ScalarType output_dtype,
+                         const std::string& post_op) {
+  checks::int8_activation(x, "x");
+  checks::scale(x_scale, "x_scale");
+  checks::zero_point(x_zero_point, x.scalar_type(), "x_zero_point");
+  const FbgemmLinearWeight& w = check_common(x, w_packed, w_scales, bias);
+  checks::output_qparams(output_scale, output_zero_point, output_dtype);
+  const checks::PostOp op = checks::post_op(post_op);
+  const auto shape = out_shape(x, w.N);
+  const int64_t M = w.K > 0 ? x.numel() / w.K : 0;
+  if (M == 0) return at::empty(shape, at::TensorOptions().dtype(output_dtype));
+
+  const U8Input xu = as_u8(x.reshape({M, w.K}), x_zero_point);
+  const at::Tensor ws = w_scales.contiguous();
+  const at::Tensor keep_bias = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
+  const float* bp = keep_bias.defined() ? keep_bias.data_ptr<float>() : nullptr;
+
+  const bool int_out = checks::is_int8_type(output_dtype);
+  if (int_out && op != checks::PostOp::gelu) {
+    const float xs = static_cast<float>(x_scale);
+    std::vector<float> act_times_w(w.N), multiplier(w.N);
+    const float* wsp = ws.data_ptr<float>();
+    for (int64_t n = 0; n < w.N; ++n) {
+      act_times_w[n] = xs * wsp[n];
+      multiplier[n] = act_times_w[n] / static_cast<float>(output_scale);
+    }
+    const int32_t zp = static_cast<int32_t>(output_zero_point) + (output_dtype == at::kChar ? 128 : 0);
+    at::Tensor y = at::empty({M, w.N}, at::kByte);
+    if (op == checks::PostOp::relu)
+      gemm_u8<true>(xu, M, w, multiplier.data(), act_times_w.data(), zp, bp, y.data_ptr<uint8_t>());
+    else
+      gemm_u8<false>(xu, M, w, multiplier.data(), act_times_w.data(), zp, bp, y.data_ptr<uint8_t>());
+    if (output_dtype == at::kChar) y = shift_uint8_to_int8_(y);
+    return y.reshape(shape);
+  }
+  at::Tensor y = linear_f32(xu, M, w, x_scale, ws, bp, op == checks::PostOp::relu);
+  if (op == checks::PostOp::gelu) y = at::gelu(y);
+  return finish_from_float(y, output_scale, output_zero_point, output_dtype).reshape(shape);
+}
+
+at::Tensor fbgemm_linear_dynamic(const at::Tensor& x, const at::Tensor& w_packed,
+                                 const at::Tensor& w_scales, const std::optional<at::Tensor>& bias,
+                                 bool reduce_range, const std::string& post_op) {
+  checks::dtype(x, at::kFloat, "x");
+  const FbgemmLinearWeight& w = check_common(x, w_packed, w_scales, bias);
+  const checks::PostOp op = checks::post_op(post_op);
+  const auto shape = out_shape(x, w.N);
+  const int64_t M = w.K > 0 ? x.numel() / w.K : 0;
+  if (M == 0) return at::empty(shape, at::kFloat);
+  const at::Tensor x2 = x.reshape({M, w.K}).contiguous();
+  const DynamicQParams qp = choose_dynamic_qparams(x2, reduce_range, "x");
+  const U8Input xu{quantize_u8(x2, qp.scale, qp.zero_point), qp.zero_point};
+  const at::Tensor ws = w_scales.contiguous();
+  at::Tensor keep_bias = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
+  at::Tensor y = linear_f32(xu, M, w, qp.scale, ws, keep_bias.defined() ? keep_bias.data_ptr<float>() : nullptr,
+                            op == checks::PostOp::relu);
+  if (op == checks::PostOp::gelu) y = at::gelu(y);
+  return y.reshape(shape);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(qbackend, m) {
+  m.def("fbgemm_linear_prepack(Tensor weight) -> Tensor");
+  m.def(
+      "fbgemm_linear(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, "
+      "Tensor? bias, float output_scale, int output_zero_point, ScalarType output_dtype, "
+      "str post_op) -> Tensor");
+  m.def(
+      "fbgemm_linear_dynamic(Tensor x, Tensor w_packed, Tensor w_scales, Tensor? bias, "
+      "bool reduce_range, str post_op) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
+  m.impl("fbgemm_linear_prepack", &fbgemm_linear_prepack);
+  m.impl("fbgemm_linear", &fbgemm_linear);
+  m.impl("fbgemm_linear_dynamic", &fbgemm_linear_dynamic);
+}
+
+}  // namespace qbackend
