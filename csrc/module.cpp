@@ -44,8 +44,9 @@ std::string fbgemm_isa() {
 
 // Caps our own kernels at `level` (see probe.h) and forces FBGEMM to the matching ISA, so that a
 // QBACKEND_ISA override keeps every kernel honest. level < 0 removes our cap (FBGEMM untouched).
-void set_isa_cap(int level) {
+void set_isa_cap(int level, bool allow_avx_vnni) {
   qbackend::cpu::set_level_cap(level);
+  qbackend::cpu::set_avx_vnni_allowed(allow_avx_vnni);
   if (level < 0) return;
   const int usable = qbackend::cpu::usable_level();
   if (usable <= 1) fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx2);
@@ -60,7 +61,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_probe", &cpu_probe, "CPUID/XGETBV probe: {feature: (cpu_has, os_allows)}");
   m.def("usable_level", &qbackend::cpu::usable_level,
         "ISA level our kernels use: 0 scalar, 1 avx2, 2 avx512, 3 avx512_vnni, 4 amx");
-  m.def("set_isa_cap", &set_isa_cap, "cap our kernels and FBGEMM at an ISA level (-1 = none)");
+  m.def("set_isa_cap", &set_isa_cap, "cap our kernels and FBGEMM at an ISA level (-1 = none)",
+        pybind11::arg("level"), pybind11::arg("allow_avx_vnni") = true);
+  m.def("avx_vnni_usable", &qbackend::cpu::avx_vnni_usable);
   m.def("isa_cap", &qbackend::cpu::level_cap);
   m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
 }

@@ -55,4 +55,7 @@ def set_library_environment() -> str | None:
 def apply_cap(ext) -> None:
     """Cap our kernels and FBGEMM in the loaded extension (called once after import)."""
     name = requested()
-    ext.set_isa_cap(ISA_LEVELS[name][0] if name else -1)
+    if name is None:
+        ext.set_isa_cap(-1, True)
+    else:
+        ext.set_isa_cap(ISA_LEVELS[name][0], name not in ("avx2", "avx512"))

@@ -108,6 +108,7 @@ Features do_probe() {
 }
 
 std::atomic<int> g_cap{-1};
+std::atomic<bool> g_avx_vnni_allowed{true};
 
 }  // namespace
 
@@ -129,5 +130,8 @@ int usable_level() {
 
 void set_level_cap(int cap) { g_cap.store(cap, std::memory_order_relaxed); }
 int level_cap() { return g_cap.load(std::memory_order_relaxed); }
+
+bool avx_vnni_usable() { return g_avx_vnni_allowed.load() && probe().avx_vnni.os && usable_level() >= 1; }
+void set_avx_vnni_allowed(bool allowed) { g_avx_vnni_allowed.store(allowed); }
 
 }  // namespace qbackend::cpu

@@ -24,5 +24,9 @@ const Features& probe();
 int usable_level();
 void set_level_cap(int cap);  // called once from Python (QBACKEND_ISA); -1 = no cap
 int level_cap();
+// AVX-VNNI (the VEX-encoded u8 x s8 dot product of AVX2-class CPUs) may be used by oneDNN: true
+// unless QBACKEND_ISA capped below it (avx2, avx512), and the CPU and OS have it.
+bool avx_vnni_usable();
+void set_avx_vnni_allowed(bool allowed);
 
 }  // namespace qbackend::cpu

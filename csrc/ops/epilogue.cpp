@@ -11,22 +11,24 @@
 namespace qbackend {
 namespace {
 
-void xor80(uint8_t* p, int64_t n) {
+void xor80(const uint8_t* src, uint8_t* dst, int64_t n) {
   at::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) p[i] ^= 0x80;  // auto-vectorised
+    for (int64_t i = b; i < e; ++i) dst[i] = src[i] ^ 0x80;  // auto-vectorised
   });
 }
 
 }  // namespace
 
 at::Tensor shift_int8_to_uint8(const at::Tensor& x) {
-  at::Tensor u = x.contiguous().view(at::kByte).clone();
-  xor80(u.data_ptr<uint8_t>(), u.numel());
+  TORCH_INTERNAL_ASSERT(x.is_non_overlapping_and_dense());
+  at::Tensor u = at::empty_like(x, x.options().dtype(at::kByte));  // same layout (e.g. channels-last)
+  xor80(reinterpret_cast<const uint8_t*>(x.const_data_ptr<int8_t>()), u.data_ptr<uint8_t>(), x.numel());
   return u;
 }
 
 at::Tensor shift_uint8_to_int8_(at::Tensor& y) {
-  xor80(y.data_ptr<uint8_t>(), y.numel());
+  TORCH_INTERNAL_ASSERT(y.is_non_overlapping_and_dense());
+  xor80(y.data_ptr<uint8_t>(), y.data_ptr<uint8_t>(), y.numel());
   return y.view(at::kChar);
 }
 

@@ -5,7 +5,7 @@
 
 namespace qbackend {
 
-// x (int8) + 128 as uint8, contiguous copy: an exact change of zero point.
+// x (int8, dense) + 128 as uint8 in the same layout: an exact change of zero point.
 at::Tensor shift_int8_to_uint8(const at::Tensor& x);
 // In place: uint8 - 128 reinterpreted as int8 (same bytes, xor 0x80); returns the int8 view.
 at::Tensor shift_uint8_to_int8_(at::Tensor& y);

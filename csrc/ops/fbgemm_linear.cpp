@@ -18,6 +18,7 @@
 #include "ops/checks.h"
 #include "ops/epilogue.h"
 #include "ops/opaque_handle.h"
+#include "ops/saturation.h"
 
 namespace qbackend {
 namespace {
@@ -68,7 +69,7 @@ struct U8Input {
 
 U8Input as_u8(const at::Tensor& x2d, int64_t zp) {
   if (x2d.scalar_type() == at::kByte) return {x2d.contiguous(), static_cast<int32_t>(zp)};
-  return {shift_int8_to_uint8(x2d), static_cast<int32_t>(zp + 128)};
+  return {shift_int8_to_uint8(x2d.contiguous()), static_cast<int32_t>(zp + 128)};
 }
 
 int num_tasks_for(int64_t M, int64_t N, int64_t K) {
@@ -163,6 +164,7 @@ at::Tensor fbgemm_linear(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   const int64_t M = w.K > 0 ? x.numel() / w.K : 0;
   if (M == 0) return at::empty(shape, at::TensorOptions().dtype(output_dtype));
 
+  if (!saturation::fbgemm_has_vnni()) saturation::require_7bit(x, "FBGEMM");
   const U8Input xu = as_u8(x.reshape({M, w.K}), x_zero_point);
   const at::Tensor ws = w_scales.contiguous();
   const at::Tensor keep_bias = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
@@ -200,6 +202,9 @@ at::Tensor fbgemm_linear_dynamic(const at::Tensor& x, const at::Tensor& w_packed
   const auto shape = out_shape(x, w.N);
   const int64_t M = w.K > 0 ? x.numel() / w.K : 0;
   if (M == 0) return at::empty(shape, at::kFloat);
+  TORCH_CHECK_VALUE(reduce_range || saturation::fbgemm_has_vnni(),
+                    "reduce_range must be True on this CPU (or QBACKEND_ISA): without VNNI, FBGEMM saturates "
+                    "8-bit u8 x s8 products");
   const at::Tensor x2 = x.reshape({M, w.K}).contiguous();
   const DynamicQParams qp = choose_dynamic_qparams(x2, reduce_range, "x");
   const U8Input xu{quantize_u8(x2, qp.scale, qp.zero_point), qp.zero_point};

@@ -13,6 +13,7 @@
 
 #include "ops/checks.h"
 #include "ops/epilogue.h"
+#include "ops/saturation.h"
 
 namespace qbackend {
 namespace {
@@ -97,6 +98,7 @@ at::Tensor onednn_linear(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   const auto shape = out_shape(x, N);
   const int64_t M = x.numel() / K;
   if (M == 0) return at::empty(shape, at::TensorOptions().dtype(output_dtype));
+  if (!saturation::onednn_has_vnni()) saturation::require_7bit(x, "oneDNN");
   const std::optional<at::Tensor> b =
       bias.has_value() && bias->defined() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
   return call_pointwise(x.reshape({M, K}).contiguous(), x_scale, x_zero_point, w_packed, w_scales, b,
@@ -113,6 +115,9 @@ at::Tensor onednn_linear_dynamic(const at::Tensor& x, const at::Tensor& w_packed
   const auto shape = out_shape(x, N);
   const int64_t M = x.numel() / K;
   if (M == 0) return at::empty(shape, at::kFloat);
+  TORCH_CHECK_VALUE(reduce_range || saturation::onednn_has_vnni(),
+                    "reduce_range must be True on this CPU (or QBACKEND_ISA): without VNNI, oneDNN saturates "
+                    "8-bit u8 x s8 products");
   const at::Tensor x2 = x.reshape({M, K}).contiguous();
   const DynamicQParams qp = choose_dynamic_qparams(x2, reduce_range, "x");
   const std::optional<at::Tensor> b =

@@ -2,7 +2,7 @@
 // the run-time choice of kernel (csrc/kernels/quantize_*.cpp by qbackend::cpu::usable_level()).
 //
 // Decisions: inputs of any rank/size/strides (non-contiguous inputs are made contiguous first);
-// outputs are contiguous with the input's shape; empty in -> empty out. NaN quantizes to the zero
+// outputs are contiguous with the input's shape (per-tensor ops keep a channels-last 4-D layout); empty in -> empty out. NaN quantizes to the zero
 // point, +-inf to qmax/qmin (no NaN scan on the hot path). Per-channel scales may be float32 or
 // float64 (rounded to float32, like a Python float scale); zero points any integer dtype.
 #include <ATen/ATen.h>
@@ -208,12 +208,18 @@ void with_dequantize_fns(const at::Tensor& q, at::Tensor& y, F f) {
   }
 }
 
+// Per-tensor ops are elementwise: a channels-last 4-D tensor is processed in its own memory order
+// and the output keeps that layout (activations stay channels-last between convs).
+at::Tensor dense(const at::Tensor& t) {
+  return t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast) ? t : t.contiguous();
+}
+
 at::Tensor quantize_per_tensor(const at::Tensor& x_in, double scale, int64_t zero_point, ScalarType dtype) {
   check_quantize_input(x_in, dtype);
   const float s = checked_scale(scale, "scale");
   const int32_t z = checked_zero_point(zero_point, dtype, "zero_point");
-  const at::Tensor x = x_in.contiguous();
-  at::Tensor q = at::empty(x.sizes(), x.options().dtype(dtype));
+  const at::Tensor x = dense(x_in);
+  at::Tensor q = at::empty_like(x, x.options().dtype(dtype));
   const int64_t n = x.numel();
   if (n == 0) return q;
   with_quantize_fns(x, q, [&](auto xp, auto qp, auto fn, auto) { run_per_tensor(fn, xp, qp, n, s, z); });
@@ -235,8 +241,8 @@ at::Tensor dequantize_per_tensor(const at::Tensor& q_in, double scale, int64_t z
   check_dequantize_input(q_in, out_dtype);
   const float s = checked_scale(scale, "scale");
   const int32_t z = checked_zero_point(zero_point, q_in.scalar_type(), "zero_point");
-  const at::Tensor q = q_in.contiguous();
-  at::Tensor y = at::empty(q.sizes(), q.options().dtype(out_dtype));
+  const at::Tensor q = dense(q_in);
+  at::Tensor y = at::empty_like(q, q.options().dtype(out_dtype));
   const int64_t n = q.numel();
   if (n == 0) return y;
   with_dequantize_fns(q, y, [&](auto qp, auto yp, auto fn, auto) { run_per_tensor(fn, qp, yp, n, s, z); });

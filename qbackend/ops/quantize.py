@@ -31,9 +31,16 @@ def _check_channel_args(x, name, scales, zero_points, axis):
                            lambda: f"{arg} must be 1-D of length {name}.size({axis}), got shape {tuple(t.shape)}")
 
 
+def _dense_like(t, dtype):
+    """The per-tensor ops keep a channels-last 4-D layout, else return contiguous (as the kernels do)."""
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return torch.empty_like(t, dtype=dtype, memory_format=torch.channels_last)
+    return torch.empty(t.shape, dtype=dtype, device=t.device)
+
+
 @torch.library.register_fake("qbackend::quantize_per_tensor")
 def _quantize_per_tensor_fake(x, scale, zero_point, dtype):
-    return torch.empty(x.shape, dtype=dtype, device=x.device)
+    return _dense_like(x, dtype)
 
 
 @torch.library.register_fake("qbackend::quantize_per_channel")
@@ -44,7 +51,7 @@ def _quantize_per_channel_fake(x, scales, zero_points, axis, dtype):
 
 @torch.library.register_fake("qbackend::dequantize_per_tensor")
 def _dequantize_per_tensor_fake(q, scale, zero_point, out_dtype=torch.float32):
-    return torch.empty(q.shape, dtype=out_dtype, device=q.device)
+    return _dense_like(q, out_dtype)
 
 
 @torch.library.register_fake("qbackend::dequantize_per_channel")

@@ -1,0 +1,87 @@
+// Conv2d hyper-parameters as the ops receive them (int[] lists), checked once, shared by providers.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <array>
+
+#include "ops/checks.h"
+
+namespace qbackend {
+
+struct Conv2dParams {
+  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+
+  // Output spatial size for an input of H x W and a KH x KW kernel (may be <= 0: caller checks).
+  std::array<int64_t, 2> out_hw(int64_t H, int64_t W, int64_t KH, int64_t KW) const {
+    return {(H + 2 * padding[0] - dilation[0] * (KH - 1) - 1) / stride[0] + 1,
+            (W + 2 * padding[1] - dilation[1] * (KW - 1) - 1) / stride[1] + 1};
+  }
+};
+
+inline std::array<int64_t, 2> pair_arg(at::IntArrayRef v, const char* name, int64_t min_value) {
+  TORCH_CHECK_VALUE(v.size() == 1 || v.size() == 2, name, " must have 1 or 2 values, got ", v);
+  std::array<int64_t, 2> r{v[0], v.size() == 2 ? v[1] : v[0]};
+  for (int64_t x : r)
+    TORCH_CHECK_VALUE(x >= min_value && x < (1 << 16), name, " values must be in [", min_value,
+                      ", 65535], got ", v);
+  return r;
+}
+
+inline Conv2dParams conv2d_params(at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                  int64_t groups) {
+  Conv2dParams p;
+  p.stride = pair_arg(stride, "stride", 1);
+  p.padding = pair_arg(padding, "padding", 0);
+  p.dilation = pair_arg(dilation, "dilation", 1);
+  TORCH_CHECK_VALUE(groups >= 1, "groups must be >= 1, got ", groups);
+  p.groups = groups;
+  return p;
+}
+
+// Checks a conv weight [OC, IC/groups, KH, KW] int8 against groups.
+inline void check_conv_weight(const at::Tensor& weight, int64_t groups) {
+  TORCH_CHECK_TYPE(weight.defined() && weight.scalar_type() == at::kChar, "weight must have dtype int8, got ",
+                   weight.defined() ? c10::toString(weight.scalar_type()) : "None");
+  TORCH_CHECK_VALUE(weight.device().is_cpu(), "weight must be a CPU tensor");
+  TORCH_CHECK_VALUE(weight.dim() == 4, "weight must be 4-D [out_channels, in_channels/groups, kH, kW], got shape ",
+                    weight.sizes());
+  TORCH_CHECK_VALUE(weight.numel() > 0, "weight must not be empty, got shape ", weight.sizes());
+  TORCH_CHECK_VALUE(weight.size(0) % groups == 0, "out_channels (", weight.size(0),
+                    ") must be divisible by groups (", groups, ")");
+}
+
+// Checks the activation x [N, C, H, W] against the weight; returns the output spatial size.
+inline std::array<int64_t, 2> check_conv_input(const at::Tensor& x, int64_t in_channels, int64_t KH, int64_t KW,
+                                              const Conv2dParams& p) {
+  TORCH_CHECK_VALUE(x.dim() == 4, "x must be 4-D [N, C, H, W] (channels-last memory preferred), got shape ",
+                    x.sizes());
+  TORCH_CHECK_VALUE(x.size(1) == in_channels, "x has ", x.size(1), " channels but the weight expects ",
+                    in_channels, " (in_channels/groups * groups)");
+  const auto o = p.out_hw(x.size(2), x.size(3), KH, KW);
+  TORCH_CHECK_VALUE(o[0] > 0 && o[1] > 0, "x's spatial size ", x.size(2), "x", x.size(3),
+                    " is too small for a ", KH, "x", KW, " kernel with this padding/dilation (output ",
+                    o[0], "x", o[1], ")");
+  return o;
+}
+
+// An optional residual input (sum post-op): int8/uint8 of the output's shape.
+inline void check_accum(const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point,
+                        at::IntArrayRef out_shape) {
+  if (!accum.has_value() || !accum->defined()) return;
+  checks::int8_activation(*accum, "accum");
+  TORCH_CHECK_VALUE(accum->sizes() == out_shape, "accum must have the output's shape ", out_shape, ", got ",
+                    accum->sizes());
+  checks::scale(accum_scale, "accum_scale");
+  checks::zero_point(accum_zero_point, accum->scalar_type(), "accum_zero_point");
+}
+
+// The unfused residual epilogue: y (fp32, no post-op yet) + dequantize(accum), then relu.
+inline at::Tensor add_accum(const at::Tensor& y, const at::Tensor& accum, double accum_scale,
+                            int64_t accum_zero_point, bool relu) {
+  at::Tensor r = y + (accum.to(at::kFloat) - static_cast<float>(accum_zero_point)) *
+                         static_cast<float>(accum_scale);
+  return relu ? r.relu_() : r;
+}
+
+}  // namespace qbackend

@@ -1,0 +1,216 @@
+// The fbgemm provider for Conv2d: fbgemmConv (its depthwise, groupwise, pointwise and im2col paths)
+// with ReQuantizeOutput for uint8/int8 output, and FBGEMM's im2col GEMM (PackAWithIm2Col x
+// PackBMatrix) with ReQuantizeForFloat for fp32/bf16 output, on plain channels-last tensors.
+//
+// Ops (torch.ops.qbackend):
+//   fbgemm_conv2d_prepack(Tensor weight, int[] stride, int[] padding, int[] dilation, int groups)
+//   fbgemm_conv2d(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
+//                 output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point)
+// The stride/padding/dilation/groups are fixed at prepack (FBGEMM packs for them).
+// Not fused by FBGEMM, so run after an fp32 output: gelu, bf16 output, and the residual add.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <fbgemm/Fbgemm.h>
+
+#include <mutex>
+
+#include "ops/checks.h"
+#include "ops/conv_params.h"
+#include "ops/epilogue.h"
+#include "ops/opaque_handle.h"
+#include "ops/saturation.h"
+
+namespace qbackend {
+namespace {
+
+constexpr const char* kWhat = "FBGEMM conv2d weight (qbackend.fbgemm_conv2d_prepack)";
+
+struct FbgemmConvWeight {
+  int64_t OC = 0, IC = 0, KH = 0, KW = 0;
+  Conv2dParams p;
+  at::Tensor w_krsc;  // int8 [OC, KH, KW, IC/G]: FBGEMM's layout, also the handle's bytes
+  std::vector<int32_t> col_offsets;    // per output channel: sum of its weights
+  std::vector<int32_t> w_zero_points;  // all 0
+  std::unique_ptr<fbgemm::PackWeightsForConv<2>> packed;
+  bool depthwise = false;  // fbgemmConv takes its depthwise path (16-bit intermediates, see below)
+  std::once_flag im2col_once;  // the im2col B matrix, packed on first fp32-output call
+  std::unique_ptr<fbgemm::PackBMatrix<int8_t>> im2col;
+
+  fbgemm::conv_param_t<2> conv_param(int64_t N, int64_t H, int64_t W) const {
+    return fbgemm::conv_param_t<2>(
+        static_cast<int>(N), static_cast<int>(IC), static_cast<int>(OC), {static_cast<int>(H), static_cast<int>(W)},
+        static_cast<int>(p.groups), {static_cast<int>(KH), static_cast<int>(KW)},
+        {static_cast<int>(p.stride[0]), static_cast<int>(p.stride[1])},
+        {static_cast<int>(p.padding[0]), static_cast<int>(p.padding[1]), static_cast<int>(p.padding[0]),
+         static_cast<int>(p.padding[1])},
+        {static_cast<int>(p.dilation[0]), static_cast<int>(p.dilation[1])});
+  }
+
+  fbgemm::PackBMatrix<int8_t>& im2col_weight() {
+    std::call_once(im2col_once, [&] {
+      const int k_per_group = static_cast<int>(KH * KW * IC / p.groups);
+      im2col = std::make_unique<fbgemm::PackBMatrix<int8_t>>(
+          // B is (K per group * G) x (OC / G): FBGEMM's grouped PackBMatrix takes per-group columns.
+          fbgemm::matrix_op_t::Transpose, k_per_group * static_cast<int>(p.groups), static_cast<int>(OC / p.groups),
+          w_krsc.data_ptr<int8_t>(), k_per_group, nullptr, static_cast<int>(p.groups));
+    });
+    return *im2col;
+  }
+};
+
+at::Tensor fbgemm_conv2d_prepack(const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding,
+                                 at::IntArrayRef dilation, int64_t groups) {
+  const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
+  check_conv_weight(weight, groups);
+  auto h = std::make_unique<FbgemmConvWeight>();
+  h->p = p;
+  h->OC = weight.size(0);
+  h->IC = weight.size(1) * groups;
+  h->KH = weight.size(2);
+  h->KW = weight.size(3);
+  h->w_krsc = weight.permute({0, 2, 3, 1}).contiguous();
+  const int64_t per_oc = h->KH * h->KW * weight.size(1);
+  const int8_t* wp = h->w_krsc.data_ptr<int8_t>();
+  h->col_offsets.resize(h->OC);
+  for (int64_t oc = 0; oc < h->OC; ++oc) {
+    int32_t s = 0;
+    for (int64_t i = 0; i < per_oc; ++i) s += wp[oc * per_oc + i];
+    h->col_offsets[oc] = s;
+  }
+  h->w_zero_points.assign(h->OC, 0);
+  // The packing depends on channels, kernel, stride, padding, dilation and groups, not on the
+  // batch or image size: pack for a nominal input just large enough for one output pixel.
+  const int64_t H = (h->KH - 1) * p.dilation[0] + 1, W = (h->KW - 1) * p.dilation[1] + 1;
+  const auto nominal = h->conv_param(1, H + 8, W + 8);
+  h->packed = std::make_unique<fbgemm::PackWeightsForConv<2>>(nominal, wp);
+  h->depthwise = fbgemm::ConvFastPath<2, int32_t>(nominal) == fbgemm::optimized_conv_t::depthwise;
+  void* data = h->w_krsc.data_ptr();
+  const int64_t nbytes = h->w_krsc.numel();
+  return wrap_opaque(std::move(h), data, nbytes);
+}
+
+struct U8Image {
+  at::Tensor t;  // uint8, channels-last contiguous
+  int32_t zp;
+};
+
+U8Image as_u8_nhwc(const at::Tensor& x, int64_t zp) {
+  at::Tensor c = x.contiguous(at::MemoryFormat::ChannelsLast);
+  if (x.scalar_type() == at::kByte) return {c, static_cast<int32_t>(zp)};
+  return {shift_int8_to_uint8(c), static_cast<int32_t>(zp + 128)};
+}
+
+int num_tasks_for(int64_t macs) { return macs < (int64_t(1) << 22) ? 1 : at::get_num_threads(); }
+
+template <bool RELU>
+void conv_u8(FbgemmConvWeight& w, const fbgemm::conv_param_t<2>& cp, const U8Image& x, const float* multiplier,
+             const float* act_times_w, int32_t out_zp, const float* bias, uint8_t* out, int64_t out_pixels) {
+  at::Tensor acc = at::empty({out_pixels * w.OC}, at::kInt);
+  const int num_tasks = num_tasks_for(out_pixels * w.OC * w.KH * w.KW * w.IC / w.p.groups);
+  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      fbgemm::DoNothing<> nothing;
+      fbgemm::ReQuantizeOutput<RELU, fbgemm::QuantizationGranularity::OUT_CHANNEL, float> proc(
+          nothing, multiplier, out_zp, x.zp, w.w_zero_points.data(), nullptr, w.col_offsets.data(), bias,
+          static_cast<uint32_t>(w.OC), static_cast<int>(w.p.groups), act_times_w);
+      fbgemm::fbgemmConv(cp, x.t.data_ptr<uint8_t>(), *w.packed, out, acc.data_ptr<int32_t>(), proc,
+                         static_cast<int>(task), num_tasks);
+    }
+  });
+}
+
+template <bool RELU>
+void conv_f32(FbgemmConvWeight& w, const fbgemm::conv_param_t<2>& cp, const U8Image& x, float x_scale,
+              const float* w_scales, const float* bias, float* out, int64_t out_pixels) {
+  fbgemm::PackBMatrix<int8_t>& B = w.im2col_weight();
+  const int num_tasks = num_tasks_for(out_pixels * w.OC * w.KH * w.KW * w.IC / w.p.groups);
+  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> row_offsets(fbgemm::PackAWithIm2Col<uint8_t, int32_t, 2>::rowOffsetBufferSize());
+    for (int64_t task = begin; task < end; ++task) {
+      fbgemm::PackAWithIm2Col<uint8_t, int32_t, 2> packA(cp, x.t.data_ptr<uint8_t>(), nullptr, x.zp,
+                                                         row_offsets.data(), /*b_symmetric=*/true);
+      fbgemm::DoNothing<float, float> nothing;
+      fbgemm::ReQuantizeForFloat<RELU, fbgemm::QuantizationGranularity::OUT_CHANNEL> proc(
+          nothing, x_scale, w_scales, x.zp, w.w_zero_points.data(), packA.getRowOffsetBuffer(),
+          w.col_offsets.data(), bias, static_cast<uint32_t>(w.OC), static_cast<int>(w.p.groups));
+      fbgemm::fbgemmPacked(packA, B, out, reinterpret_cast<int32_t*>(out), static_cast<uint32_t>(w.OC), proc,
+                           static_cast<int>(task), num_tasks);
+    }
+  });
+}
+
+at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
+                         const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, double output_scale,
+                         int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
+                         const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
+  checks::int8_activation(x, "x");
+  checks::scale(x_scale, "x_scale");
+  checks::zero_point(x_zero_point, x.scalar_type(), "x_zero_point");
+  FbgemmConvWeight& w = unwrap_opaque<FbgemmConvWeight>(w_packed, "w_packed", kWhat);
+  const auto o = check_conv_input(x, w.IC, w.KH, w.KW, w.p);
+  checks::scales(w_scales, w.OC, "w_scales");
+  checks::bias(bias, w.OC);
+  checks::output_qparams(output_scale, output_zero_point, output_dtype);
+  const checks::PostOp op = checks::post_op(post_op);
+  const int64_t N = x.size(0);
+  const std::vector<int64_t> shape{N, w.OC, o[0], o[1]};
+  check_accum(accum, accum_scale, accum_zero_point, shape);
+  const auto cl = at::TensorOptions().memory_format(at::MemoryFormat::ChannelsLast);
+  if (N == 0 || x.size(2) == 0 || x.size(3) == 0) return at::empty(shape, cl.dtype(output_dtype));
+  TORCH_CHECK_VALUE(N < (1 << 30) && x.numel() < (int64_t(1) << 31), "x is too large for FBGEMM (int32 sizes)");
+
+  if (!saturation::fbgemm_has_vnni()) saturation::require_7bit(x, "FBGEMM");
+  const U8Image xu = as_u8_nhwc(x, x_zero_point);
+  const auto cp = w.conv_param(N, x.size(2), x.size(3));
+  const int64_t pixels = N * o[0] * o[1];
+  const at::Tensor ws = w_scales.contiguous();
+  const at::Tensor b = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const bool has_accum = accum.has_value() && accum->defined();
+
+  // FBGEMM's depthwise kernel overflows 16-bit intermediates on 8-bit activations even with VNNI
+  // (4-6 LSB off, measured): such inputs take the exact im2col route below.
+  const bool fast_ok = !w.depthwise || saturation::fits_7_bits(xu.t);
+  if (fast_ok && checks::is_int8_type(output_dtype) && op != checks::PostOp::gelu && !has_accum) {
+    const float xs = static_cast<float>(x_scale);
+    std::vector<float> act_times_w(w.OC), multiplier(w.OC);
+    const float* wsp = ws.data_ptr<float>();
+    for (int64_t c = 0; c < w.OC; ++c) {
+      act_times_w[c] = xs * wsp[c];
+      multiplier[c] = act_times_w[c] / static_cast<float>(output_scale);
+    }
+    const int32_t zp = static_cast<int32_t>(output_zero_point) + (output_dtype == at::kChar ? 128 : 0);
+    at::Tensor y = at::empty(shape, cl.dtype(at::kByte));
+    if (op == checks::PostOp::relu)
+      conv_u8<true>(w, cp, xu, multiplier.data(), act_times_w.data(), zp, bp, y.data_ptr<uint8_t>(), pixels);
+    else
+      conv_u8<false>(w, cp, xu, multiplier.data(), act_times_w.data(), zp, bp, y.data_ptr<uint8_t>(), pixels);
+    return output_dtype == at::kChar ? shift_uint8_to_int8_(y) : y;
+  }
+  at::Tensor y = at::empty(shape, cl.dtype(at::kFloat));
+  const bool fuse_relu = op == checks::PostOp::relu && !has_accum;
+  if (fuse_relu) conv_f32<true>(w, cp, xu, static_cast<float>(x_scale), ws.data_ptr<float>(), bp, y.data_ptr<float>(), pixels);
+  else conv_f32<false>(w, cp, xu, static_cast<float>(x_scale), ws.data_ptr<float>(), bp, y.data_ptr<float>(), pixels);
+  if (has_accum) y = add_accum(y, *accum, accum_scale, accum_zero_point, op == checks::PostOp::relu);
+  if (op == checks::PostOp::gelu) y = at::gelu(y);
+  return finish_from_float(y, output_scale, output_zero_point, output_dtype);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(qbackend, m) {
+  m.def("fbgemm_conv2d_prepack(Tensor weight, int[] stride, int[] padding, int[] dilation, int groups) -> Tensor");
+  m.def(
+      "fbgemm_conv2d(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
+      "float output_scale, int output_zero_point, ScalarType output_dtype, str post_op, Tensor? accum=None, "
+      "float accum_scale=1.0, int accum_zero_point=0) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
+  m.impl("fbgemm_conv2d_prepack", &fbgemm_conv2d_prepack);
+  m.impl("fbgemm_conv2d", &fbgemm_conv2d);
+}
+
+}  // namespace qbackend

@@ -1,0 +1,145 @@
+// The onednn provider for Conv2d: torch's plain-tensor oneDNN ops (onednn::qconv_prepack,
+// onednn::qconv2d_pointwise and its .binary overload for the fused residual sum).
+//
+// Ops (torch.ops.qbackend):
+//   onednn_conv2d_prepack(Tensor weight, Tensor w_scales, int[] stride, int[] padding, int[] dilation,
+//                         int groups, int[]? x_shape=None) -> Tensor      (an opaque mkldnn tensor)
+//   onednn_conv2d(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
+//                 output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
+//                 accum_zero_point) -> Tensor
+// oneDNN fuses relu and the sum (when the output dtype equals accum's); the accum tensor is copied
+// first because oneDNN writes its result into it. gelu (which torch's qconv does not take) and other
+// residual cases run unfused after an fp32 output.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "ops/checks.h"
+#include "ops/conv_params.h"
+#include "ops/epilogue.h"
+#include "ops/saturation.h"
+
+namespace qbackend {
+namespace {
+
+using ScalarList = c10::List<std::optional<at::Scalar>>;
+
+using PointwiseFn = at::Tensor(at::Tensor, double, int64_t, at::Tensor, at::Tensor, at::Tensor,
+                               std::optional<at::Tensor>, c10::List<int64_t>, c10::List<int64_t>,
+                               c10::List<int64_t>, int64_t, double, int64_t, std::optional<at::ScalarType>,
+                               c10::string_view, ScalarList, std::optional<c10::string_view>);
+using BinaryFn = at::Tensor(at::Tensor, double, int64_t, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                            std::optional<at::Tensor>, c10::List<int64_t>, c10::List<int64_t>, c10::List<int64_t>,
+                            int64_t, double, int64_t, std::optional<at::ScalarType>, double, int64_t,
+                            c10::string_view, std::optional<at::Scalar>, std::optional<c10::string_view>,
+                            ScalarList, std::optional<c10::string_view>);
+
+at::Tensor onednn_conv2d_prepack(const at::Tensor& weight, const at::Tensor& w_scales, at::IntArrayRef stride,
+                                 at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                                 at::OptionalIntArrayRef x_shape) {
+  const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
+  check_conv_weight(weight, groups);
+  checks::scales(w_scales, weight.size(0), "w_scales");
+  using PrepackFn = at::Tensor(at::Tensor, at::Tensor, double, int64_t, c10::List<int64_t>, c10::List<int64_t>,
+                               c10::List<int64_t>, int64_t, std::optional<c10::List<int64_t>>);
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qconv_prepack", "").typed<PrepackFn>();
+  std::optional<c10::List<int64_t>> shape;
+  if (x_shape.has_value()) {
+    TORCH_CHECK_VALUE(x_shape->size() == 4 && (*x_shape)[1] == weight.size(1) * groups,
+                      "x_shape must be [N, C, H, W] with C = ", weight.size(1) * groups, ", got ", *x_shape);
+    shape = c10::List<int64_t>(x_shape->vec());
+  }
+  // x_scale / x_zero_point only steer oneDNN's choice of weight format; they are not baked in
+  // (checked by the tests with other activation qparams at run time).
+  return op.call(weight.contiguous(), w_scales.contiguous(), 1.0, 0,
+                 c10::List<int64_t>({p.stride[0], p.stride[1]}), c10::List<int64_t>({p.padding[0], p.padding[1]}),
+                 c10::List<int64_t>({p.dilation[0], p.dilation[1]}), groups, shape);
+}
+
+const char* post_op_name(checks::PostOp op) {
+  return op == checks::PostOp::relu ? "relu" : op == checks::PostOp::gelu ? "gelu" : "none";
+}
+
+at::Tensor onednn_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
+                         const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                         at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
+                         int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
+                         const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
+  checks::int8_activation(x, "x");
+  checks::scale(x_scale, "x_scale");
+  checks::zero_point(x_zero_point, x.scalar_type(), "x_zero_point");
+  const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
+  TORCH_CHECK_VALUE(w_packed.defined() && w_packed.is_mkldnn() && w_packed.scalar_type() == at::kChar &&
+                        w_packed.dim() == 4,
+                    "w_packed must be a oneDNN conv2d weight from qbackend.onednn_conv2d_prepack");
+  // The packed weight keeps the logical shape [OC, IC/groups, KH, KW].
+  const int64_t OC = w_packed.size(0), KH = w_packed.size(2), KW = w_packed.size(3);
+  TORCH_CHECK_VALUE(OC % groups == 0, "groups (", groups, ") does not divide the packed weight's ", OC,
+                    " output channels: pass the groups it was packed with");
+  const auto o = check_conv_input(x, w_packed.size(1) * groups, KH, KW, p);
+  checks::scales(w_scales, OC, "w_scales");
+  checks::bias(bias, OC);
+  checks::output_qparams(output_scale, output_zero_point, output_dtype);
+  const checks::PostOp op = checks::post_op(post_op);
+  const int64_t N = x.size(0);
+  const std::vector<int64_t> shape{N, OC, o[0], o[1]};
+  check_accum(accum, accum_scale, accum_zero_point, shape);
+  const auto cl = at::TensorOptions().memory_format(at::MemoryFormat::ChannelsLast);
+  if (N == 0 || x.size(2) == 0 || x.size(3) == 0) return at::empty(shape, cl.dtype(output_dtype));
+
+  if (!saturation::onednn_has_vnni()) saturation::require_7bit(x, "oneDNN");
+  const at::Tensor xc = x.contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor w_zp = at::zeros({OC}, at::kLong);
+  const std::optional<at::Tensor> b =
+      bias.has_value() && bias->defined() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
+  const c10::List<int64_t> s({p.stride[0], p.stride[1]}), pd({p.padding[0], p.padding[1]}),
+      dl({p.dilation[0], p.dilation[1]});
+  const bool int_out = checks::is_int8_type(output_dtype);
+  const std::optional<at::ScalarType> dt =
+      output_dtype == at::kByte ? std::nullopt : std::optional<at::ScalarType>(output_dtype);
+  const bool has_accum = accum.has_value() && accum->defined();
+
+  const bool fusable = op != checks::PostOp::gelu;
+  if (fusable && has_accum && accum->scalar_type() == output_dtype) {
+    static auto bin = c10::Dispatcher::singleton()
+                          .findSchemaOrThrow("onednn::qconv2d_pointwise", "binary")
+                          .typed<BinaryFn>();
+    at::Tensor dst = accum->contiguous(at::MemoryFormat::ChannelsLast).clone(at::MemoryFormat::ChannelsLast);
+    return bin.call(xc, x_scale, x_zero_point, w_packed, w_scales.contiguous(), w_zp, dst, b, s, pd, dl, groups,
+                    output_scale, output_zero_point, dt, accum_scale, accum_zero_point, "sum", 1.0,
+                    post_op_name(op), ScalarList(), "");
+  }
+  static auto pw =
+      c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qconv2d_pointwise", "").typed<PointwiseFn>();
+  if (fusable && !has_accum) {
+    return pw.call(xc, x_scale, x_zero_point, w_packed, w_scales.contiguous(), w_zp, b, s, pd, dl, groups,
+                   int_out ? output_scale : 1.0, int_out ? output_zero_point : 0, dt, post_op_name(op),
+                   ScalarList(), "");
+  }
+  // gelu, or a residual add whose dtype differs from the output's: fp32 conv, the rest unfused.
+  at::Tensor y = pw.call(xc, x_scale, x_zero_point, w_packed, w_scales.contiguous(), w_zp, b, s, pd, dl, groups,
+                         1.0, 0, at::kFloat, "none", ScalarList(), "");
+  if (has_accum) y = add_accum(y, *accum, accum_scale, accum_zero_point, op == checks::PostOp::relu);
+  if (op == checks::PostOp::gelu) y = at::gelu(y);
+  return finish_from_float(y, output_scale, output_zero_point, output_dtype);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(qbackend, m) {
+  m.def(
+      "onednn_conv2d_prepack(Tensor weight, Tensor w_scales, int[] stride, int[] padding, int[] dilation, "
+      "int groups, int[]? x_shape=None) -> Tensor");
+  m.def(
+      "onednn_conv2d(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
+      "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, "
+      "ScalarType output_dtype, str post_op, Tensor? accum=None, float accum_scale=1.0, "
+      "int accum_zero_point=0) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
+  m.impl("onednn_conv2d_prepack", &onednn_conv2d_prepack);
+  m.impl("onednn_conv2d", &onednn_conv2d);
+}
+TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) { m.impl("onednn_conv2d", &onednn_conv2d); }
+
+}  // namespace qbackend

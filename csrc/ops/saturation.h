@@ -1,0 +1,36 @@
+// Guards against the u8 x s8 saturation of CPUs without VNNI.
+//
+// Without VNNI, FBGEMM and oneDNN multiply u8 x s8 with vpmaddubsw, whose int16 sums of two
+// products saturate once activations exceed 127 (measured: 22 dB where 146 dB is exact). FBGEMM's
+// depthwise kernel does the same even with VNNI. On such routes the ops accept only 7-bit uint8
+// activations ([0, 127]; observers pick that range on these CPUs) and raise ValueError otherwise,
+// instead of returning wrong numbers.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <fbgemm/Utils.h>
+
+#include "cpu/probe.h"
+
+namespace qbackend::saturation {
+
+inline bool fbgemm_has_vnni() {
+  const auto isa = fbgemm::fbgemmInstructionSet();
+  return isa == fbgemm::inst_set_t::avx512_vnni || isa == fbgemm::inst_set_t::avx512_vnni_ymm;
+}
+
+inline bool onednn_has_vnni() { return cpu::usable_level() >= 3 || cpu::avx_vnni_usable(); }
+
+inline bool fits_7_bits(const at::Tensor& x_u8) { return x_u8.numel() == 0 || x_u8.max().item<uint8_t>() <= 127; }
+
+// Raises unless x can be multiplied exactly on a route without VNNI.
+inline void require_7bit(const at::Tensor& x, const char* provider) {
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kByte, "x is int8, but this CPU (or QBACKEND_ISA) has no VNNI: ",
+                    provider, " int8 kernels saturate u8 x s8 products here. Use uint8 activations in [0, 127] "
+                    "(reduce_range=True)");
+  TORCH_CHECK_VALUE(fits_7_bits(x), "x has values above 127, but this CPU (or QBACKEND_ISA) has no VNNI: ",
+                    provider, " int8 kernels saturate u8 x s8 products here. Quantize activations to 7 bits "
+                    "(quant_max=127, reduce_range=True)");
+}
+
+}  // namespace qbackend::saturation
