@@ -2,6 +2,7 @@
 // torch dispatcher (TORCH_LIBRARY_FRAGMENT(qbackend, ...)) when this library is loaded.
 #include <torch/extension.h>
 
+#include <fbgemm/Fbgemm.h>
 #include <fbgemm/Utils.h>
 
 #include "cpu/probe.h"
@@ -54,6 +55,11 @@ void set_isa_cap(int level, bool allow_avx_vnni) {
   else fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx512_vnni);
 }
 
+// Bytes of FBGEMM's packed B for a K x N weight (the fake prepack op's output size).
+int64_t fbgemm_packed_b_size(int64_t K, int64_t N) {
+  return fbgemm::PackBMatrix<int8_t>::packedBufferSize(static_cast<int>(K), static_cast<int>(N));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -66,4 +72,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("avx_vnni_usable", &qbackend::cpu::avx_vnni_usable);
   m.def("isa_cap", &qbackend::cpu::level_cap);
   m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
+  m.def("fbgemm_packed_b_size", &fbgemm_packed_b_size, "bytes of FBGEMM's packed B for a K x N weight");
 }

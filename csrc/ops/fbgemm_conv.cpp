@@ -4,9 +4,10 @@
 //
 // Ops (torch.ops.qbackend):
 //   fbgemm_conv2d_prepack(Tensor weight, int[] stride, int[] padding, int[] dilation, int groups)
-//   fbgemm_conv2d(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
-//                 output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point)
-// The stride/padding/dilation/groups are fixed at prepack (FBGEMM packs for them).
+//   fbgemm_conv2d(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
+//                 output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point)
+// The stride/padding/dilation/groups are fixed at prepack (FBGEMM packs for them); the op takes
+// them again (same signature as onednn_conv2d, and shape inference needs them) and checks them.
 // Not fused by FBGEMM, so run after an fp32 output: gelu, bf16 output, and the residual add.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -86,9 +87,11 @@ at::Tensor fbgemm_conv2d_prepack(const at::Tensor& weight, at::IntArrayRef strid
   const auto nominal = h->conv_param(1, H + 8, W + 8);
   h->packed = std::make_unique<fbgemm::PackWeightsForConv<2>>(nominal, wp);
   h->depthwise = fbgemm::ConvFastPath<2, int32_t>(nominal) == fbgemm::optimized_conv_t::depthwise;
+  // The handle's bytes are the KRSC int8 weight, shaped [OC, KH, KW, IC/G] so that shape
+  // inference (the fake op) can read the geometry from it.
   void* data = h->w_krsc.data_ptr();
-  const int64_t nbytes = h->w_krsc.numel();
-  return wrap_opaque(std::move(h), data, nbytes);
+  const std::vector<int64_t> sizes = h->w_krsc.sizes().vec();
+  return wrap_opaque(std::move(h), data, sizes);
 }
 
 struct U8Image {
@@ -142,13 +145,20 @@ void conv_f32(FbgemmConvWeight& w, const fbgemm::conv_param_t<2>& cp, const U8Im
 }
 
 at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
-                         const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, double output_scale,
+                         const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                         at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
                          int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
                          const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
   checks::int8_activation(x, "x");
   checks::scale(x_scale, "x_scale");
   checks::zero_point(x_zero_point, x.scalar_type(), "x_zero_point");
   FbgemmConvWeight& w = unwrap_opaque<FbgemmConvWeight>(w_packed, "w_packed", kWhat);
+  const Conv2dParams given = conv2d_params(stride, padding, dilation, groups);
+  TORCH_CHECK_VALUE(given.stride == w.p.stride && given.padding == w.p.padding && given.dilation == w.p.dilation &&
+                        given.groups == w.p.groups,
+                    "stride/padding/dilation/groups must be those w_packed was packed with (stride ",
+                    at::IntArrayRef(w.p.stride), ", padding ", at::IntArrayRef(w.p.padding), ", dilation ",
+                    at::IntArrayRef(w.p.dilation), ", groups ", w.p.groups, ")");
   const auto o = check_conv_input(x, w.IC, w.KH, w.KW, w.p);
   checks::scales(w_scales, w.OC, "w_scales");
   checks::bias(bias, w.OC);
@@ -204,7 +214,7 @@ TORCH_LIBRARY_FRAGMENT(qbackend, m) {
   m.def("fbgemm_conv2d_prepack(Tensor weight, int[] stride, int[] padding, int[] dilation, int groups) -> Tensor");
   m.def(
       "fbgemm_conv2d(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
-      "float output_scale, int output_zero_point, ScalarType output_dtype, str post_op, Tensor? accum=None, "
+      "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, ScalarType output_dtype, str post_op, Tensor? accum=None, "
       "float accum_scale=1.0, int accum_zero_point=0) -> Tensor");
 }
 

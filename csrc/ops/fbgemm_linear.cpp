@@ -58,7 +58,7 @@ at::Tensor fbgemm_linear_prepack(const at::Tensor& weight) {
   const int64_t nbytes =
       fbgemm::PackBMatrix<int8_t>::packedBufferSize(static_cast<int>(h->K), static_cast<int>(h->N));
   void* buf = h->packed->getBuf();
-  return wrap_opaque(std::move(h), buf, nbytes);
+  return wrap_opaque(std::move(h), buf, {nbytes});
 }
 
 // x as a contiguous [M, K] uint8 matrix with its zero point (int8 input shifted by +128).

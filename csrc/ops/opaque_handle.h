@@ -18,9 +18,9 @@ void delete_opaque(void* ctx) {
 }
 
 template <class T>
-at::Tensor wrap_opaque(std::unique_ptr<T> obj, void* data, int64_t nbytes) {
+at::Tensor wrap_opaque(std::unique_ptr<T> obj, void* data, at::IntArrayRef sizes) {
   T* raw = obj.release();
-  return at::for_blob(data, {nbytes})
+  return at::for_blob(data, sizes)
       .context(raw, &delete_opaque<T>)
       .options(at::TensorOptions().dtype(at::kByte).device(at::kCPU))
       .make_tensor();

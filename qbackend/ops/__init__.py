@@ -1,1 +1,8 @@
+"""Ops: the qbackend torch.library ops' Python side (fake impls), the provider table, the packed
+weights, and the fp64 reference semantics."""
+from .packed import PackedConv2dWeight, PackedLinearWeight
+from .providers import PROVIDERS, Provider, get_provider
 from .quantize import dequantize, quantize  # noqa: F401  (also registers the ops' fake impls)
+
+__all__ = ["PackedConv2dWeight", "PackedLinearWeight", "PROVIDERS", "Provider", "get_provider",
+           "dequantize", "quantize"]

@@ -1,0 +1,57 @@
+"""Conv2d ops: fake (meta) impls of torch.ops.qbackend.{fbgemm,onednn}_conv2d[_prepack].
+
+The C++ kernels (csrc/ops/fbgemm_conv.cpp, csrc/ops/onednn_conv.cpp) register the ops when the
+extension loads; the fake impls give torch.compile / torch.export their output shapes (NCHW
+logical shape, channels-last memory, like the kernels). Semantics: qbackend.ops.reference.conv2d.
+Users call them through PackedConv2dWeight.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._extension import _C  # noqa: F401  (loads the .so, which registers the ops)
+
+
+def _pair(v):
+    return (v[0], v[1]) if len(v) == 2 else (v[0], v[0])
+
+
+def conv2d_output_hw(h, w, kernel, stride, padding, dilation):
+    """Output spatial size of a conv2d (the same formula as the kernels)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, _pair(stride), _pair(padding), _pair(dilation)
+    return ((h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+
+
+def _conv_out(x, out_channels, kernel, stride, padding, dilation, dtype):
+    torch._check_value(x.dim() == 4, lambda: "x must be 4-D [N, C, H, W]")
+    oh, ow = conv2d_output_hw(x.shape[2], x.shape[3], kernel, stride, padding, dilation)
+    return torch.empty((x.shape[0], out_channels, oh, ow), dtype=dtype, device=x.device,
+                       memory_format=torch.channels_last)
+
+
+@torch.library.register_fake("qbackend::fbgemm_conv2d_prepack")
+def _fbgemm_conv2d_prepack_fake(weight, stride, padding, dilation, groups):
+    oc, icg, kh, kw = weight.shape
+    return weight.new_empty((oc, kh, kw, icg), dtype=torch.uint8)
+
+
+@torch.library.register_fake("qbackend::onednn_conv2d_prepack")
+def _onednn_conv2d_prepack_fake(weight, w_scales, stride, padding, dilation, groups, x_shape=None):
+    return torch.empty_like(weight)
+
+
+@torch.library.register_fake("qbackend::fbgemm_conv2d")
+def _fbgemm_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation,
+                        groups, output_scale, output_zero_point, output_dtype, post_op, accum=None,
+                        accum_scale=1.0, accum_zero_point=0):
+    # The fbgemm handle is shaped [OC, KH, KW, IC/groups].
+    return _conv_out(x, w_packed.shape[0], (w_packed.shape[1], w_packed.shape[2]), stride, padding,
+                     dilation, output_dtype)
+
+
+@torch.library.register_fake("qbackend::onednn_conv2d")
+def _onednn_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation,
+                        groups, output_scale, output_zero_point, output_dtype, post_op, accum=None,
+                        accum_scale=1.0, accum_zero_point=0):
+    return _conv_out(x, w_packed.shape[0], (w_packed.shape[2], w_packed.shape[3]), stride, padding,
+                     dilation, output_dtype)

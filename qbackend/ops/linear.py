@@ -1,0 +1,49 @@
+"""Linear ops: fake (meta) impls of torch.ops.qbackend.{fbgemm,onednn}_linear[_prepack|_dynamic].
+
+The C++ kernels (csrc/ops/fbgemm_linear.cpp, csrc/ops/onednn_linear.cpp) register the ops when the
+extension loads; the fake impls here give torch.compile / torch.export their output shapes.
+Semantics: qbackend.ops.reference.linear. Users call them through PackedLinearWeight.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._extension import _C
+
+
+def _linear_out(x, w_scales, dtype):
+    torch._check_value(x.dim() >= 1, lambda: "x must have at least 1 dimension")
+    return x.new_empty((*x.shape[:-1], w_scales.shape[0]), dtype=dtype)
+
+
+@torch.library.register_fake("qbackend::fbgemm_linear_prepack")
+def _fbgemm_linear_prepack_fake(weight):
+    n, k = weight.shape
+    return weight.new_empty((_C.fbgemm_packed_b_size(k, n),), dtype=torch.uint8)
+
+
+@torch.library.register_fake("qbackend::onednn_linear_prepack")
+def _onednn_linear_prepack_fake(weight, x_shape=None):
+    return weight.new_empty((weight.shape[1], weight.shape[0]), dtype=torch.int8)
+
+
+@torch.library.register_fake("qbackend::fbgemm_linear")
+def _fbgemm_linear_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
+                        output_zero_point, output_dtype, post_op):
+    return _linear_out(x, w_scales, output_dtype)
+
+
+@torch.library.register_fake("qbackend::onednn_linear")
+def _onednn_linear_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
+                        output_zero_point, output_dtype, post_op):
+    return _linear_out(x, w_scales, output_dtype)
+
+
+@torch.library.register_fake("qbackend::fbgemm_linear_dynamic")
+def _fbgemm_linear_dynamic_fake(x, w_packed, w_scales, bias, reduce_range, post_op):
+    return _linear_out(x, w_scales, torch.float32)
+
+
+@torch.library.register_fake("qbackend::onednn_linear_dynamic")
+def _onednn_linear_dynamic_fake(x, w_packed, w_scales, bias, reduce_range, post_op):
+    return _linear_out(x, w_scales, torch.float32)

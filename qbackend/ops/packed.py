@@ -1,0 +1,171 @@
+"""Packed weights: one object per layer holding the int8 weight, its per-channel scales, the fp32
+bias, the provider it runs on and that provider's packed form.
+
+They pickle (and deep-copy) as the int8 weight plus metadata, never as the packed bytes, and
+repack when loaded, for the saved provider or for another (`with_provider`, or `from_state`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .providers import Provider, get_provider
+
+FORMAT_VERSION = 1
+
+
+def _as_scales(w_scales, n: int, what: str) -> torch.Tensor:
+    s = torch.as_tensor(w_scales)
+    if s.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"w_scales must be float32 (or float64), got {s.dtype}")
+    s = s.to(torch.float32).reshape(-1).contiguous()
+    if s.numel() != n:
+        raise ValueError(f"w_scales must have {n} elements (one per output channel of the {what}), got {s.numel()}")
+    if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
+        raise ValueError("w_scales must be finite and positive")
+    return s
+
+
+def _as_bias(bias, n: int) -> torch.Tensor | None:
+    if bias is None:
+        return None
+    if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+        raise TypeError(f"bias must be a float tensor or None, got {type(bias).__name__}")
+    b = bias.detach().to(torch.float32).reshape(-1).contiguous()
+    if b.numel() != n:
+        raise ValueError(f"bias must have {n} elements, got {b.numel()}")
+    return b
+
+
+def _check_weight(weight, ndim: int, what: str) -> torch.Tensor:
+    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.int8:
+        raise TypeError(f"weight must be an int8 tensor, got "
+                        f"{weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if weight.dim() != ndim or weight.numel() == 0:
+        raise ValueError(f"weight must be a non-empty {ndim}-D {what} weight, got shape {tuple(weight.shape)}")
+    if weight.device.type != "cpu":
+        raise ValueError(f"weight must be a CPU tensor, got device {weight.device}")
+    return weight.detach().contiguous()
+
+
+class _Packed:
+    """Shared pickling / copying / repacking of the packed weights."""
+
+    provider: Provider
+
+    def _state(self) -> dict:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict:
+        return {"format_version": FORMAT_VERSION, **self._state()}
+
+    def __setstate__(self, state: dict) -> None:
+        version = state.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(f"{type(self).__name__} state has format_version {version!r}; this qbackend "
+                             f"reads version {FORMAT_VERSION}")
+        state = {k: v for k, v in state.items() if k != "format_version"}
+        self.__init__(**state)
+
+    @classmethod
+    def from_state(cls, state: dict, provider: str | None = None):
+        """Rebuild from `__getstate__()`'s dict, repacking for `provider` (default: the saved one)."""
+        obj = cls.__new__(cls)
+        obj.__setstate__(dict(state, provider=provider or state["provider"]))
+        return obj
+
+    def with_provider(self, provider: str):
+        """The same weight repacked for another provider."""
+        return type(self).from_state(self.__getstate__(), provider)
+
+    def __deepcopy__(self, memo):
+        return type(self).from_state(self.__getstate__())
+
+    @property
+    def provider_name(self) -> str:
+        return self.provider.name
+
+
+class PackedLinearWeight(_Packed):
+    """int8 weight [out_features, in_features] (symmetric per-channel), scales, bias, packed form."""
+
+    def __init__(self, weight: torch.Tensor, w_scales, bias: torch.Tensor | None = None, provider: str = "fbgemm",
+                 x_shape: Sequence[int] | None = None):
+        self.weight = _check_weight(weight, 2, "linear")
+        self.out_features, self.in_features = self.weight.shape
+        self.w_scales = _as_scales(w_scales, self.out_features, "linear")
+        self.bias = _as_bias(bias, self.out_features)
+        self.x_shape = list(x_shape) if x_shape is not None else None
+        self.provider = get_provider(provider)
+        self.packed = self.provider.prepack_linear(self.weight, self.x_shape)
+
+    def _state(self) -> dict:
+        return {"weight": self.weight, "w_scales": self.w_scales, "bias": self.bias,
+                "provider": self.provider.name, "x_shape": self.x_shape}
+
+    def linear(self, x: torch.Tensor, x_scale: float, x_zero_point: int, output_scale: float = 1.0,
+               output_zero_point: int = 0, output_dtype: torch.dtype = torch.float32,
+               post_op: str = "none") -> torch.Tensor:
+        """y = post_op(dequant(x) @ dequant(w).T + bias), returned as output_dtype (uint8/int8 requantized)."""
+        return self.provider.linear(x, x_scale, x_zero_point, self.packed, self.w_scales, self.bias,
+                                    output_scale, output_zero_point, output_dtype, post_op)
+
+    def linear_dynamic(self, x: torch.Tensor, reduce_range: bool | None = None, post_op: str = "none") -> torch.Tensor:
+        """fp32 in, fp32 out; x quantized per call to uint8 over its own range (7-bit where the
+        provider would saturate 8-bit products, when reduce_range is None)."""
+        if reduce_range is None:
+            reduce_range = not self.provider.exact_8bit()
+        return self.provider.linear_dynamic(x, self.packed, self.w_scales, self.bias, reduce_range, post_op)
+
+    def __repr__(self) -> str:
+        return (f"PackedLinearWeight(out_features={self.out_features}, in_features={self.in_features}, "
+                f"provider={self.provider.name!r}, bias={self.bias is not None})")
+
+
+class PackedConv2dWeight(_Packed):
+    """int8 conv weight [OC, IC/groups, KH, KW] (symmetric per-channel), geometry, scales, bias, packed form."""
+
+    def __init__(self, weight: torch.Tensor, w_scales, bias: torch.Tensor | None = None,
+                 stride: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1),
+                 groups: int = 1, provider: str = "onednn", x_shape: Sequence[int] | None = None):
+        self.weight = _check_weight(weight, 4, "conv2d")
+        self.out_channels = self.weight.shape[0]
+        self.in_channels = self.weight.shape[1] * int(groups)
+        self.kernel_size = tuple(self.weight.shape[2:])
+        self.stride, self.padding, self.dilation = (_pair(stride, "stride"), _pair(padding, "padding"),
+                                                    _pair(dilation, "dilation"))
+        self.groups = int(groups)
+        self.w_scales = _as_scales(w_scales, self.out_channels, "conv2d")
+        self.bias = _as_bias(bias, self.out_channels)
+        self.x_shape = list(x_shape) if x_shape is not None else None
+        self.provider = get_provider(provider)
+        self.packed = self.provider.prepack_conv2d(self.weight, self.w_scales, self.stride, self.padding,
+                                                   self.dilation, self.groups, self.x_shape)
+
+    def _state(self) -> dict:
+        return {"weight": self.weight, "w_scales": self.w_scales, "bias": self.bias, "stride": self.stride,
+                "padding": self.padding, "dilation": self.dilation, "groups": self.groups,
+                "provider": self.provider.name, "x_shape": self.x_shape}
+
+    def conv2d(self, x: torch.Tensor, x_scale: float, x_zero_point: int, output_scale: float = 1.0,
+               output_zero_point: int = 0, output_dtype: torch.dtype = torch.float32, post_op: str = "none",
+               accum: torch.Tensor | None = None, accum_scale: float = 1.0, accum_zero_point: int = 0) -> torch.Tensor:
+        """y = post_op(conv(dequant(x), dequant(w)) + bias [+ dequant(accum)]), channels-last output."""
+        return self.provider.conv2d(x, x_scale, x_zero_point, self.packed, self.w_scales, self.bias, self.stride,
+                                    self.padding, self.dilation, self.groups, output_scale, output_zero_point,
+                                    output_dtype, post_op, accum, accum_scale, accum_zero_point)
+
+    def __repr__(self) -> str:
+        return (f"PackedConv2dWeight({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+                f"provider={self.provider.name!r})")
+
+
+def _pair(v, name: str) -> list[int]:
+    vals = [int(v)] * 2 if isinstance(v, int) else [int(e) for e in v]
+    if len(vals) == 1:
+        vals = vals * 2
+    if len(vals) != 2:
+        raise ValueError(f"{name} must be an int or a pair, got {v!r}")
+    return vals

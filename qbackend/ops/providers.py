@@ -1,0 +1,112 @@
+"""Kernel providers as a table: each provider is a record of the functions that prepack and run
+Linear and Conv2d, with one signature for all of them.
+
+  fbgemm     FBGEMM's C++ API through csrc (torch.ops.qbackend.fbgemm_*)
+  onednn     oneDNN through torch's plain-tensor onednn ops (torch.ops.qbackend.onednn_*)
+  reference  plain PyTorch fp64 math (qbackend.ops.reference): slow, exact, always available
+
+The dispatcher decides which provider an op instance uses; PackedLinearWeight / PackedConv2dWeight
+hold the decision and the provider's packed form.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import conv as _conv  # noqa: F401  (fake impls)
+from . import linear as _linear  # noqa: F401  (fake impls)
+from . import reference
+from .._extension import _C
+from ..dispatch.cpu import cpu_features
+
+ops = torch.ops.qbackend
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    # (weight int8 [N, K], x_shape hint or None) -> packed
+    prepack_linear: Callable
+    # (x, x_scale, x_zp, packed, w_scales, bias, out_scale, out_zp, out_dtype, post_op) -> y
+    linear: Callable
+    # (x fp32, packed, w_scales, bias, reduce_range, post_op) -> y fp32
+    linear_dynamic: Callable
+    # (weight int8 [OC, IC/g, KH, KW], w_scales, stride, padding, dilation, groups, x_shape) -> packed
+    prepack_conv2d: Callable
+    # (x, x_scale, x_zp, packed, w_scales, bias, stride, padding, dilation, groups, out_scale, out_zp,
+    #  out_dtype, post_op, accum, accum_scale, accum_zp) -> y
+    conv2d: Callable
+    # Whether this provider multiplies 8-bit activations exactly on this CPU (else 7-bit only).
+    exact_8bit: Callable[[], bool]
+
+
+def _fbgemm_exact() -> bool:
+    return _C.fbgemm_isa() in ("avx512_vnni", "avx512_vnni_ymm")
+
+
+def _onednn_exact() -> bool:
+    return cpu_features().level >= 3 or bool(_C.avx_vnni_usable())
+
+
+def _ref_float(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return y if dtype in reference.QRANGE else y.to(dtype)
+
+
+def _ref_linear(x, x_scale, x_zp, packed, w_scales, bias, out_scale, out_zp, out_dtype, post_op):
+    y = reference.linear(x, x_scale, x_zp, packed, w_scales, bias, out_scale, out_zp, out_dtype, post_op)
+    return _ref_float(y, out_dtype)
+
+
+def _ref_linear_dynamic(x, packed, w_scales, bias, reduce_range, post_op):
+    scale, zp = reference.choose_dynamic_qparams(x, reduce_range)
+    xq = reference.quantize(x, scale, zp, torch.uint8)
+    return reference.linear(xq, scale, zp, packed, w_scales, bias, post_op=post_op).float()
+
+
+def _ref_conv2d(x, x_scale, x_zp, packed, w_scales, bias, stride, padding, dilation, groups, out_scale, out_zp,
+                out_dtype, post_op, accum=None, accum_scale=1.0, accum_zp=0):
+    y = reference.conv2d(x, x_scale, x_zp, packed, w_scales, bias, stride, padding, dilation, groups, out_scale,
+                         out_zp, out_dtype, post_op, accum, accum_scale, accum_zp)
+    return _ref_float(y, out_dtype).contiguous(memory_format=torch.channels_last)
+
+
+PROVIDERS: dict[str, Provider] = {
+    "fbgemm": Provider(
+        name="fbgemm",
+        prepack_linear=lambda w, x_shape=None: ops.fbgemm_linear_prepack(w),
+        linear=ops.fbgemm_linear,
+        linear_dynamic=ops.fbgemm_linear_dynamic,
+        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None:
+            ops.fbgemm_conv2d_prepack(w, stride, padding, dilation, groups),
+        conv2d=ops.fbgemm_conv2d,
+        exact_8bit=_fbgemm_exact,
+    ),
+    "onednn": Provider(
+        name="onednn",
+        prepack_linear=lambda w, x_shape=None: ops.onednn_linear_prepack(w, x_shape),
+        linear=ops.onednn_linear,
+        linear_dynamic=ops.onednn_linear_dynamic,
+        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None:
+            ops.onednn_conv2d_prepack(w, s, stride, padding, dilation, groups, x_shape),
+        conv2d=ops.onednn_conv2d,
+        exact_8bit=_onednn_exact,
+    ),
+    "reference": Provider(
+        name="reference",
+        prepack_linear=lambda w, x_shape=None: w,
+        linear=_ref_linear,
+        linear_dynamic=_ref_linear_dynamic,
+        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None: w,
+        conv2d=_ref_conv2d,
+        exact_8bit=lambda: True,
+    ),
+}
+
+
+def get_provider(name: str) -> Provider:
+    try:
+        return PROVIDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}") from None
