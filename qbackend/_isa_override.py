@@ -4,11 +4,11 @@ Applied once, when qbackend is imported, before FBGEMM or oneDNN run a kernel:
   * our own kernels (csrc) are capped through qbackend._C.set_isa_cap;
   * FBGEMM is forced to the matching ISA with fbgemm::fbgemmForceIsa (it also reads
     FBGEMM_ENABLE_INSTRUCTIONS, which we set for child processes);
-  * oneDNN reads ONEDNN_MAX_CPU_ISA when it creates its first primitive, so we set it here.
-    If oneDNN already ran a primitive in this process before qbackend was imported, the cap
-    cannot reach it any more: qbackend then refuses oneDNN routes (see dispatch.cpu) rather
-    than silently run a faster ISA than asked. Set QBACKEND_ISA in the environment of a fresh
-    process to be safe.
+  * oneDNN reads ONEDNN_MAX_CPU_ISA once, when it creates its first primitive, so we set it
+    here. oneDNN offers no way to ask which ISA it settled on, so the cap only reaches it if
+    qbackend is imported before anything in the process ran a oneDNN primitive (any
+    mkldnn/onednn op, quantized or not). Set QBACKEND_ISA in the environment of a fresh process;
+    the tests check the cap took effect through ONEDNN_VERBOSE's ISA line.
 """
 from __future__ import annotations
 

@@ -1,0 +1,79 @@
+"""The `qbackend` command line (also `python -m qbackend`): `info` and `demo`."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+REPRESENTATIVE = {
+    "linear": [
+        ("M=1 (one token), 768x768", {"m": 1, "k": 768, "n": 768}),
+        ("M=16, 768x3072", {"m": 16, "k": 768, "n": 3072}),
+        ("M=1024 (8x128 tokens), 768x768", {"m": 1024, "k": 768, "n": 768}),
+    ],
+    "conv2d": [
+        ("ResNet-50 3x3, 64ch @56", {"n": 1, "c_in": 64, "c_out": 64, "h": 56, "w": 56, "kernel": (3, 3),
+                                     "stride": 1, "groups": 1}),
+        ("MobileNetV2 depthwise 3x3, 144ch @56", {"n": 1, "c_in": 144, "c_out": 144, "h": 56, "w": 56,
+                                                  "kernel": (3, 3), "stride": 1, "groups": 144}),
+        ("ResNeXt grouped 3x3, g=32 x 4ch @56", {"n": 1, "c_in": 128, "c_out": 128, "h": 56, "w": 56,
+                                                 "kernel": (3, 3), "stride": 1, "groups": 32}),
+    ],
+}
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import torch
+
+    import qbackend
+    from qbackend.dispatch import cpu_features, fbgemm_isa, rules
+
+    f = cpu_features()
+    print(f"qbackend {qbackend.__version__}  torch {torch.__version__}  threads {torch.get_num_threads()}")
+    print(f"CPU: {f.model_name or '?'} ({f.vendor})")
+    print(f"override: QBACKEND_ISA={f.override}" if f.override else "override: none (QBACKEND_ISA unset)")
+    print(f"ISA in use: {f.level_name} (dispatch class {f.isa_class}); FBGEMM: {fbgemm_isa()}; "
+          f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset (all)')}")
+    print()
+    print("| feature | CPU has it | OS allows it |")
+    print("|---|---|---|")
+    for name, feat in f.features().items():
+        print(f"| {name} | {'yes' if feat.cpu else 'no'} | {'yes' if feat.os else 'no'} |")
+    print()
+    print(f"Routes on this CPU class ({f.isa_class}):")
+    print("| op | shape | provider | rule |")
+    print("|---|---|---|---|")
+    for op, shapes in REPRESENTATIVE.items():
+        for label, shape in shapes:
+            rule = rules.choose(op, f.isa_class, shape)
+            print(f"| {op} | {label} | {rule.provider} | {rule.condition}: {rule.why} |")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from qbackend.kernel_demo import run
+
+    return run(batch=args.batch, features=args.features)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qbackend", description="x86 INT8 quantization backend for PyTorch")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="probed CPU features, ISA override, and the provider each op kind would use")
+    d = sub.add_parser("demo", help="quantize a Linear layer and compare INT8 (both providers) with FP32")
+    d.add_argument("--batch", type=int, default=64)
+    d.add_argument("--features", type=int, default=768)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"info": cmd_info, "demo": cmd_demo}[args.command](args)
+    except (ValueError, TypeError) as exc:
+        print(f"qbackend {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

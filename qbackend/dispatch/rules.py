@@ -1,0 +1,63 @@
+"""The routing rules: which provider runs an op instance, declared as a table, not coded in branches.
+
+Each Rule names an op kind, the CPU classes it applies to (CpuFeatures.isa_class), a shape
+condition, the provider, and why (the measurement behind it). The first matching rule wins; the
+last rule of each op kind is its catch-all. Measured with `python benchmarks/kernels.py`
+(results in benchmarks/results/kernels.md); to regenerate, re-run it on a machine of each class
+(or with QBACKEND_ISA set) and edit the table: the rows below say which column they came from.
+
+Shape keys: linear: m (rows of x: batch x tokens), k, n. conv2d: n (batch), c_in, c_out, h, w,
+kernel (kh, kw), stride, groups.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+ISA_CLASSES = ("amx", "avx512_vnni", "avx2_vnni", "avx512", "avx2")
+ALL = ISA_CLASSES
+
+
+def _channels_per_group(s: Mapping) -> int:
+    return s["c_in"] // s["groups"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    op: str
+    isa_classes: tuple[str, ...]
+    provider: str
+    why: str
+    when: Callable[[Mapping], bool] = field(default=lambda s: True)
+    condition: str = "any shape"
+
+
+RULES: tuple[Rule, ...] = (
+    # ---- linear (static and dynamic share the GEMM) ------------------------------------------
+    Rule("linear", ("amx",), "fbgemm", "FBGEMM's VNNI GEMM has the lower per-call cost at M <= 4 "
+         "(1.1-1.7x, kernel-facts)", when=lambda s: s["m"] <= 4, condition="m <= 4"),
+    Rule("linear", ("amx",), "onednn", "oneDNN's AMX GEMM is 2-5x faster from M = 16 (kernel-facts)"),
+    Rule("linear", ("avx512_vnni",), "fbgemm", "FBGEMM wins small M on AVX512-VNNI (benchmarks/kernels.py)",
+         when=lambda s: s["m"] <= 16, condition="m <= 16"),
+    Rule("linear", ("avx512_vnni",), "onednn", "oneDNN wins large M on AVX512-VNNI (benchmarks/kernels.py)"),
+    Rule("linear", ("avx2_vnni",), "onednn", "oneDNN uses AVX-VNNI, FBGEMM does not: 1.3-1.9x (kernel-facts)"),
+    Rule("linear", ("avx512", "avx2"), "fbgemm", "without VNNI oneDNN int8 at M = 1 is 3-7x slower than "
+         "FBGEMM (kernel-facts)"),
+    # ---- conv2d ------------------------------------------------------------------------------
+    Rule("conv2d", ALL, "fbgemm", "FBGEMM's groupwise kernel wins grouped conv with <= 8 channels per "
+         "group (ResNeXt g=32: 2.3x, kernel-facts)",
+         when=lambda s: 1 < s["groups"] < s["c_in"] and _channels_per_group(s) <= 8,
+         condition="1 < groups < c_in and c_in/groups <= 8"),
+    Rule("conv2d", ALL, "onednn", "oneDNN wins dense, 1x1, stem and depthwise convs (1.1-8x, kernel-facts); "
+         "FBGEMM's depthwise kernel also loses precision on 8-bit activations"),
+)
+
+
+def choose(op: str, isa_class: str, shape: Mapping) -> Rule:
+    """The first rule for `op` on `isa_class` whose condition holds for `shape`."""
+    if isa_class not in ISA_CLASSES:
+        raise ValueError(f"unknown ISA class {isa_class!r}; expected one of {', '.join(ISA_CLASSES)}")
+    for rule in RULES:
+        if rule.op == op and isa_class in rule.isa_classes and rule.when(shape):
+            return rule
+    raise ValueError(f"no dispatch rule for op {op!r} on {isa_class!r}")
