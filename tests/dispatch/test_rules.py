@@ -1,0 +1,39 @@
+"""The routing table: complete (a catch-all for every op on every CPU class) and first-match."""
+import pytest
+
+from qbackend.dispatch import rules
+from qbackend.ops import PROVIDERS
+
+LINEAR = {"m": 1, "k": 768, "n": 768}
+CONV = {"n": 1, "c_in": 64, "c_out": 64, "h": 56, "w": 56, "kernel": (3, 3), "stride": 1, "groups": 1}
+
+
+@pytest.mark.parametrize("isa_class", rules.ISA_CLASSES)
+@pytest.mark.parametrize("op,shape", [("linear", LINEAR), ("conv2d", CONV)])
+def test_every_op_has_a_route_on_every_class(op, shape, isa_class):
+    rule = rules.choose(op, isa_class, shape)
+    assert rule.provider in PROVIDERS and rule.provider != "reference"
+    assert rule.why
+
+
+def test_rules_name_known_classes_and_providers():
+    for rule in rules.RULES:
+        assert set(rule.isa_classes) <= set(rules.ISA_CLASSES)
+        assert rule.provider in PROVIDERS
+
+
+def test_first_match_wins():
+    # On AMX, M <= 4 goes to FBGEMM and larger M to oneDNN (kernel-facts crossover).
+    assert rules.choose("linear", "amx", {"m": 4, "k": 768, "n": 768}).provider == "fbgemm"
+    assert rules.choose("linear", "amx", {"m": 64, "k": 768, "n": 768}).provider == "onednn"
+    grouped = dict(CONV, c_in=128, c_out=128, groups=32)
+    assert rules.choose("conv2d", "avx512_vnni", grouped).provider == "fbgemm"
+    depthwise = dict(CONV, groups=64)
+    assert rules.choose("conv2d", "avx512_vnni", depthwise).provider == "onednn"
+
+
+def test_unknown_class_is_an_error():
+    with pytest.raises(ValueError, match="unknown ISA class"):
+        rules.choose("linear", "sse2", LINEAR)
+    with pytest.raises(ValueError, match="no dispatch rule"):
+        rules.choose("matmul", "avx2", LINEAR)
