@@ -8,7 +8,22 @@
 
 namespace qbackend::checks {
 
-inline const char* dtype_name(at::ScalarType t) { return c10::toString(t); }
+// Python's names (torch.int8, not c10's "Char"), as in the quantize ops' messages.
+inline std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kByte: return "torch.uint8";
+    case at::kChar: return "torch.int8";
+    case at::kFloat: return "torch.float32";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kDouble: return "torch.float64";
+    case at::kHalf: return "torch.float16";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kBool: return "torch.bool";
+    default: return std::string("torch.") + c10::toString(t);
+  }
+}
 
 inline void cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(t.defined(), name, " must be a tensor, got None");
@@ -28,6 +43,16 @@ inline void int8_activation(const at::Tensor& t, const char* name) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kByte || t.scalar_type() == at::kChar, name,
                    " must have dtype uint8 or int8 (a quantized activation), got ",
                    dtype_name(t.scalar_type()));
+}
+
+inline void scale(double s, const char* name);
+inline void zero_point(int64_t zp, at::ScalarType t, const char* name);
+
+// A quantized activation x with its qparams (the first checks of every int8 op).
+inline void activation(const at::Tensor& x, double x_scale, int64_t x_zero_point) {
+  int8_activation(x, "x");
+  scale(x_scale, "x_scale");
+  zero_point(x_zero_point, x.scalar_type(), "x_zero_point");
 }
 
 inline void scale(double s, const char* name) {

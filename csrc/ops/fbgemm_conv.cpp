@@ -20,6 +20,7 @@
 #include "ops/checks.h"
 #include "ops/conv_params.h"
 #include "ops/epilogue.h"
+#include "ops/fbgemm_requant.h"
 #include "ops/opaque_handle.h"
 #include "ops/saturation.h"
 
@@ -149,9 +150,7 @@ at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
                          at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
                          int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
                          const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
-  checks::int8_activation(x, "x");
-  checks::scale(x_scale, "x_scale");
-  checks::zero_point(x_zero_point, x.scalar_type(), "x_zero_point");
+  checks::activation(x, x_scale, x_zero_point);
   FbgemmConvWeight& w = unwrap_opaque<FbgemmConvWeight>(w_packed, "w_packed", kWhat);
   const Conv2dParams given = conv2d_params(stride, padding, dilation, groups);
   TORCH_CHECK_VALUE(given.stride == w.p.stride && given.padding == w.p.padding && given.dilation == w.p.dilation &&
@@ -184,19 +183,12 @@ at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   // (4-6 LSB off, measured): such inputs take the exact im2col route below.
   const bool fast_ok = !w.depthwise || saturation::fits_7_bits(xu.t);
   if (fast_ok && checks::is_int8_type(output_dtype) && op != checks::PostOp::gelu && !has_accum) {
-    const float xs = static_cast<float>(x_scale);
-    std::vector<float> act_times_w(w.OC), multiplier(w.OC);
-    const float* wsp = ws.data_ptr<float>();
-    for (int64_t c = 0; c < w.OC; ++c) {
-      act_times_w[c] = xs * wsp[c];
-      multiplier[c] = act_times_w[c] / static_cast<float>(output_scale);
-    }
-    const int32_t zp = static_cast<int32_t>(output_zero_point) + (output_dtype == at::kChar ? 128 : 0);
+    const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);
     at::Tensor y = at::empty(shape, cl.dtype(at::kByte));
     if (op == checks::PostOp::relu)
-      conv_u8<true>(w, cp, xu, multiplier.data(), act_times_w.data(), zp, bp, y.data_ptr<uint8_t>(), pixels);
+      conv_u8<true>(w, cp, xu, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>(), pixels);
     else
-      conv_u8<false>(w, cp, xu, multiplier.data(), act_times_w.data(), zp, bp, y.data_ptr<uint8_t>(), pixels);
+      conv_u8<false>(w, cp, xu, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>(), pixels);
     return output_dtype == at::kChar ? shift_uint8_to_int8_(y) : y;
   }
   at::Tensor y = at::empty(shape, cl.dtype(at::kFloat));

@@ -17,6 +17,7 @@
 
 #include "ops/checks.h"
 #include "ops/epilogue.h"
+#include "ops/fbgemm_requant.h"
 #include "ops/opaque_handle.h"
 #include "ops/saturation.h"
 
@@ -154,9 +155,7 @@ at::Tensor fbgemm_linear(const at::Tensor& x, double x_scale, int64_t x_zero_poi
                          const std::optional<at::Tensor>& bias, double output_scale,
                          int64_t output_zero_point, at::ScalarType output_dtype,
                          const std::string& post_op) {
-  checks::int8_activation(x, "x");
-  checks::scale(x_scale, "x_scale");
-  checks::zero_point(x_zero_point, x.scalar_type(), "x_zero_point");
+  checks::activation(x, x_scale, x_zero_point);
   const FbgemmLinearWeight& w = check_common(x, w_packed, w_scales, bias);
   checks::output_qparams(output_scale, output_zero_point, output_dtype);
   const checks::PostOp op = checks::post_op(post_op);
@@ -172,19 +171,12 @@ at::Tensor fbgemm_linear(const at::Tensor& x, double x_scale, int64_t x_zero_poi
 
   const bool int_out = checks::is_int8_type(output_dtype);
   if (int_out && op != checks::PostOp::gelu) {
-    const float xs = static_cast<float>(x_scale);
-    std::vector<float> act_times_w(w.N), multiplier(w.N);
-    const float* wsp = ws.data_ptr<float>();
-    for (int64_t n = 0; n < w.N; ++n) {
-      act_times_w[n] = xs * wsp[n];
-      multiplier[n] = act_times_w[n] / static_cast<float>(output_scale);
-    }
-    const int32_t zp = static_cast<int32_t>(output_zero_point) + (output_dtype == at::kChar ? 128 : 0);
+    const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);
     at::Tensor y = at::empty({M, w.N}, at::kByte);
     if (op == checks::PostOp::relu)
-      gemm_u8<true>(xu, M, w, multiplier.data(), act_times_w.data(), zp, bp, y.data_ptr<uint8_t>());
+      gemm_u8<true>(xu, M, w, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>());
     else
-      gemm_u8<false>(xu, M, w, multiplier.data(), act_times_w.data(), zp, bp, y.data_ptr<uint8_t>());
+      gemm_u8<false>(xu, M, w, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>());
     if (output_dtype == at::kChar) y = shift_uint8_to_int8_(y);
     return y.reshape(shape);
   }

@@ -44,8 +44,10 @@ at::Tensor onednn_conv2d_prepack(const at::Tensor& weight, const at::Tensor& w_s
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qconv_prepack", "").typed<PrepackFn>();
   std::optional<c10::List<int64_t>> shape;
   if (x_shape.has_value()) {
-    TORCH_CHECK_VALUE(x_shape->size() == 4 && (*x_shape)[1] == weight.size(1) * groups,
-                      "x_shape must be [N, C, H, W] with C = ", weight.size(1) * groups, ", got ", *x_shape);
+    TORCH_CHECK_VALUE(x_shape->size() == 4 && (*x_shape)[0] >= 1 && (*x_shape)[1] == weight.size(1) * groups,
+                      "x_shape must be [N, C, H, W] with N >= 1 and C = ", weight.size(1) * groups, ", got ",
+                      *x_shape);
+    check_conv_hw((*x_shape)[2], (*x_shape)[3], weight.size(2), weight.size(3), p, "x_shape");
     shape = c10::List<int64_t>(x_shape->vec());
   }
   // x_scale / x_zero_point only steer oneDNN's choice of weight format; they are not baked in
@@ -64,9 +66,7 @@ at::Tensor onednn_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
                          at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
                          int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
                          const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
-  checks::int8_activation(x, "x");
-  checks::scale(x_scale, "x_scale");
-  checks::zero_point(x_zero_point, x.scalar_type(), "x_zero_point");
+  checks::activation(x, x_scale, x_zero_point);
   const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
   TORCH_CHECK_VALUE(w_packed.defined() && w_packed.is_mkldnn() && w_packed.scalar_type() == at::kChar &&
                         w_packed.dim() == 4,

@@ -44,6 +44,8 @@ at::Tensor onednn_linear_prepack(const at::Tensor& weight, at::OptionalIntArrayR
     shape.assign(x_shape->begin(), x_shape->end());
     TORCH_CHECK_VALUE(!shape.empty() && shape.back() == weight.size(1),
                       "x_shape must end with in_features = ", weight.size(1), ", got ", *x_shape);
+    for (int64_t d : shape)
+      TORCH_CHECK_VALUE(d >= 0, "x_shape must not have negative sizes, got ", *x_shape);
   } else {
     shape = {1, weight.size(1)};
   }
@@ -89,9 +91,7 @@ at::Tensor onednn_linear(const at::Tensor& x, double x_scale, int64_t x_zero_poi
                          const at::Tensor& w_scales, const std::optional<at::Tensor>& bias,
                          double output_scale, int64_t output_zero_point, at::ScalarType output_dtype,
                          const std::string& post_op) {
-  checks::int8_activation(x, "x");
-  checks::scale(x_scale, "x_scale");
-  checks::zero_point(x_zero_point, x.scalar_type(), "x_zero_point");
+  checks::activation(x, x_scale, x_zero_point);
   const auto [N, K] = check_weight(x, w_packed, w_scales, bias);
   checks::output_qparams(output_scale, output_zero_point, output_dtype);
   const checks::PostOp op = checks::post_op(post_op);
