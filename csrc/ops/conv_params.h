@@ -12,7 +12,9 @@ struct Conv2dParams {
   std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
   int64_t groups = 1;
 
-  // Output spatial size for an input of H x W and a KH x KW kernel (may be <= 0: caller checks).
+  // Output spatial size for an input of H x W and a KH x KW kernel. Only meaningful once
+  // check_conv_hw has passed: C++ division truncates, so a kernel larger than the padded input
+  // would give 1 (not 0) with stride > 1.
   std::array<int64_t, 2> out_hw(int64_t H, int64_t W, int64_t KH, int64_t KW) const {
     return {(H + 2 * padding[0] - dilation[0] * (KH - 1) - 1) / stride[0] + 1,
             (W + 2 * padding[1] - dilation[1] * (KW - 1) - 1) / stride[1] + 1};
@@ -41,14 +43,28 @@ inline Conv2dParams conv2d_params(at::IntArrayRef stride, at::IntArrayRef paddin
 
 // Checks a conv weight [OC, IC/groups, KH, KW] int8 against groups.
 inline void check_conv_weight(const at::Tensor& weight, int64_t groups) {
-  TORCH_CHECK_TYPE(weight.defined() && weight.scalar_type() == at::kChar, "weight must have dtype int8, got ",
-                   weight.defined() ? c10::toString(weight.scalar_type()) : "None");
+  TORCH_CHECK_TYPE(weight.defined() && weight.scalar_type() == at::kChar, "weight must have dtype torch.int8, got ",
+                   weight.defined() ? checks::dtype_name(weight.scalar_type()) : std::string("None"));
   TORCH_CHECK_VALUE(weight.device().is_cpu(), "weight must be a CPU tensor");
   TORCH_CHECK_VALUE(weight.dim() == 4, "weight must be 4-D [out_channels, in_channels/groups, kH, kW], got shape ",
                     weight.sizes());
   TORCH_CHECK_VALUE(weight.numel() > 0, "weight must not be empty, got shape ", weight.sizes());
   TORCH_CHECK_VALUE(weight.size(0) % groups == 0, "out_channels (", weight.size(0),
                     ") must be divisible by groups (", groups, ")");
+}
+
+// Checks that an H x W input (`name`) is non-empty and, padded, covers the dilated KH x KW kernel;
+// returns the output spatial size (>= 1 x 1).
+inline std::array<int64_t, 2> check_conv_hw(int64_t H, int64_t W, int64_t KH, int64_t KW, const Conv2dParams& p,
+                                           const char* name) {
+  TORCH_CHECK_VALUE(H > 0 && W > 0, name, "'s spatial size must be non-empty (only the batch may be empty), got ",
+                    H, "x", W);
+  const int64_t ph = H + 2 * p.padding[0], pw = W + 2 * p.padding[1];
+  const int64_t kh = p.dilation[0] * (KH - 1) + 1, kw = p.dilation[1] * (KW - 1) + 1;
+  TORCH_CHECK_VALUE(ph >= kh && pw >= kw, name, "'s spatial size ", H, "x", W, " (", ph, "x", pw,
+                    " with padding) is too small for a ", KH, "x", KW, " kernel (", kh, "x", kw,
+                    " with dilation): kernel larger than the padded input");
+  return p.out_hw(H, W, KH, KW);
 }
 
 // Checks the activation x [N, C, H, W] against the weight; returns the output spatial size.
@@ -58,11 +74,7 @@ inline std::array<int64_t, 2> check_conv_input(const at::Tensor& x, int64_t in_c
                     x.sizes());
   TORCH_CHECK_VALUE(x.size(1) == in_channels, "x has ", x.size(1), " channels but the weight expects ",
                     in_channels, " (in_channels/groups * groups)");
-  const auto o = p.out_hw(x.size(2), x.size(3), KH, KW);
-  TORCH_CHECK_VALUE(o[0] > 0 && o[1] > 0, "x's spatial size ", x.size(2), "x", x.size(3),
-                    " is too small for a ", KH, "x", KW, " kernel with this padding/dilation (output ",
-                    o[0], "x", o[1], ")");
-  return o;
+  return check_conv_hw(x.size(2), x.size(3), KH, KW, p, "x");
 }
 
 // An optional residual input (sum post-op): int8/uint8 of the output's shape.
