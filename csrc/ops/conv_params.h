@@ -46,6 +46,8 @@ inline void check_conv_weight(const at::Tensor& weight, int64_t groups) {
   TORCH_CHECK_TYPE(weight.defined() && weight.scalar_type() == at::kChar, "weight must have dtype torch.int8, got ",
                    weight.defined() ? checks::dtype_name(weight.scalar_type()) : std::string("None"));
   TORCH_CHECK_VALUE(weight.device().is_cpu(), "weight must be a CPU tensor");
+  TORCH_CHECK_TYPE(weight.layout() == at::kStrided, "weight must be a dense (strided) tensor, got layout ",
+                   weight.layout());
   TORCH_CHECK_VALUE(weight.dim() == 4, "weight must be 4-D [out_channels, in_channels/groups, kH, kW], got shape ",
                     weight.sizes());
   TORCH_CHECK_VALUE(weight.numel() > 0, "weight must not be empty, got shape ", weight.sizes());

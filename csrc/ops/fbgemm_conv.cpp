@@ -214,5 +214,11 @@ TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
   m.impl("fbgemm_conv2d_prepack", &fbgemm_conv2d_prepack);
   m.impl("fbgemm_conv2d", &fbgemm_conv2d);
 }
+// An mkldnn tensor argument (e.g. a oneDNN packed weight) dispatches to MkldnnCPU: the same kernels,
+// so the argument checks raise ValueError/TypeError instead of the dispatcher's NotImplementedError.
+TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
+  m.impl("fbgemm_conv2d_prepack", &fbgemm_conv2d_prepack);
+  m.impl("fbgemm_conv2d", &fbgemm_conv2d);
+}
 
 }  // namespace qbackend

@@ -226,5 +226,12 @@ TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
   m.impl("fbgemm_linear", &fbgemm_linear);
   m.impl("fbgemm_linear_dynamic", &fbgemm_linear_dynamic);
 }
+// An mkldnn tensor argument (e.g. a oneDNN packed weight) dispatches to MkldnnCPU: the same kernels,
+// so the argument checks raise ValueError/TypeError instead of the dispatcher's NotImplementedError.
+TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
+  m.impl("fbgemm_linear_prepack", &fbgemm_linear_prepack);
+  m.impl("fbgemm_linear", &fbgemm_linear);
+  m.impl("fbgemm_linear_dynamic", &fbgemm_linear_dynamic);
+}
 
 }  // namespace qbackend

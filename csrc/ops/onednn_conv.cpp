@@ -140,6 +140,9 @@ TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
   m.impl("onednn_conv2d_prepack", &onednn_conv2d_prepack);
   m.impl("onednn_conv2d", &onednn_conv2d);
 }
-TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) { m.impl("onednn_conv2d", &onednn_conv2d); }
+TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
+  m.impl("onednn_conv2d_prepack", &onednn_conv2d_prepack);  // so a packed weight gets our TypeError
+  m.impl("onednn_conv2d", &onednn_conv2d);
+}
 
 }  // namespace qbackend

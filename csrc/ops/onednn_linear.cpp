@@ -147,6 +147,7 @@ TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
   m.impl("onednn_linear_dynamic", &onednn_linear_dynamic);
 }
 TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
+  m.impl("onednn_linear_prepack", &onednn_linear_prepack);  // so a packed weight gets our TypeError
   m.impl("onednn_linear", &onednn_linear);
   m.impl("onednn_linear_dynamic", &onednn_linear_dynamic);
 }
