@@ -34,8 +34,8 @@ T& unwrap_opaque(const at::Tensor& t, const char* name, const char* what) {
   const c10::DataPtr& dp = t.storage().data_ptr();
   TORCH_CHECK_VALUE(dp.get_deleter() == &delete_opaque<T> && dp.get_context() != nullptr, name,
                     " is not a live ", what,
-                    " (it was copied, deep-copied or loaded from disk, which keeps only its bytes); "
-                    "repack it from the int8 weight with its prepack function");
+                    ": it is a copy (clone, deepcopy and torch.save/load keep only the bytes) or another kind of "
+                    "tensor; repack the int8 weight with that prepack function");
   return *static_cast<T*>(dp.get_context());
 }
 
