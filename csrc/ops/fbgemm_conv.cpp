@@ -170,7 +170,14 @@ at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   if (N == 0 || x.size(2) == 0 || x.size(3) == 0) return at::empty(shape, cl.dtype(output_dtype));
   TORCH_CHECK_VALUE(N < (1 << 30) && x.numel() < (int64_t(1) << 31), "x is too large for FBGEMM (int32 sizes)");
 
-  if (!saturation::fbgemm_has_vnni()) saturation::require_7bit(x, "FBGEMM");
+  // Padding holds the activation zero point, so it must fit in 7 bits too where x must.
+  const bool padded = w.p.padding[0] > 0 || w.p.padding[1] > 0;
+  if (!saturation::fbgemm_has_vnni()) {
+    saturation::require_7bit(x, "FBGEMM");
+    TORCH_CHECK_VALUE(!padded || x_zero_point <= 127, "x_zero_point must be <= 127 for a padded conv on this CPU "
+                      "(or QBACKEND_ISA): without VNNI the padding, which holds the zero point, saturates FBGEMM's "
+                      "u8 x s8 products; got ", x_zero_point);
+  }
   const U8Image xu = as_u8_nhwc(x, x_zero_point);
   const auto cp = w.conv_param(N, x.size(2), x.size(3));
   const int64_t pixels = N * o[0] * o[1];
@@ -180,8 +187,9 @@ at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   const bool has_accum = accum.has_value() && accum->defined();
 
   // FBGEMM's depthwise kernel overflows 16-bit intermediates on 8-bit activations even with VNNI
-  // (4-6 LSB off, measured): such inputs take the exact im2col route below.
-  const bool fast_ok = !w.depthwise || saturation::fits_7_bits(xu.t);
+  // (4-6 LSB off, measured; 7-50 LSB when the padding's zero point is >= 128): such inputs take
+  // the exact im2col route below.
+  const bool fast_ok = !w.depthwise || (saturation::fits_7_bits(xu.t) && (!padded || xu.zp <= 127));
   if (fast_ok && checks::is_int8_type(output_dtype) && op != checks::PostOp::gelu && !has_accum) {
     const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);
     at::Tensor y = at::empty(shape, cl.dtype(at::kByte));

@@ -87,15 +87,20 @@ at::Tensor onednn_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   if (N == 0 || x.size(2) == 0 || x.size(3) == 0) return at::empty(shape, cl.dtype(output_dtype));
 
   if (!saturation::onednn_has_vnni()) saturation::require_7bit(x, "oneDNN");
-  const at::Tensor xc = x.contiguous(at::MemoryFormat::ChannelsLast);
+  // torch's oneDNN conv takes uint8 activations only: int8 ones are shifted by +128 (exact).
+  at::Tensor xc = x.contiguous(at::MemoryFormat::ChannelsLast);
+  if (xc.scalar_type() == at::kChar) {
+    xc = shift_int8_to_uint8(xc);
+    x_zero_point += 128;
+  }
   const at::Tensor w_zp = at::zeros({OC}, at::kLong);
   const std::optional<at::Tensor> b =
       bias.has_value() && bias->defined() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
   const c10::List<int64_t> s({p.stride[0], p.stride[1]}), pd({p.padding[0], p.padding[1]}),
       dl({p.dilation[0], p.dilation[1]});
   const bool int_out = checks::is_int8_type(output_dtype);
-  const std::optional<at::ScalarType> dt =
-      output_dtype == at::kByte ? std::nullopt : std::optional<at::ScalarType>(output_dtype);
+  const std::optional<at::ScalarType> dt(output_dtype);  // explicit: "none" means "the input's dtype"
+
   const bool has_accum = accum.has_value() && accum->defined();
 
   const bool fusable = op != checks::PostOp::gelu;

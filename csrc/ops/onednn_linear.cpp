@@ -80,8 +80,8 @@ at::Tensor call_pointwise(const at::Tensor& x2d, double x_scale, int64_t x_zp, c
   const char* name = op == checks::PostOp::relu ? "relu" : op == checks::PostOp::gelu ? "gelu" : "none";
   const char* algo = op == checks::PostOp::gelu ? "none" : "";  // gelu "none" = exact erf form
   const at::Tensor w_zp = at::zeros({w_scales.numel()}, at::kLong);
-  const std::optional<at::ScalarType> dt =
-      out_dtype == at::kByte ? std::nullopt : std::optional<at::ScalarType>(out_dtype);
+  // Always explicit: torch reads "no dtype" as "the input's dtype", i.e. int8 for int8 activations.
+  const std::optional<at::ScalarType> dt(out_dtype);
   return pointwise_op().call(x2d, x_scale, x_zp, w_packed, w_scales.contiguous(), w_zp, bias,
                              checks::is_int8_type(out_dtype) ? out_scale : 1.0,
                              checks::is_int8_type(out_dtype) ? out_zp : 0, dt, name, c10::List<std::optional<at::Scalar>>(), algo);

@@ -23,8 +23,8 @@ Also: the output is channels-last (whatever the layout of x), and accum is not m
 In-process tests follow the CPU they run on: where a provider does not multiply 8-bit activations
 exactly (no VNNI, or QBACKEND_ISA caps it) they use 7-bit uint8 activations and no int8 ones. The
 QBACKEND_ISA=avx2 / avx512 / avx512_vnni runs of the conv checks are in test_linear.py's
-test_isa_classes (one child process per ISA runs both ops). int8 activations on the onednn
-provider are a known limitation (test_onednn_int8_activations, xfail: see ONEDNN_INT8_X).
+test_isa_classes (one child process per ISA runs both ops). torch's oneDNN conv takes uint8
+activations only; qbackend's onednn_conv2d shifts int8 ones by +128 (test_onednn_int8_activations).
 """
 from __future__ import annotations
 
@@ -46,10 +46,6 @@ POST_OPS = ["none", "relu", "gelu"]
 ALL_THREADS = torch.get_num_threads()
 HSET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW_HSET = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-ONEDNN_INT8_X = ("torch's onednn::qconv2d_pointwise takes only uint8 activations (RuntimeError 'Input tensor "
-                 "should have uint8 (unsigned char) or fp8 data type'); qbackend's onednn_conv2d passes int8 x "
-                 "through instead of shifting it to uint8 with zero point + 128 as fbgemm_conv2d does")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -245,8 +241,7 @@ def conv_geometry(draw):
 @st.composite
 def conv_cases(draw, provider):
     exact = exact_8bit(provider)
-    # int8 activations on onednn: test_onednn_int8_activations (xfail, see ONEDNN_INT8_X)
-    x_dtypes = [torch.uint8, torch.int8] if exact and provider != "onednn" else [torch.uint8]
+    x_dtypes = [torch.uint8, torch.int8] if exact else [torch.uint8]
     c = {
         "geometry": draw(conv_geometry()),
         "x_dtype": draw(st.sampled_from(x_dtypes)),
@@ -341,7 +336,7 @@ def test_conv2d_every_combination(provider, case):
     are collected and reported together."""
     g = torch.Generator().manual_seed(7)
     pw, xshape, (oh, ow) = fixed_conv(case, provider, g)
-    x_dtypes = [torch.uint8, torch.int8] if exact_8bit(provider) and provider != "onednn" else [torch.uint8]
+    x_dtypes = [torch.uint8, torch.int8] if exact_8bit(provider) else [torch.uint8]
     failures = []
     i = 0
     for x_dtype in x_dtypes:
@@ -421,7 +416,7 @@ def test_conv2d_padding_holds_zero_point_above_127(provider):
         pw, xshape, _ = fixed_conv(case, provider, g)
         x = activations(xshape, torch.uint8, 0, "seven_bit", True, g).contiguous(memory_format=torch.channels_last)
         inputs = [(x, x_zp) for x_zp in (128, 200, 255)]
-        if exact_8bit(provider) and provider != "onednn":  # int8 x: kernels that shift it by +128 see
+        if exact_8bit(provider):  # int8 x: kernels that shift it by +128 see
             xn = -1 - activations(xshape, torch.uint8, 0, "seven_bit", True, g).to(torch.int8)  # x < 0, zp >= 0
             inputs += [(xn.contiguous(memory_format=torch.channels_last), x_zp) for x_zp in (0, 72, 127)]
         for x, x_zp in inputs:
@@ -479,11 +474,10 @@ def test_conv2d_empty_batch(provider):
         assert y.dtype == out_dtype and tuple(y.shape) == (0, pw.out_channels, oh, ow)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=ONEDNN_INT8_X)
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 def test_onednn_int8_activations(out_dtype):
-    """int8 activations on the onednn provider, plain and with an int8 residual (fused sum). When
-    this passes, drop the xfail and the `provider != "onednn"` exclusions of int8 x above."""
+    """int8 activations on the onednn provider (shifted to uint8 by qbackend, since torch's oneDNN
+    conv refuses int8), plain and with an int8 residual (fused sum)."""
     if not exact_8bit("onednn"):
         pytest.skip("int8 activations need VNNI (the 7-bit rule refuses them; see test_isa_classes)")
     g = torch.Generator().manual_seed(13)
