@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .._extension import _C  # noqa: F401  (loads the .so, which registers the ops)
+from .linear import check_same_device
 
 
 def _pair(v):
@@ -45,6 +46,7 @@ def _fbgemm_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stri
                         groups, output_scale, output_zero_point, output_dtype, post_op, accum=None,
                         accum_scale=1.0, accum_zero_point=0):
     # The fbgemm handle is shaped [OC, KH, KW, IC/groups].
+    check_same_device(x, w_packed=w_packed, w_scales=w_scales, bias=bias, accum=accum)
     return _conv_out(x, w_packed.shape[0], (w_packed.shape[1], w_packed.shape[2]), stride, padding,
                      dilation, output_dtype)
 
@@ -53,5 +55,6 @@ def _fbgemm_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stri
 def _onednn_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation,
                         groups, output_scale, output_zero_point, output_dtype, post_op, accum=None,
                         accum_scale=1.0, accum_zero_point=0):
+    check_same_device(x, w_packed=w_packed, w_scales=w_scales, bias=bias, accum=accum)
     return _conv_out(x, w_packed.shape[0], (w_packed.shape[2], w_packed.shape[3]), stride, padding,
                      dilation, output_dtype)

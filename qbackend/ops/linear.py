@@ -11,7 +11,17 @@ import torch
 from .._extension import _C
 
 
-def _linear_out(x, w_scales, dtype):
+def check_same_device(x, **tensors):
+    """A meta tensor among CPU ones sends the call here (the Meta kernel): refuse the mix rather than
+    return an uninitialised CPU tensor. Names the first argument not on x's device."""
+    for name, t in tensors.items():
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on device {t.device} but x is on device {x.device}: "
+                             "all tensor arguments must be on one device (CPU)")
+
+
+def _linear_out(x, w_scales, dtype, w_packed, bias):
+    check_same_device(x, w_packed=w_packed, w_scales=w_scales, bias=bias)
     torch._check_value(x.dim() >= 1, lambda: "x must have at least 1 dimension")
     return x.new_empty((*x.shape[:-1], w_scales.shape[0]), dtype=dtype)
 
@@ -30,20 +40,20 @@ def _onednn_linear_prepack_fake(weight, x_shape=None):
 @torch.library.register_fake("qbackend::fbgemm_linear")
 def _fbgemm_linear_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
                         output_zero_point, output_dtype, post_op):
-    return _linear_out(x, w_scales, output_dtype)
+    return _linear_out(x, w_scales, output_dtype, w_packed, bias)
 
 
 @torch.library.register_fake("qbackend::onednn_linear")
 def _onednn_linear_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
                         output_zero_point, output_dtype, post_op):
-    return _linear_out(x, w_scales, output_dtype)
+    return _linear_out(x, w_scales, output_dtype, w_packed, bias)
 
 
 @torch.library.register_fake("qbackend::fbgemm_linear_dynamic")
 def _fbgemm_linear_dynamic_fake(x, w_packed, w_scales, bias, reduce_range, post_op):
-    return _linear_out(x, w_scales, torch.float32)
+    return _linear_out(x, w_scales, torch.float32, w_packed, bias)
 
 
 @torch.library.register_fake("qbackend::onednn_linear_dynamic")
 def _onednn_linear_dynamic_fake(x, w_packed, w_scales, bias, reduce_range, post_op):
-    return _linear_out(x, w_scales, torch.float32)
+    return _linear_out(x, w_scales, torch.float32, w_packed, bias)

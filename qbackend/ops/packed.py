@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import copy
+
 import torch
 
 from .providers import Provider, get_provider
@@ -31,7 +33,8 @@ def _as_bias(bias, n: int) -> torch.Tensor | None:
     if bias is None:
         return None
     if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
-        raise TypeError(f"bias must be a float tensor or None, got {type(bias).__name__}")
+        got = f"a {bias.dtype} tensor" if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise TypeError(f"bias must be a float tensor or None, got {got}")
     b = bias.detach().to(torch.float32).reshape(-1).contiguous()
     if b.numel() != n:
         raise ValueError(f"bias must have {n} elements, got {b.numel()}")
@@ -80,7 +83,7 @@ class _Packed:
         return type(self).from_state(self.__getstate__(), provider)
 
     def __deepcopy__(self, memo):
-        return type(self).from_state(self.__getstate__())
+        return type(self).from_state(copy.deepcopy(self.__getstate__(), memo))
 
     @property
     def provider_name(self) -> str:
@@ -98,6 +101,9 @@ class PackedLinearWeight(_Packed):
         self.bias = _as_bias(bias, self.out_features)
         self.x_shape = list(x_shape) if x_shape is not None else None
         self.provider = get_provider(provider)
+        # Decided once, here (not inside a traced forward): can this provider multiply 8-bit activations
+        # exactly on this CPU? Re-decided when the weight is repacked (loaded) elsewhere.
+        self.exact_8bit = bool(self.provider.exact_8bit())
         self.packed = self.provider.prepack_linear(self.weight, self.x_shape)
 
     def _state(self) -> dict:
@@ -115,7 +121,7 @@ class PackedLinearWeight(_Packed):
         """fp32 in, fp32 out; x quantized per call to uint8 over its own range (7-bit where the
         provider would saturate 8-bit products, when reduce_range is None)."""
         if reduce_range is None:
-            reduce_range = not self.provider.exact_8bit()
+            reduce_range = not self.exact_8bit
         return self.provider.linear_dynamic(x, self.packed, self.w_scales, self.bias, reduce_range, post_op)
 
     def __repr__(self) -> str:

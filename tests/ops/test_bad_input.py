@@ -32,7 +32,8 @@ Decisions (what the ops handle and what they refuse):
                                                  | arguments are still checked)
   empty weight, conv x with H or W == 0          | ValueError
   meta-device x / w_scales / bias / accum        | onednn ops: ValueError "... must be a CPU tensor".
-                                                 | fbgemm ops: see the xfails below
+                                                 | fbgemm ops (dispatched to the fake impl on a meta
+                                                 | argument): ValueError "<arg> is on device meta ..."
   conv groups not dividing channels, stride 0,   | ValueError naming groups / stride / padding /
   negative padding, dilation 0, wrong list size  | dilation
   kernel larger than the padded input, also with | ValueError ("kernel larger than the padded
@@ -62,11 +63,6 @@ Exceptions that are not TypeError / ValueError, because torch raises them before
     which pickle as the int8 weight).
 
 Known gaps, kept as strict xfails (each names the fix):
-  * fbgemm ops with a meta-device argument: the fbgemm ops have only CPU (and MkldnnCPU) kernels,
-    so torch dispatches a call with any meta tensor to the Python fake impl, which validates
-    nothing. A meta x gives a meta output (as aten ops do); a meta w_scales / bias / accum with a
-    CPU x gives an *uninitialized CPU tensor*. Needs a device check in the fake impls
-    (qbackend/ops/linear.py, conv.py); a C++ Meta kernel would clash with register_fake.
   * onednn_conv2d with groups other than its packing's, when the shapes still agree (weight
     [4, 2, 3, 3] packed for groups=1, run with groups=2 on 4 channels): runs and returns wrong
     numbers. The mkldnn tensor does not expose the groups it was packed for (no ideep headers in
@@ -262,9 +258,6 @@ def run_cases(preamble: str, cases: list[Case], family: str, timeout: float = 12
 
 # ----------------------------------------------------------------------------- the cases
 
-FAKE_META = ("fbgemm ops have no Meta-safe kernel: a meta-device argument dispatches to the fake impl, which "
-             "checks nothing (meta x -> meta output; meta w_scales/bias/accum with a CPU x -> an "
-             "uninitialized CPU tensor). Fix: device checks in qbackend/ops/linear.py and conv.py")
 ONEDNN_GROUPS = ("the mkldnn packed weight does not expose the groups it was packed for: onednn_conv2d with "
                  "another groups and consistent shapes runs and returns wrong numbers")
 
@@ -406,9 +399,6 @@ def linear_cases(p: str) -> list[Case]:
             Case(fam, "prepack_x_shape_is_a_hint", f"same({L}w_packed=lin_pack('onednn', x_shape=[64, 8])), {L}))",
                  OK, True),
         ]
-    if p == "fbgemm":  # the fbgemm ops fall through to the fake impl on meta arguments
-        c = [cc._replace(xfail=FAKE_META) if cc.id.endswith("_meta") and not cc.id.startswith("prepack") else cc
-             for cc in c]
     return c
 
 
@@ -514,7 +504,6 @@ def conv_cases(p: str) -> list[Case]:
             Case(fam, "w_packed_onednn", f"{C}w_packed=PACKED['onednn'][1])", "ValueError",
                  "w_packed must be a FBGEMM"),
         ]
-        c = [cc._replace(xfail=FAKE_META) if cc.id.endswith("_meta") else cc for cc in c]
     else:
         want = "w_packed must be a oneDNN conv2d weight"
         c += [
@@ -584,8 +573,7 @@ def packed_cases() -> list[Case]:
                  OK, True),
             Case(fam, f"{p}-linear_x_empty_batch", f"desc({L}).linear(X[:0], 0.05, 3))", OK,
                  [[0, 4], "torch.float32", "cpu"]),
-            Case(fam, f"{p}-linear_x_meta", f"{L}).linear(X.to('meta'), 0.05, 3)", "ValueError", ("x", "device"),
-                 FAKE_META if p == "fbgemm" else None),
+            Case(fam, f"{p}-linear_x_meta", f"{L}).linear(X.to('meta'), 0.05, 3)", "ValueError", ("x", "device")),
             Case(fam, f"{p}-linear_dynamic_x_uint8", f"{L}).linear_dynamic(X)", "TypeError", "x must"),
             Case(fam, f"{p}-linear_dynamic_x_nan", f"{L}).linear_dynamic(XF.index_fill(1, torch.tensor([0]), NAN))",
                  "ValueError", "NaN"),

@@ -127,9 +127,6 @@ def test_round_trip_without_bias_and_with_x_shape(provider):
     assert_same_outputs(conv_outputs(loaded), conv_outputs(pc))
 
 
-@pytest.mark.xfail(strict=True, reason="_Packed.__deepcopy__ is from_state(self.__getstate__()), and the constructor's "
-                   "detach().contiguous() / to(float32) do not copy: the deep copy shares weight, w_scales and bias "
-                   "with the original (fix in qbackend/ops/packed.py: deep-copy the state with the memo)")
 @pytest.mark.parametrize("kind", KINDS)
 def test_deepcopy_does_not_share_tensors(kind):
     pw = KINDS[kind][0]("fbgemm")

@@ -26,10 +26,8 @@ What works, and what does not (strict xfails, with the exact error):
   for every compute op, so every fake impl is still compared with its kernel.
 
   torch.compile(fullgraph=True), backend "eager" and inductor: pass for all models, bit-identical
-  to eager (the compiled graph calls the same kernels). Except linear_dynamic(reduce_range=None):
-  xfail, "Attempted to call function marked as skipped" (Provider.exact_8bit calls into the C
-  extension, which dynamo cannot trace; pass reduce_range explicitly, or qbackend should decide it
-  outside the traced code).
+  to eager (the compiled graph calls the same kernels), linear_dynamic(reduce_range=None) included
+  (PackedLinearWeight decides the CPU-dependent default when it packs, outside the traced code).
   torch.export.export + ep.module(): pass for all models (plain-attribute and buffer forms).
   torch.export.save / load of such a program: xfail, the packed tensors do not serialize (fbgemm:
   ValueError "not a live"; onednn: NotImplementedError "Cannot access storage of OpaqueTensorImpl");
@@ -263,21 +261,13 @@ def test_compile(provider, model, backend):
         assert_identical(compiled(x), m(x))
 
 
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.Unsupported,
-                   reason="Attempted to call function marked as skipped: linear_dynamic(reduce_range=None) asks "
-                          "Provider.exact_8bit(), which calls the C extension (fbgemm_isa / cpu_features); dynamo "
-                          "cannot trace it (pass reduce_range, or decide it outside the traced forward)")
 @pytest.mark.filterwarnings("ignore::UserWarning")  # dynamo's "does not know how to trace the builtin ..."
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_compile_linear_dynamic_default_reduce_range(provider):
     m = QLinear(packed(provider)[0], "dynamic_default")
     x = torch.randn(5, 40, generator=_gen(50))
     torch._dynamo.reset()
-    try:
-        y = torch.compile(m, fullgraph=True, backend="eager")(x)
-    except torch._dynamo.exc.Unsupported as e:
-        assert "Attempted to call function marked as skipped" in str(e), e
-        raise
+    y = torch.compile(m, fullgraph=True, backend="eager")(x)
     assert_identical(y, m(x))
 
 
