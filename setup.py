@@ -30,7 +30,12 @@ setup(
             name="qbackend._C",
             sources=sources,
             include_dirs=[os.path.join(HERE, "csrc")],
-            extra_compile_args=["-O3", "-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"],
+            # -fopenmp: ATen's at::parallel_for is a header template over `#pragma omp parallel` in
+            # torch's OpenMP build; without the flag it silently runs on one thread. The libgomp.so.1
+            # this links against resolves, at run time, to the one torch already loaded (same soname).
+            extra_compile_args=["-O3", "-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
+                                "-fopenmp"],
+            extra_link_args=["-fopenmp"],
         )
     ],
     cmdclass={"build_ext": BuildExtension},
