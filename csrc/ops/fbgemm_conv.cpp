@@ -39,6 +39,18 @@ struct FbgemmConvWeight {
   bool depthwise = false;  // fbgemmConv takes its depthwise path (16-bit intermediates, see below)
   std::once_flag im2col_once;  // the im2col B matrix, packed on first fp32-output call
   std::unique_ptr<fbgemm::PackBMatrix<int8_t>> im2col;
+  std::once_flag float_once;  // the weight as fp32 [OC, IC/G, KH, KW], for the exact depthwise route
+  at::Tensor w_float;
+
+  // Depthwise-like convs whose int32 sums stay below 2^24 (|x - zp| <= 255, |w| <= 128) can be
+  // computed exactly as an fp32 conv of the integers: every partial sum is an exactly representable
+  // integer whatever the summation order.
+  bool exact_in_fp32() const { return depthwise && KH * KW * (IC / p.groups) * 255 * 128 < (int64_t(1) << 24); }
+
+  const at::Tensor& float_weight() {
+    std::call_once(float_once, [&] { w_float = w_krsc.permute({0, 3, 1, 2}).to(at::kFloat).contiguous(); });
+    return w_float;
+  }
 
   fbgemm::conv_param_t<2> conv_param(int64_t N, int64_t H, int64_t W) const {
     return fbgemm::conv_param_t<2>(
@@ -145,6 +157,18 @@ void conv_f32(FbgemmConvWeight& w, const fbgemm::conv_param_t<2>& cp, const U8Im
   });
 }
 
+// The exact depthwise route (see exact_in_fp32): y = fp32conv(x - zp, w) * x_scale * w_scale + bias.
+at::Tensor depthwise_f32(FbgemmConvWeight& w, const U8Image& x, double x_scale, const at::Tensor& w_scales,
+                         const at::Tensor& bias, bool relu) {
+  const at::Tensor xf = x.t.to(at::kFloat).sub_(static_cast<float>(x.zp));  // keeps channels-last
+  at::Tensor acc = at::conv2d(xf, w.float_weight(), {}, {w.p.stride[0], w.p.stride[1]},
+                              {w.p.padding[0], w.p.padding[1]}, {w.p.dilation[0], w.p.dilation[1]}, w.p.groups);
+  at::Tensor y = acc.mul_((w_scales * static_cast<float>(x_scale)).view({1, -1, 1, 1}));
+  if (bias.defined()) y.add_(bias.view({1, -1, 1, 1}));
+  if (relu) y.relu_();
+  return y.contiguous(at::MemoryFormat::ChannelsLast);
+}
+
 at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
                          const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                          at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
@@ -188,7 +212,8 @@ at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
 
   // FBGEMM's depthwise kernel overflows 16-bit intermediates on 8-bit activations even with VNNI
   // (4-6 LSB off, measured; 7-50 LSB when the padding's zero point is >= 128): such inputs take
-  // the exact im2col route below.
+  // an exact route below (an fp32 conv of the integers; FBGEMM's im2col GEMM is exact too, but
+  // 150-500x slower on depthwise shapes: one GEMM per channel).
   const bool fast_ok = !w.depthwise || (saturation::fits_7_bits(xu.t) && (!padded || xu.zp <= 127));
   if (fast_ok && checks::is_int8_type(output_dtype) && op != checks::PostOp::gelu && !has_accum) {
     const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);
@@ -199,10 +224,15 @@ at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
       conv_u8<false>(w, cp, xu, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>(), pixels);
     return output_dtype == at::kChar ? shift_uint8_to_int8_(y) : y;
   }
-  at::Tensor y = at::empty(shape, cl.dtype(at::kFloat));
+  at::Tensor y;
   const bool fuse_relu = op == checks::PostOp::relu && !has_accum;
-  if (fuse_relu) conv_f32<true>(w, cp, xu, static_cast<float>(x_scale), ws.data_ptr<float>(), bp, y.data_ptr<float>(), pixels);
-  else conv_f32<false>(w, cp, xu, static_cast<float>(x_scale), ws.data_ptr<float>(), bp, y.data_ptr<float>(), pixels);
+  if (w.exact_in_fp32()) {
+    y = depthwise_f32(w, xu, x_scale, ws, b, fuse_relu);
+  } else {
+    y = at::empty(shape, cl.dtype(at::kFloat));
+    if (fuse_relu) conv_f32<true>(w, cp, xu, static_cast<float>(x_scale), ws.data_ptr<float>(), bp, y.data_ptr<float>(), pixels);
+    else conv_f32<false>(w, cp, xu, static_cast<float>(x_scale), ws.data_ptr<float>(), bp, y.data_ptr<float>(), pixels);
+  }
   if (has_accum) y = add_accum(y, *accum, accum_scale, accum_zero_point, op == checks::PostOp::relu);
   if (op == checks::PostOp::gelu) y = at::gelu(y);
   return finish_from_float(y, output_scale, output_zero_point, output_dtype);
