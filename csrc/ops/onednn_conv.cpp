@@ -33,12 +33,24 @@ using BinaryFn = at::Tensor(at::Tensor, double, int64_t, at::Tensor, at::Tensor,
                             c10::string_view, std::optional<at::Scalar>, std::optional<c10::string_view>,
                             ScalarList, std::optional<c10::string_view>);
 
+// oneDNN 3.12 computes wrong results (hundreds of LSB, even with zero point 0) for depthwise convs
+// with a channel multiplier > 1 and unequal strides (e.g. kernel 1x5, stride (1, 2), output width
+// 1; measured). The provider refuses that configuration (the fbgemm provider takes it) rather than
+// return wrong numbers.
+void refuse_known_bad(int64_t in_channels, int64_t out_channels, const Conv2dParams& p) {
+  const bool depthwise_multiplier = p.groups == in_channels && out_channels > in_channels;
+  TORCH_CHECK_VALUE(!(depthwise_multiplier && p.stride[0] != p.stride[1]),
+                    "the onednn provider does not run depthwise convs with a channel multiplier and unequal strides "
+                    "(stride ", at::IntArrayRef(p.stride), "): oneDNN computes them wrongly; use the fbgemm provider");
+}
+
 at::Tensor onednn_conv2d_prepack(const at::Tensor& weight, const at::Tensor& w_scales, at::IntArrayRef stride,
                                  at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                                  at::OptionalIntArrayRef x_shape) {
   const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
   check_conv_weight(weight, groups);
   checks::scales(w_scales, weight.size(0), "w_scales");
+  refuse_known_bad(weight.size(1) * groups, weight.size(0), p);
   using PrepackFn = at::Tensor(at::Tensor, at::Tensor, double, int64_t, c10::List<int64_t>, c10::List<int64_t>,
                                c10::List<int64_t>, int64_t, std::optional<c10::List<int64_t>>);
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qconv_prepack", "").typed<PrepackFn>();
@@ -76,6 +88,7 @@ at::Tensor onednn_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   TORCH_CHECK_VALUE(OC % groups == 0, "groups (", groups, ") does not divide the packed weight's ", OC,
                     " output channels: pass the groups it was packed with");
   const auto o = check_conv_input(x, w_packed.size(1) * groups, KH, KW, p);
+  refuse_known_bad(w_packed.size(1) * groups, OC, p);
   checks::scales(w_scales, OC, "w_scales");
   checks::bias(bias, OC);
   checks::output_qparams(output_scale, output_zero_point, output_dtype);
@@ -93,10 +106,21 @@ at::Tensor onednn_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
     xc = shift_int8_to_uint8(xc);
     x_zero_point += 128;
   }
+  // oneDNN 3.12 gets the zero-point compensation wrong at the padded border of a depthwise conv
+  // whose kernel is 1 along a padded dimension (kernel 1x3 with padding (1, 0): up to 600 LSB off,
+  // measured; tests/ops/test_conv2d.py). Such convs get their padding written out (filled with the
+  // zero point, i.e. real zeros) and run unpadded. Rare in real models; exact; costs one copy.
+  std::array<int64_t, 2> padding_used = p.padding;
+  const bool unit_kernel_padded = (KH == 1 && p.padding[0] > 0) || (KW == 1 && p.padding[1] > 0);
+  if (unit_kernel_padded && x_zero_point != 0) {
+    xc = at::constant_pad_nd(xc, {p.padding[1], p.padding[1], p.padding[0], p.padding[0]}, x_zero_point)
+             .contiguous(at::MemoryFormat::ChannelsLast);
+    padding_used = {0, 0};
+  }
   const at::Tensor w_zp = at::zeros({OC}, at::kLong);
   const std::optional<at::Tensor> b =
       bias.has_value() && bias->defined() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
-  const c10::List<int64_t> s({p.stride[0], p.stride[1]}), pd({p.padding[0], p.padding[1]}),
+  const c10::List<int64_t> s({p.stride[0], p.stride[1]}), pd({padding_used[0], padding_used[1]}),
       dl({p.dilation[0], p.dilation[1]});
   const bool int_out = checks::is_int8_type(output_dtype);
   const std::optional<at::ScalarType> dt(output_dtype);  // explicit: "none" means "the input's dtype"
