@@ -37,7 +37,8 @@ def _fbgemm_conv2d_prepack_fake(weight, stride, padding, dilation, groups):
 
 
 @torch.library.register_fake("qbackend::onednn_conv2d_prepack")
-def _onednn_conv2d_prepack_fake(weight, w_scales, stride, padding, dilation, groups, x_shape=None):
+def _onednn_conv2d_prepack_fake(weight, w_scales, stride, padding, dilation, groups, x_shape=None, x_scale=1.0,
+                                x_zero_point=0):
     return torch.empty_like(weight)
 
 

@@ -134,7 +134,10 @@ class PackedConv2dWeight(_Packed):
 
     def __init__(self, weight: torch.Tensor, w_scales, bias: torch.Tensor | None = None,
                  stride: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1),
-                 groups: int = 1, provider: str = "onednn", x_shape: Sequence[int] | None = None):
+                 groups: int = 1, provider: str = "onednn", x_shape: Sequence[int] | None = None,
+                 x_qparams: tuple[float, int] | None = None):
+        """x_shape and x_qparams (x_scale, x_zero_point) are hints: the shape and activation qparams
+        the layer will mostly run with (oneDNN chooses its weight format for them)."""
         self.weight = _check_weight(weight, 4, "conv2d")
         self.out_channels = self.weight.shape[0]
         self.in_channels = self.weight.shape[1] * int(groups)
@@ -145,14 +148,15 @@ class PackedConv2dWeight(_Packed):
         self.w_scales = _as_scales(w_scales, self.out_channels, "conv2d")
         self.bias = _as_bias(bias, self.out_channels)
         self.x_shape = list(x_shape) if x_shape is not None else None
+        self.x_qparams = (float(x_qparams[0]), int(x_qparams[1])) if x_qparams is not None else None
         self.provider = get_provider(provider)
         self.packed = self.provider.prepack_conv2d(self.weight, self.w_scales, self.stride, self.padding,
-                                                   self.dilation, self.groups, self.x_shape)
+                                                   self.dilation, self.groups, self.x_shape, self.x_qparams)
 
     def _state(self) -> dict:
         return {"weight": self.weight, "w_scales": self.w_scales, "bias": self.bias, "stride": self.stride,
                 "padding": self.padding, "dilation": self.dilation, "groups": self.groups,
-                "provider": self.provider.name, "x_shape": self.x_shape}
+                "provider": self.provider.name, "x_shape": self.x_shape, "x_qparams": self.x_qparams}
 
     def conv2d(self, x: torch.Tensor, x_scale: float, x_zero_point: int, output_scale: float = 1.0,
                output_zero_point: int = 0, output_dtype: torch.dtype = torch.float32, post_op: str = "none",

@@ -33,7 +33,9 @@ class Provider:
     linear: Callable
     # (x fp32, packed, w_scales, bias, reduce_range, post_op) -> y fp32
     linear_dynamic: Callable
-    # (weight int8 [OC, IC/g, KH, KW], w_scales, stride, padding, dilation, groups, x_shape) -> packed
+    # (weight int8 [OC, IC/g, KH, KW], w_scales, stride, padding, dilation, groups, x_shape, x_qparams) -> packed
+    # x_qparams: (x_scale, x_zero_point) the layer will run with, or None (oneDNN picks its weight
+    # format for them: a mismatch costs a weight reorder per call)
     prepack_conv2d: Callable
     # (x, x_scale, x_zp, packed, w_scales, bias, stride, padding, dilation, groups, out_scale, out_zp,
     #  out_dtype, post_op, accum, accum_scale, accum_zp) -> y
@@ -78,7 +80,7 @@ PROVIDERS: dict[str, Provider] = {
         prepack_linear=lambda w, x_shape=None: ops.fbgemm_linear_prepack(w),
         linear=ops.fbgemm_linear,
         linear_dynamic=ops.fbgemm_linear_dynamic,
-        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None:
+        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None, x_qparams=None:
             ops.fbgemm_conv2d_prepack(w, stride, padding, dilation, groups),
         conv2d=ops.fbgemm_conv2d,
         exact_8bit=_fbgemm_exact,
@@ -88,8 +90,8 @@ PROVIDERS: dict[str, Provider] = {
         prepack_linear=lambda w, x_shape=None: ops.onednn_linear_prepack(w, x_shape),
         linear=ops.onednn_linear,
         linear_dynamic=ops.onednn_linear_dynamic,
-        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None:
-            ops.onednn_conv2d_prepack(w, s, stride, padding, dilation, groups, x_shape),
+        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None, x_qparams=None:
+            ops.onednn_conv2d_prepack(w, s, stride, padding, dilation, groups, x_shape, *(x_qparams or (1.0, 0))),
         conv2d=ops.onednn_conv2d,
         exact_8bit=_onednn_exact,
     ),
@@ -98,7 +100,7 @@ PROVIDERS: dict[str, Provider] = {
         prepack_linear=lambda w, x_shape=None: w,
         linear=_ref_linear,
         linear_dynamic=_ref_linear_dynamic,
-        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None: w,
+        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None, x_qparams=None: w,
         conv2d=_ref_conv2d,
         exact_8bit=lambda: True,
     ),

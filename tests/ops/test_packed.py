@@ -157,8 +157,25 @@ def test_pickle_in_a_container(provider):
 
 # ----------------------------------------------------------------------------- what the pickle holds
 
+def test_conv_activation_qparams_hint_survives_pickling_and_is_only_a_hint():
+    """x_qparams steers oneDNN's weight format (a mismatch costs a reorder per call, not accuracy):
+    outputs with other activation qparams stay right, and the hint is kept through pickling."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randint(-127, 128, (8, 4, 3, 3), dtype=torch.int8, generator=g)
+    s = torch.rand(8, generator=g) * 0.01 + 0.001
+    x = torch.randint(0, 128, (1, 4, 6, 6), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+    plain = PackedConv2dWeight(w, s, None, 1, 1, 1, 1, "onednn")
+    hinted = PackedConv2dWeight(w, s, None, 1, 1, 1, 1, "onednn", x_qparams=(0.05, 100))
+    for zp in (0, 100, 7):
+        assert torch.equal(hinted.conv2d(x, 0.05, zp), plain.conv2d(x, 0.05, zp))
+    again = pickle.loads(pickle.dumps(hinted))
+    assert again.x_qparams == (0.05, 100)
+    assert torch.equal(again.conv2d(x, 0.05, 100), hinted.conv2d(x, 0.05, 100))
+
+
+
 LINEAR_KEYS = {"format_version", "weight", "w_scales", "bias", "provider", "x_shape"}
-CONV_KEYS = LINEAR_KEYS | {"stride", "padding", "dilation", "groups"}
+CONV_KEYS = LINEAR_KEYS | {"stride", "padding", "dilation", "groups", "x_qparams"}
 
 
 @pytest.mark.parametrize("kind", KINDS)
