@@ -434,13 +434,15 @@ def conv_candidates(layer, batch: int) -> tuple[dict, dict, bool]:
     ws = weight_scales(OC, C // groups * k * k)
     b = torch.empty(OC).uniform_(-1, 1)
     geo = dict(stride=(stride, stride), padding=(pad, pad), dilation=(1, 1), groups=groups)
-    # The provider's onednn weight first, as the only prepack of this shape (as in a model). The peer's
-    # weight is prepacked as torch's own flow does it (with the real x scale / zero point), but under
+    # The provider's onednn weight first, as the only prepack of this shape (as in a model), with the
+    # activation qparams it runs with (x_qparams). The peer's weight is prepacked as torch's own flow
+    # does it (with the real x scale / zero point), but under
     # another thread count: ideep caches the primitive descriptor that picks the weight format under a
     # key that includes omp_get_max_threads() but evidently not the source zero point, so a second
     # prepack of the same shape would get the provider's format (no zero-point compensation, which
     # oneDNN then reorders on every call). The `reorders` column checks the result.
-    pw_dn = PackedConv2dWeight(w, ws, b, provider="onednn", x_shape=list(x_u8.shape), **geo)
+    pw_dn = PackedConv2dWeight(w, ws, b, provider="onednn", x_shape=list(x_u8.shape), x_qparams=(X_SCALE, X_ZP),
+                               **geo)
     nt = torch.get_num_threads()
     torch.set_num_threads(PEER_PREPACK_THREADS)
     try:

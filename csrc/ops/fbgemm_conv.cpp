@@ -118,13 +118,18 @@ U8Image as_u8_nhwc(const at::Tensor& x, int64_t zp) {
   return {shift_int8_to_uint8(c), static_cast<int32_t>(zp + 128)};
 }
 
-int num_tasks_for(int64_t macs) { return macs < (int64_t(1) << 22) ? 1 : at::get_num_threads(); }
+// A second thread pays off from ~100 us of work on one. Depthwise convs do ~16x less arithmetic per
+// byte than GEMM-like ones, so their multiply-adds count 16x (measured: mv2 dw/2 96 @112 stayed on
+// one thread at 143 us where torch's two took 62 us).
+int num_tasks_for(int64_t macs, bool depthwise) {
+  return (depthwise ? macs * 16 : macs) < (int64_t(1) << 22) ? 1 : at::get_num_threads();
+}
 
 template <bool RELU>
 void conv_u8(FbgemmConvWeight& w, const fbgemm::conv_param_t<2>& cp, const U8Image& x, const float* multiplier,
              const float* act_times_w, int32_t out_zp, const float* bias, uint8_t* out, int64_t out_pixels) {
   at::Tensor acc = at::empty({out_pixels * w.OC}, at::kInt);
-  const int num_tasks = num_tasks_for(out_pixels * w.OC * w.KH * w.KW * w.IC / w.p.groups);
+  const int num_tasks = num_tasks_for(out_pixels * w.OC * w.KH * w.KW * w.IC / w.p.groups, w.depthwise);
   at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       fbgemm::DoNothing<> nothing;
@@ -141,7 +146,7 @@ template <bool RELU>
 void conv_f32(FbgemmConvWeight& w, const fbgemm::conv_param_t<2>& cp, const U8Image& x, float x_scale,
               const float* w_scales, const float* bias, float* out, int64_t out_pixels) {
   fbgemm::PackBMatrix<int8_t>& B = w.im2col_weight();
-  const int num_tasks = num_tasks_for(out_pixels * w.OC * w.KH * w.KW * w.IC / w.p.groups);
+  const int num_tasks = num_tasks_for(out_pixels * w.OC * w.KH * w.KW * w.IC / w.p.groups, w.depthwise);
   at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> row_offsets(fbgemm::PackAWithIm2Col<uint8_t, int32_t, 2>::rowOffsetBufferSize());
     for (int64_t task = begin; task < end; ++task) {
