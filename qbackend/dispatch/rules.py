@@ -22,6 +22,12 @@ def _channels_per_group(s: Mapping) -> int:
     return s["c_in"] // s["groups"]
 
 
+def _out_pixels(s: Mapping) -> int:
+    stride = s.get("stride", 1)
+    stride = stride if isinstance(stride, int) else stride[0]
+    return s["n"] * -(-s["h"] // stride) * -(-s["w"] // stride)
+
+
 @dataclass(frozen=True)
 class Rule:
     op: str
@@ -37,9 +43,12 @@ RULES: tuple[Rule, ...] = (
     Rule("linear", ("amx",), "fbgemm", "FBGEMM's VNNI GEMM has the lower per-call cost at M <= 4 "
          "(1.1-1.7x, kernel-facts)", when=lambda s: s["m"] <= 4, condition="m <= 4"),
     Rule("linear", ("amx",), "onednn", "oneDNN's AMX GEMM is 2-5x faster from M = 16 (kernel-facts)"),
-    Rule("linear", ("avx512_vnni",), "fbgemm", "FBGEMM wins small M on AVX512-VNNI (benchmarks/kernels.py)",
-         when=lambda s: s["m"] <= 16, condition="m <= 16"),
-    Rule("linear", ("avx512_vnni",), "onednn", "oneDNN wins large M on AVX512-VNNI (benchmarks/kernels.py)"),
+    Rule("linear", ("avx512_vnni",), "fbgemm", "FBGEMM wins M <= 64 up to K x N = 768 x 3072, and M <= 4 "
+         "on 4096 x 4096, 1 and 2 threads (benchmarks/results/kernels.md, AMD EPYC AVX512-VNNI)",
+         when=lambda s: s["m"] <= 4 or (s["m"] <= 64 and s["k"] * s["n"] <= 768 * 3072),
+         condition="m <= 4, or m <= 64 and k*n <= 768*3072"),
+    Rule("linear", ("avx512_vnni",), "onednn", "oneDNN wins from M = 256 (M = 16 on 4096 x 4096) on "
+         "AVX512-VNNI (benchmarks/results/kernels.md)"),
     Rule("linear", ("avx2_vnni",), "onednn", "oneDNN uses AVX-VNNI, FBGEMM does not: 1.3-1.9x (kernel-facts)"),
     Rule("linear", ("avx512", "avx2"), "fbgemm", "without VNNI oneDNN int8 at M = 1 is 3-7x slower than "
          "FBGEMM (kernel-facts)"),
@@ -48,6 +57,10 @@ RULES: tuple[Rule, ...] = (
          "group (ResNeXt g=32: 2.3x, kernel-facts)",
          when=lambda s: 1 < s["groups"] < s["c_in"] and _channels_per_group(s) <= 8,
          condition="1 < groups < c_in and c_in/groups <= 8"),
+    Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins 1x1 convs over <= 784 output pixels (batch 1 at "
+         "28x28 and below: 1.1-1.9x), oneDNN the larger ones (benchmarks/results/kernels.md)",
+         when=lambda s: tuple(s["kernel"]) == (1, 1) and s["groups"] == 1 and _out_pixels(s) <= 784,
+         condition="1x1, groups 1, n*oh*ow <= 784"),
     Rule("conv2d", ALL, "onednn", "oneDNN wins dense, 1x1, stem and depthwise convs (1.1-8x, kernel-facts); "
          "FBGEMM's depthwise kernel also loses precision on 8-bit activations"),
 )

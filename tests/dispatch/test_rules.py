@@ -30,6 +30,13 @@ def test_first_match_wins():
     assert rules.choose("conv2d", "avx512_vnni", grouped).provider == "fbgemm"
     depthwise = dict(CONV, groups=64)
     assert rules.choose("conv2d", "avx512_vnni", depthwise).provider == "onednn"
+    # Measured on AVX512-VNNI: 1x1 convs over few pixels go to FBGEMM, large ones to oneDNN.
+    pointwise = dict(CONV, kernel=(1, 1), h=14, w=14)
+    assert rules.choose("conv2d", "avx512_vnni", pointwise).provider == "fbgemm"
+    assert rules.choose("conv2d", "avx512_vnni", dict(pointwise, h=56, w=56)).provider == "onednn"
+    assert rules.choose("linear", "avx512_vnni", {"m": 64, "k": 768, "n": 768}).provider == "fbgemm"
+    assert rules.choose("linear", "avx512_vnni", {"m": 256, "k": 768, "n": 768}).provider == "onednn"
+    assert rules.choose("linear", "avx512_vnni", {"m": 16, "k": 4096, "n": 4096}).provider == "onednn"
 
 
 def test_unknown_class_is_an_error():
