@@ -50,71 +50,9 @@ from qbackend.ops import reference as R
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from subprocess_utils import json_lines  # noqa: E402
 
-FAST = ["fbgemm", "onednn"]
-OUT_DTYPES = [torch.uint8, torch.int8, torch.float32, torch.bfloat16]
-POST_OPS = ["none", "relu", "gelu"]
-ALL_THREADS = torch.get_num_threads()
-HSET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+from tests.ops.numerics import (FAST, HSET, OUT_DTYPES, POST_OPS, all_threads, assert_rule,  # noqa: F401 (one_thread: autouse)
+                                  error_metrics, one_thread)
 SLOW_HSET = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread for this module's (mostly tiny) cases: on busy cores, every parallel
-    region of a tiny op otherwise waits for a second thread to be scheduled. The *_multithreaded
-    tests run with all threads."""
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(ALL_THREADS)
-
-
-class all_threads:
-    """Within the block, torch uses all the threads it had when this module was imported."""
-
-    def __enter__(self):
-        torch.set_num_threads(ALL_THREADS)
-
-    def __exit__(self, *exc):
-        torch.set_num_threads(1)
-
-
-# ----------------------------------------------------------------------------- the acceptance rule
-
-def error_metrics(y, y64, bound, out_dtype, out_scale=1.0, out_zp=0):
-    """How far y (a provider's output) is from y64 (the fp64 reference before output quantization).
-
-    numel; for integer outputs max_lsb (largest |y - reference| in LSBs), n_off (elements off by at
-    least one) and untied (off elements whose fp64 value is not within the fp32 tolerance of a .5
-    tie); for float outputs err_ratio = max |y - ref| / tolerance (<= 1 passes).
-    """
-    y64, bound = y64.double(), bound.double()
-    m = {"numel": y64.numel(), "max_lsb": 0, "n_off": 0, "untied": 0, "err_ratio": 0.0}
-    if y64.numel() == 0:
-        return m
-    if out_dtype in R.QRANGE:
-        ref = R.quantize(y64, out_scale, out_zp, out_dtype).long()
-        diff = (y.long() - ref).abs()
-        off = diff > 0
-        s = R.f32(out_scale)
-        v = y64 / s
-        slack = (1e-5 * bound + 1e-6) / s
-        untied = off & ((v - v.floor() - 0.5).abs() > slack)
-        m.update(max_lsb=int(diff.max()), n_off=int(off.sum()), untied=int(untied.sum()))
-    else:
-        tol = (1e-5 if out_dtype == torch.float32 else 2.0 ** -8) * bound + 1e-6
-        m["err_ratio"] = float(((y.double() - y64).abs() / tol).max())
-    return m
-
-
-def assert_rule(m, what):
-    """The acceptance rule of the module docstring, on error_metrics' result."""
-    assert m["max_lsb"] <= 1, f"{what}: off by {m['max_lsb']} LSB ({m})"
-    assert m["untied"] == 0, f"{what}: {m['untied']} elements off by 1 LSB away from a rounding tie ({m})"
-    if m["numel"] >= 100:
-        assert m["n_off"] < 0.01 * m["numel"], f"{what}: {m['n_off']} of {m['numel']} elements off by 1 ({m})"
-    else:
-        assert m["n_off"] <= 1, f"{what}: {m['n_off']} of {m['numel']} elements off by 1 ({m})"
-    assert m["err_ratio"] <= 1.0, f"{what}: error {m['err_ratio']:.3g}x the tolerance ({m})"
 
 
 def linear_bound(x, x_scale, x_zp, w, w_scales, bias):
