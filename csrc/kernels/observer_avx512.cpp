@@ -1,0 +1,145 @@
+// AVX512 (F/BW/VL/DQ) observer kernels: 16 lanes, masked loads for the tail. The histogram bin of
+// each lane is computed in float64 (exact, see observer_kernels.h) and the counters are bumped by
+// scalar code spread over kHistCopies rows. Only this file is compiled for AVX512 (pragma below,
+// after the includes); call it only when qbackend::cpu::usable_level() >= 2.
+
+// GCC 12 warns falsely about the `__Y = __Y` inside _mm512_undefined_* (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/observer_kernels.h"
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,popcnt")
+
+namespace qbackend::kernels {
+namespace {
+
+constexpr int64_t W = 16;
+constexpr float kFltMax = 3.40282346638528859812e+38f;
+constexpr float kInf = __builtin_inff();
+
+inline __mmask16 tail_mask(int64_t n) { return n >= W ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+
+inline __m512 load_x(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load_x(const uint16_t* p, __mmask16 m) {  // bf16 bits -> fp32 (exact)
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+// Lanes of m holding a finite value (|v| <= FLT_MAX is false for NaN and +-inf).
+inline __mmask16 finite_mask(__m512 v, __mmask16 m) {
+  return _mm512_mask_cmp_ps_mask(m, _mm512_abs_ps(v), _mm512_set1_ps(kFltMax), _CMP_LE_OQ);
+}
+
+inline void fold(FiniteStats* s, __m512 vmin, __m512 vmax) {
+  const float lo = _mm512_reduce_min_ps(vmin), hi = _mm512_reduce_max_ps(vmax);
+  s->min = lo < s->min ? lo : s->min;
+  s->max = hi > s->max ? hi : s->max;
+}
+
+template <typename In>
+void stats(const In* x, int64_t n, FiniteStats* s) {
+  constexpr int U = 4;  // independent accumulators
+  __m512 mn[U], mx[U];
+  for (int u = 0; u < U; ++u) {
+    mn[u] = _mm512_set1_ps(kInf);
+    mx[u] = _mm512_set1_ps(-kInf);
+  }
+  int64_t finite = 0, i = 0;
+  for (; i + U * W <= n; i += U * W) {
+    for (int u = 0; u < U; ++u) {
+      const __m512 v = load_x(x + i + u * W, 0xFFFF);
+      const __mmask16 f = finite_mask(v, 0xFFFF);
+      mn[u] = _mm512_mask_min_ps(mn[u], f, mn[u], v);
+      mx[u] = _mm512_mask_max_ps(mx[u], f, mx[u], v);
+      finite += __builtin_popcount(f);
+    }
+  }
+  for (; i < n; i += W) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 v = load_x(x + i, m);
+    const __mmask16 f = finite_mask(v, m);
+    mn[0] = _mm512_mask_min_ps(mn[0], f, mn[0], v);
+    mx[0] = _mm512_mask_max_ps(mx[0], f, mx[0], v);
+    finite += __builtin_popcount(f);
+  }
+  for (int u = 1; u < U; ++u) {
+    mn[0] = _mm512_min_ps(mn[0], mn[u]);
+    mx[0] = _mm512_max_ps(mx[0], mx[u]);
+  }
+  fold(s, mn[0], mx[0]);
+  s->nonfinite += n - finite;
+}
+
+// floor(v * inv) - off for 8 float32 lanes widened to float64, truncated to int32 (exact for the
+// in-window lanes; INT_MIN for NaN and for values beyond int32, which the unsigned check rejects).
+inline __m256i bin8(__m256 v, __m512d inv, __m512d off) {
+  const __m512d t = _mm512_roundscale_pd(_mm512_mul_pd(_mm512_cvtps_pd(v), inv), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  return _mm512_cvttpd_epi32(_mm512_sub_pd(t, off));
+}
+
+template <typename In>
+void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s, int64_t* zeros) {
+  const int64_t stride = int64_t(w.bins) + 2;
+  static_assert(kHistCopies == 4, "the unrolled loop below fills 4 rows");
+  const __m512d inv = _mm512_set1_pd(w.inv_width), off = _mm512_set1_pd(w.offset);
+  const __m512i nb = _mm512_set1_epi32(w.bins), nonfinite_bin = nb, outside_bin = _mm512_set1_epi32(w.bins + 1);
+  __m512 vmin = _mm512_set1_ps(kInf), vmax = _mm512_set1_ps(-kInf);
+  int64_t z = 0, rot = 0;  // zeros; row of the next increment
+  // Bins of a block first (vector stores, exact zeros compressed out), then the increments: scalar
+  // loads right behind a 512-bit store of their own lanes would wait for the store (no forwarding).
+  constexpr int64_t kBlk = 256;
+  constexpr int64_t kAhead = 4 * kBlk;  // software prefetch distance (elements): the scalar phase
+                                        // leaves the hardware prefetcher too little to go on
+  alignas(64) int32_t idx[kBlk + W];
+  for (int64_t i = 0; i < n; i += kBlk) {
+    const int64_t len = n - i < kBlk ? n - i : kBlk;
+    int64_t cnt = 0;
+    for (int64_t j = 0; j < len; j += W) {
+      _mm_prefetch(reinterpret_cast<const char*>(x + i + j + kAhead), _MM_HINT_T0);
+      const __mmask16 m = tail_mask(len - j);
+      const __m512 v = load_x(x + i + j, m);
+      const __mmask16 f = finite_mask(v, m);
+      vmin = _mm512_mask_min_ps(vmin, f, vmin, v);
+      vmax = _mm512_mask_max_ps(vmax, f, vmax, v);
+      const __m256 vlo = _mm512_castps512_ps256(v), vhi = _mm512_extractf32x8_ps(v, 1);
+      __m512i b = _mm512_inserti64x4(_mm512_castsi256_si512(bin8(vlo, inv, off)), bin8(vhi, inv, off), 1);
+      const __mmask16 in = _mm512_mask_cmplt_epu32_mask(f, b, nb);  // finite and 0 <= bin < B
+      b = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(nonfinite_bin, f, outside_bin), in, b);
+      const __mmask16 zero = _mm512_mask_cmp_ps_mask(m, v, _mm512_setzero_ps(), _CMP_EQ_OQ);
+      const __mmask16 keep = m & ~zero;
+      if (keep == 0xFFFF) {
+        _mm512_storeu_si512(idx + cnt, b);
+      } else {
+        z += __builtin_popcount(zero);
+        _mm512_storeu_si512(idx + cnt, _mm512_maskz_compress_epi32(keep, b));
+      }
+      cnt += __builtin_popcount(keep);
+    }
+    uint16_t* r[4];
+    for (int q = 0; q < 4; ++q) r[q] = rows + ((rot + q) & 3) * stride;
+    int64_t j = 0;
+    for (; j + 4 <= cnt; j += 4) {
+      ++r[0][idx[j]];
+      ++r[1][idx[j + 1]];
+      ++r[2][idx[j + 2]];
+      ++r[3][idx[j + 3]];
+    }
+    for (; j < cnt; ++j) ++r[j & 3][idx[j]];
+    rot = (rot + cnt) & 3;
+  }
+  fold(s, vmin, vmax);
+  *zeros += z;
+}
+
+constexpr ObserverKernels kTable{"avx512", stats<float>, stats<uint16_t>, hist<float>, hist<uint16_t>};
+
+}  // namespace
+
+const ObserverKernels& observer_kernels_avx512() { return kTable; }
+
+}  // namespace qbackend::kernels
