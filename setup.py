@@ -30,7 +30,12 @@ setup(
             name="qbackend._C",
             sources=sources,
             include_dirs=[os.path.join(HERE, "csrc")],
-            extra_compile_args=["-O3", "-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter"],
+            # -fopenmp: at::parallel_for is a header template whose parallel path only exists under
+            # _OPENMP; without it every op runs on one thread. torch ships libgomp.so.1, so the
+            # extension shares torch's OpenMP runtime (same SONAME, loaded once).
+            extra_compile_args=["-O3", "-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
+                                "-fopenmp"],
+            extra_link_args=["-fopenmp"],
         )
     ],
     cmdclass={"build_ext": BuildExtension},
