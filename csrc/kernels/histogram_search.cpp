@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 namespace qbackend::kernels {
@@ -88,7 +87,10 @@ std::pair<double, double> l2_range_search(const PowerOfTwoHistogram& h, int64_t 
   // p: first bin whose cumulative mass reaches alpha' * total; q: last bin whose cumulative mass is
   // at most beta' * total. Both only move inwards as alpha' grows and beta' shrinks.
   int64_t p = j0, q = j1;
-  double best = std::numeric_limits<double>::infinity();
+  // torch.ao starts from +inf, so its first shrink is taken even when it is worse than the full
+  // range (e.g. uniform data plus one far outlier: the first quantile step jumps past the top of
+  // the data). Here the full range is the bar to beat: the result is never worse than [min, max].
+  double best = error_of(start, end);
   while (alpha < beta) {
     const double next_alpha = alpha + kStep, next_beta = beta - kStep;
     while (p < j1 && cum[size_t(p)] < next_alpha * total) ++p;

@@ -38,7 +38,9 @@ double quantization_error(const PowerOfTwoHistogram& h, double c0, double step, 
 // caffe2's NormMinimization): step the lower / upper quantile bound by 1e-5 of the mass, move the
 // end whose quantile bin moved further, and stop as soon as the L2 error of quantizing the whole
 // histogram with `levels` uniform cells over the candidate range (cell centers
-// lo + (i + 0.5) * (hi - lo) / levels) grows. Returns {min, max} when nothing is cut.
+// lo + (i + 0.5) * (hi - lo) / levels) grows. One deviation: the first candidate must beat the
+// full range [min, max] (torch.ao accepts it unconditionally), so the result is never worse than
+// min/max by this error. Returns {min, max} when nothing is cut.
 std::pair<double, double> l2_range_search(const PowerOfTwoHistogram& h, int64_t levels);
 
 }  // namespace qbackend::kernels

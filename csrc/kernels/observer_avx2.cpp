@@ -109,10 +109,37 @@ inline __m128i bin4(__m128 v, __m256d inv, __m256d off) {
   return _mm256_cvttpd_epi32(_mm256_sub_pd(t, off));
 }
 
+// The general path: float64 (any k, any offset up to 2^52).
+struct BinsF64 {
+  __m256d inv, off;
+  explicit BinsF64(const HistWindow& w) : inv(_mm256_set1_pd(w.inv_width)), off(_mm256_set1_pd(w.offset)) {}
+  __m256i operator()(__m256 v) const {
+    return _mm256_set_m128i(bin4(_mm256_extractf128_ps(v, 1), inv, off), bin4(_mm256_castps256_ps128(v), inv, off));
+  }
+};
+
+// The fast path when 2^-k is a normal float32 and |offset| + bins <= 2^30 (the reasoning is in
+// observer_avx512.cpp): float32 product and floor, int32 difference.
+struct BinsF32 {
+  __m256 inv;
+  __m256i off;
+  explicit BinsF32(const HistWindow& w) : inv(_mm256_set1_ps(float(w.inv_width))), off(_mm256_set1_epi32(int32_t(w.offset))) {}
+  static bool usable(const HistWindow& w) {
+    return w.inv_width >= 0x1p-126 && w.inv_width <= 0x1p127 &&
+           (w.offset < 0 ? -w.offset : w.offset) + double(w.bins) <= 0x1p30;
+  }
+  __m256i operator()(__m256 v) const {
+    const __m256i b = _mm256_cvttps_epi32(_mm256_floor_ps(_mm256_mul_ps(v, inv)));
+    const __m256i neg = _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
+    const __m256i cap = _mm256_blendv_epi8(_mm256_set1_epi32(0x7fffffff), _mm256_set1_epi32(-1), neg);
+    return _mm256_sub_epi32(_mm256_min_epi32(b, cap), off);
+  }
+};
+
 // Bin of each lane: its window bin if finite (f) and 0 <= bin < B, else B (non-finite) or B + 1.
-inline __m256i bins8(__m256 v, __m256 f, __m256d inv, __m256d off, __m256i nb) {
-  const __m256i b = _mm256_set_m128i(bin4(_mm256_extractf128_ps(v, 1), inv, off),
-                                     bin4(_mm256_castps256_ps128(v), inv, off));
+template <typename Bins>
+inline __m256i bins8(__m256 v, __m256 f, const Bins& bins_of, __m256i nb) {
+  const __m256i b = bins_of(v);
   const __m256i fi = _mm256_castps_si256(f);
   const __m256i in = _mm256_and_si256(_mm256_and_si256(_mm256_cmpgt_epi32(nb, b), _mm256_cmpgt_epi32(b, _mm256_set1_epi32(-1))), fi);
   const __m256i other = _mm256_sub_epi32(nb, fi);  // fi is -1 on finite lanes: B + 1, else B
@@ -137,9 +164,10 @@ constexpr CompressTable make_compress_table() {
 constexpr CompressTable kCompress = make_compress_table();
 
 // Appends the bins of the lanes in `lanes` (an 8-bit mask) that are not exact zeros to idx[cnt..].
-inline void append_bins(__m256 v, __m256 f, int lanes, __m256d inv, __m256d off, __m256i nb, int32_t* idx,
-                        int64_t* cnt, int64_t* zeros) {
-  const __m256i b = bins8(v, f, inv, off, nb);
+template <typename Bins>
+inline void append_bins(__m256 v, __m256 f, int lanes, const Bins& bins_of, __m256i nb, int32_t* idx, int64_t* cnt,
+                        int64_t* zeros) {
+  const __m256i b = bins8(v, f, bins_of, nb);
   const int zero = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ)) & lanes;
   const int keep = lanes & ~zero;
   __m256i* dst = reinterpret_cast<__m256i*>(idx + *cnt);
@@ -153,11 +181,11 @@ inline void append_bins(__m256 v, __m256 f, int lanes, __m256d inv, __m256d off,
   *cnt += __builtin_popcount(unsigned(keep));
 }
 
-template <typename In>
-void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s, int64_t* zeros) {
+template <typename In, typename Bins>
+void hist_impl(const In* x, int64_t n, const HistWindow& w, const Bins& bins_of, uint16_t* rows, FiniteStats* s,
+               int64_t* zeros) {
   const int64_t stride = int64_t(w.bins) + 2;
   static_assert(kHistCopies == 4, "the unrolled loop below fills 4 rows");
-  const __m256d inv = _mm256_set1_pd(w.inv_width), off = _mm256_set1_pd(w.offset);
   const __m256i nb = _mm256_set1_epi32(w.bins);
   __m256 vmin = _mm256_set1_ps(kInf), vmax = _mm256_set1_ps(-kInf);
   int64_t z = 0, rot = 0;  // zeros; row of the next increment
@@ -173,14 +201,14 @@ void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteSta
       const __m256 v = load_x(x + i + j);
       const __m256 f = finite_lanes(v);
       minmax_step(v, f, &vmin, &vmax);
-      append_bins(v, f, 0xFF, inv, off, nb, idx, &cnt, &z);
+      append_bins(v, f, 0xFF, bins_of, nb, idx, &cnt, &z);
     }
     if (j < len) {
       __m256 lanes;
       const __m256 v = load_tail(x + i + j, len - j, &lanes);
       const __m256 f = _mm256_and_ps(finite_lanes(v), lanes);
       minmax_step(v, f, &vmin, &vmax);
-      append_bins(v, f, _mm256_movemask_ps(lanes), inv, off, nb, idx, &cnt, &z);
+      append_bins(v, f, _mm256_movemask_ps(lanes), bins_of, nb, idx, &cnt, &z);
     }
     uint16_t* r[4];
     for (int q = 0; q < 4; ++q) r[q] = rows + ((rot + q) & 3) * stride;
@@ -196,6 +224,12 @@ void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteSta
   }
   fold(s, vmin, vmax);
   *zeros += z;
+}
+
+template <typename In>
+void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s, int64_t* zeros) {
+  if (BinsF32::usable(w)) hist_impl(x, n, w, BinsF32(w), rows, s, zeros);
+  else hist_impl(x, n, w, BinsF64(w), rows, s, zeros);
 }
 
 constexpr ObserverKernels kTable{"avx2", stats<float>, stats<uint16_t>, hist<float>, hist<uint16_t>};

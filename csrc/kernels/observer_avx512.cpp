@@ -82,11 +82,45 @@ inline __m256i bin8(__m256 v, __m512d inv, __m512d off) {
   return _mm512_cvttpd_epi32(_mm512_sub_pd(t, off));
 }
 
-template <typename In>
-void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s, int64_t* zeros) {
+// The general path: float64 (any k, any offset up to 2^52).
+struct BinsF64 {
+  __m512d inv, off;
+  explicit BinsF64(const HistWindow& w) : inv(_mm512_set1_pd(w.inv_width)), off(_mm512_set1_pd(w.offset)) {}
+  __m512i operator()(__m512 v) const {
+    const __m256 vlo = _mm512_castps512_ps256(v), vhi = _mm512_extractf32x8_ps(v, 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(bin8(vlo, inv, off)), bin8(vhi, inv, off), 1);
+  }
+};
+
+// The fast path, when 2^-k is a normal float32 and |offset| + bins <= 2^30: v * 2^-k is exact in
+// float32 unless it overflows (then it is far outside the window: cvtt gives INT_MIN) or
+// underflows (then its floor is 0, or -1 for negative v, which the max with -1 restores when the
+// product rounded to -0); the int32 difference with offset can wrap only for lanes far outside,
+// which stay outside [0, bins) as unsigned.
+struct BinsF32 {
+  __m512 inv;
+  __m512i off, minus_one;
+  explicit BinsF32(const HistWindow& w)
+      : inv(_mm512_set1_ps(float(w.inv_width))), off(_mm512_set1_epi32(int32_t(w.offset))),
+        minus_one(_mm512_set1_epi32(-1)) {}
+  static bool usable(const HistWindow& w) {
+    return w.inv_width >= 0x1p-126 && w.inv_width <= 0x1p127 &&
+           (w.offset < 0 ? -w.offset : w.offset) + double(w.bins) <= 0x1p30;
+  }
+  __m512i operator()(__m512 v) const {
+    const __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(v, inv), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512i b = _mm512_cvttps_epi32(t);
+    const __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+    b = _mm512_mask_min_epi32(b, neg, b, minus_one);
+    return _mm512_sub_epi32(b, off);
+  }
+};
+
+template <typename In, typename Bins>
+void hist_impl(const In* x, int64_t n, const HistWindow& w, const Bins& bins_of, uint16_t* rows, FiniteStats* s,
+               int64_t* zeros) {
   const int64_t stride = int64_t(w.bins) + 2;
   static_assert(kHistCopies == 4, "the unrolled loop below fills 4 rows");
-  const __m512d inv = _mm512_set1_pd(w.inv_width), off = _mm512_set1_pd(w.offset);
   const __m512i nb = _mm512_set1_epi32(w.bins), nonfinite_bin = nb, outside_bin = _mm512_set1_epi32(w.bins + 1);
   __m512 vmin = _mm512_set1_ps(kInf), vmax = _mm512_set1_ps(-kInf);
   int64_t z = 0, rot = 0;  // zeros; row of the next increment
@@ -106,8 +140,7 @@ void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteSta
       const __mmask16 f = finite_mask(v, m);
       vmin = _mm512_mask_min_ps(vmin, f, vmin, v);
       vmax = _mm512_mask_max_ps(vmax, f, vmax, v);
-      const __m256 vlo = _mm512_castps512_ps256(v), vhi = _mm512_extractf32x8_ps(v, 1);
-      __m512i b = _mm512_inserti64x4(_mm512_castsi256_si512(bin8(vlo, inv, off)), bin8(vhi, inv, off), 1);
+      __m512i b = bins_of(v);
       const __mmask16 in = _mm512_mask_cmplt_epu32_mask(f, b, nb);  // finite and 0 <= bin < B
       b = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(nonfinite_bin, f, outside_bin), in, b);
       const __mmask16 zero = _mm512_mask_cmp_ps_mask(m, v, _mm512_setzero_ps(), _CMP_EQ_OQ);
@@ -134,6 +167,12 @@ void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteSta
   }
   fold(s, vmin, vmax);
   *zeros += z;
+}
+
+template <typename In>
+void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s, int64_t* zeros) {
+  if (BinsF32::usable(w)) hist_impl(x, n, w, BinsF32(w), rows, s, zeros);
+  else hist_impl(x, n, w, BinsF64(w), rows, s, zeros);
 }
 
 constexpr ObserverKernels kTable{"avx512", stats<float>, stats<uint16_t>, hist<float>, hist<uint16_t>};

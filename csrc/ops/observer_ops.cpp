@@ -18,6 +18,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <atomic>
+
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -38,7 +40,8 @@ using kernels::FiniteStats;
 using kernels::HistWindow;
 using kernels::ObserverKernels;
 
-constexpr int64_t kGrain = 1 << 16;           // elements per at::parallel_for task
+constexpr int64_t kGrain = 1 << 16;  // elements per at::parallel_for task (per-channel statistics)
+constexpr int64_t kChunk = 1 << 18;  // elements per dynamically scheduled chunk
 constexpr int64_t kMaxBins = int64_t(1) << 20;  // per-task partial counts stay a few MB
 constexpr int64_t kMaxLog2Width = 300;            // 2^-k stays an exact, finite float64
 constexpr int64_t kMaxOffset = int64_t(1) << 52;  // offset + bin stays exact in float64
@@ -53,6 +56,27 @@ const ObserverKernels& pick_kernels() {
 }
 
 FiniteStats empty_stats() { return FiniteStats{kInf, -kInf, 0}; }
+
+// Runs body(local, begin, end) over chunks of [0, n) that the threads of one at::parallel_for
+// region take from a shared counter, each into its own `local` (from make()), then merge(local)
+// under a lock. Dynamic, so that a thread slowed down by another process on a shared machine
+// leaves its share to the others instead of holding everyone up at the end (at::parallel_for
+// alone splits into one static range per thread). Results must not depend on the chunk order.
+template <typename Make, typename Body, typename Merge>
+void dynamic_chunks(int64_t n, int64_t chunk, Make make, Body body, Merge merge) {
+  if (n <= 0) return;
+  const int64_t nchunks = (n + chunk - 1) / chunk;
+  const int64_t nthreads = std::min<int64_t>(at::get_num_threads(), nchunks);
+  std::atomic<int64_t> next{0};
+  std::mutex mu;
+  at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
+    auto local = make();
+    for (int64_t c = next.fetch_add(1); c < nchunks; c = next.fetch_add(1))
+      body(local, c * chunk, std::min(n, (c + 1) * chunk));
+    std::lock_guard<std::mutex> lock(mu);
+    merge(local);
+  });
+}
 
 void fold(FiniteStats& into, const FiniteStats& s) {
   into.min = s.min < into.min ? s.min : into.min;
@@ -85,13 +109,10 @@ Tensor scalar_i64(int64_t v) { return at::scalar_tensor(v, at::dtype(at::kLong))
 std::tuple<Tensor, Tensor, Tensor> minmax_per_tensor(const Tensor& x) {
   const auto& k = pick_kernels();
   FiniteStats total = empty_stats();
-  std::mutex mu;
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) {
-    FiniteStats s = empty_stats();
-    stats_range(k, x, b, e, &s);
-    std::lock_guard<std::mutex> lock(mu);
-    fold(total, s);
-  });
+  dynamic_chunks(
+      x.numel(), kChunk, [] { return empty_stats(); },
+      [&](FiniteStats& s, int64_t b, int64_t e) { stats_range(k, x, b, e, &s); },
+      [&](const FiniteStats& s) { fold(total, s); });
   return {scalar_f32(plus_zero(total.min)), scalar_f32(plus_zero(total.max)), scalar_i64(total.nonfinite)};
 }
 
@@ -163,29 +184,31 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> histogram_pow2(const Tensor& 
   const int64_t stride = bins + 2;
   std::vector<int64_t> total(size_t(stride), 0);
   FiniteStats st = empty_stats();
-  std::mutex mu;
   const auto& k = pick_kernels();
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t b, int64_t e) {
-    std::vector<uint16_t> rows(size_t(kernels::kHistCopies * stride));
-    std::vector<int64_t> part(size_t(stride), 0);
-    FiniteStats s = empty_stats();
+  struct Local {  // one thread's partial histogram
+    std::vector<uint16_t> rows;
+    std::vector<int64_t> part;
+    FiniteStats s;
     int64_t zeros = 0;
-    for (int64_t i = b; i < e; i += kernels::kHistMaxN) {
-      const int64_t n = std::min(kernels::kHistMaxN, e - i);
-      std::fill(rows.begin(), rows.end(), uint16_t(0));
-      if (x.scalar_type() == at::kFloat) k.hist_f32(x.const_data_ptr<float>() + i, n, w, rows.data(), &s, &zeros);
-      else k.hist_bf16(bf16_ptr(x) + i, n, w, rows.data(), &s, &zeros);
-      for (int r = 0; r < kernels::kHistCopies; ++r) {
-        const uint16_t* row = rows.data() + r * stride;
-        for (int64_t j = 0; j < stride; ++j) part[size_t(j)] += row[j];
-      }
-    }
-    // exact zeros go to the bin of 0 (floor(0 * 2^-k) = 0, i.e. bin -offset) if the window has it
-    part[size_t(offset <= 0 && -offset < bins ? -offset : bins + 1)] += zeros;
-    std::lock_guard<std::mutex> lock(mu);
-    fold(st, s);
-    for (int64_t j = 0; j < stride; ++j) total[size_t(j)] += part[size_t(j)];
-  });
+  };
+  dynamic_chunks(
+      x.numel(), kernels::kHistMaxN,
+      [&] { return Local{std::vector<uint16_t>(size_t(kernels::kHistCopies * stride)), std::vector<int64_t>(size_t(stride)), empty_stats()}; },
+      [&](Local& l, int64_t b, int64_t e) {  // e - b <= kHistMaxN: no uint16 entry overflows
+        std::fill(l.rows.begin(), l.rows.end(), uint16_t(0));
+        if (x.scalar_type() == at::kFloat) k.hist_f32(x.const_data_ptr<float>() + b, e - b, w, l.rows.data(), &l.s, &l.zeros);
+        else k.hist_bf16(bf16_ptr(x) + b, e - b, w, l.rows.data(), &l.s, &l.zeros);
+        for (int r = 0; r < kernels::kHistCopies; ++r) {
+          const uint16_t* row = l.rows.data() + r * stride;
+          for (int64_t j = 0; j < stride; ++j) l.part[size_t(j)] += row[j];
+        }
+      },
+      [&](Local& l) {
+        // exact zeros go to the bin of 0 (floor(0 * 2^-k) = 0, i.e. bin -offset) if the window has it
+        l.part[size_t(offset <= 0 && -offset < bins ? -offset : bins + 1)] += l.zeros;
+        fold(st, l.s);
+        for (int64_t j = 0; j < stride; ++j) total[size_t(j)] += l.part[size_t(j)];
+      });
   Tensor counts = at::empty({bins}, at::dtype(at::kLong));
   std::copy(total.begin(), total.begin() + bins, counts.mutable_data_ptr<int64_t>());
   return {counts, scalar_f32(plus_zero(st.min)), scalar_f32(plus_zero(st.max)), scalar_i64(total[size_t(bins)]),
