@@ -26,7 +26,11 @@ new k: rare after the first batches, as the window has up to bins/2 bins of head
 as torch.ao's HistogramObserver does: a greedy shrink from both ends in quantile steps of 1e-5 of
 the mass, stopping when the error grows; each bin's mass is spread uniformly over the bin clipped
 to [min, max], and a candidate [lo, hi] is quantized to qmax - qmin + 1 levels (torch.ao uses 256
-whatever the range). The search lands on bin edges (or min/max).
+whatever the range). The search lands on bin edges (or min/max). Two differences from torch.ao,
+both deliberate: the arithmetic is exact (int64 counts, float64 quantiles and errors; torch.ao
+compares float32 cumulative sums, which round once the data exceeds 2^24 values), and the first
+shrink must beat the error of the full range [min, max] (torch.ao takes it unconditionally, which
+can leave it far worse than min/max, e.g. on uniform data plus one far outlier).
 """
 from __future__ import annotations
 
