@@ -185,7 +185,7 @@ template <typename In, typename Bins>
 void hist_impl(const In* x, int64_t n, const HistWindow& w, const Bins& bins_of, uint16_t* rows, FiniteStats* s,
                int64_t* zeros) {
   const int64_t stride = int64_t(w.bins) + 2;
-  static_assert(kHistCopies == 4, "the unrolled loop below fills 4 rows");
+  static_assert(kHistCopies == 8, "the unrolled loop below fills 8 rows");
   const __m256i nb = _mm256_set1_epi32(w.bins);
   __m256 vmin = _mm256_set1_ps(kInf), vmax = _mm256_set1_ps(-kInf);
   int64_t z = 0, rot = 0;  // zeros; row of the next increment
@@ -210,17 +210,21 @@ void hist_impl(const In* x, int64_t n, const HistWindow& w, const Bins& bins_of,
       minmax_step(v, f, &vmin, &vmax);
       append_bins(v, f, _mm256_movemask_ps(lanes), bins_of, nb, idx, &cnt, &z);
     }
-    uint16_t* r[4];
-    for (int q = 0; q < 4; ++q) r[q] = rows + ((rot + q) & 3) * stride;
+    uint16_t* r[8];
+    for (int q = 0; q < 8; ++q) r[q] = rows + ((rot + q) & 7) * stride;
     int64_t k = 0;
-    for (; k + 4 <= cnt; k += 4) {
+    for (; k + 8 <= cnt; k += 8) {
       ++r[0][idx[k]];
       ++r[1][idx[k + 1]];
       ++r[2][idx[k + 2]];
       ++r[3][idx[k + 3]];
+      ++r[4][idx[k + 4]];
+      ++r[5][idx[k + 5]];
+      ++r[6][idx[k + 6]];
+      ++r[7][idx[k + 7]];
     }
-    for (; k < cnt; ++k) ++r[k & 3][idx[k]];
-    rot = (rot + cnt) & 3;
+    for (; k < cnt; ++k) ++r[k & 7][idx[k]];
+    rot = (rot + cnt) & 7;
   }
   fold(s, vmin, vmax);
   *zeros += z;

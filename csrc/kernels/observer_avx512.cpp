@@ -94,85 +94,130 @@ struct BinsF64 {
 
 // The fast path, when 2^-k is a normal float32 and |offset| + bins <= 2^30: v * 2^-k is exact in
 // float32 unless it overflows (then it is far outside the window: cvtt gives INT_MIN) or
-// underflows (then its floor is 0, or -1 for negative v, which the max with -1 restores when the
-// product rounded to -0); the int32 difference with offset can wrap only for lanes far outside,
-// which stay outside [0, bins) as unsigned.
+// underflows, which needs 2^-k < 1 (kUnderflow): its floor is then 0, or -1 for negative v, which
+// the min with -1 restores when the product rounded to -0. The int32 difference with offset can
+// wrap only for lanes far outside, which stay outside [0, bins) as unsigned.
+template <bool kUnderflow>
 struct BinsF32 {
   __m512 inv;
   __m512i off, minus_one;
   explicit BinsF32(const HistWindow& w)
       : inv(_mm512_set1_ps(float(w.inv_width))), off(_mm512_set1_epi32(int32_t(w.offset))),
         minus_one(_mm512_set1_epi32(-1)) {}
-  static bool usable(const HistWindow& w) {
-    return w.inv_width >= 0x1p-126 && w.inv_width <= 0x1p127 &&
-           (w.offset < 0 ? -w.offset : w.offset) + double(w.bins) <= 0x1p30;
-  }
   __m512i operator()(__m512 v) const {
     const __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(v, inv), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     __m512i b = _mm512_cvttps_epi32(t);
-    const __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
-    b = _mm512_mask_min_epi32(b, neg, b, minus_one);
+    if (kUnderflow) {
+      const __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+      b = _mm512_mask_min_epi32(b, neg, b, minus_one);
+    }
     return _mm512_sub_epi32(b, off);
   }
 };
+
+inline bool f32_usable(const HistWindow& w) {
+  return w.inv_width >= 0x1p-126 && w.inv_width <= 0x1p127 &&
+         (w.offset < 0 ? -w.offset : w.offset) + double(w.bins) <= 0x1p30;
+}
+
+struct Acc {  // per-call running state of hist()
+  __m512 vmin, vmax;
+  int64_t zeros;
+};
+
+// Bins of the 16 values at p (the lanes of m when kTail) appended to idx[*cnt..]: window bin if
+// finite and in the window, else B (non-finite) or B + 1. With kZeros the exact zeros are left out
+// and counted instead (compress), else they go with the rest (to bin -offset, or B + 1).
+template <bool kTail, bool kZeros, typename In, typename Bins>
+inline void step(const In* p, __mmask16 m, const Bins& bins_of, __m512i nb, int32_t* idx, int64_t* cnt, Acc* a) {
+  const __m512 v = kTail ? load_x(p, m) : load_x(p, __mmask16(0xFFFF));
+  const __mmask16 f = finite_mask(v, m);
+  a->vmin = _mm512_mask_min_ps(a->vmin, f, a->vmin, v);
+  a->vmax = _mm512_mask_max_ps(a->vmax, f, a->vmax, v);
+  __m512i b = bins_of(v);
+  const __mmask16 in = _mm512_mask_cmplt_epu32_mask(f, b, nb);  // finite and 0 <= bin < B
+  b = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(nb, f, _mm512_add_epi32(nb, _mm512_set1_epi32(1))), in, b);
+  int32_t* dst = idx + *cnt;
+  if (kZeros) {
+    const __mmask16 zero = _mm512_mask_cmp_ps_mask(m, v, _mm512_setzero_ps(), _CMP_EQ_OQ);
+    const __mmask16 keep = m & ~zero;
+    if (keep == 0xFFFF) {
+      _mm512_storeu_si512(dst, b);
+    } else {
+      a->zeros += __builtin_popcount(zero);
+      _mm512_storeu_si512(dst, _mm512_maskz_compress_epi32(keep, b));
+    }
+    *cnt += __builtin_popcount(keep);
+  } else {
+    _mm512_storeu_si512(dst, b);  // a tail's mask is its low lanes: the extra lanes are not counted
+    *cnt += kTail ? __builtin_popcount(m) : W;
+  }
+}
+
+constexpr int64_t kBlk = 256;  // values binned (vector stores) before their increments (scalar)
+
+template <bool kZeros, typename In, typename Bins>
+inline int64_t block(const In* x, int64_t len, const Bins& bins_of, __m512i nb, int32_t* idx, Acc* a) {
+  constexpr int64_t kAhead = 4 * kBlk;  // software prefetch distance (elements): the scalar phase
+                                        // leaves the hardware prefetcher too little to go on
+  int64_t cnt = 0, j = 0;
+  for (; j + W <= len; j += W) {
+    _mm_prefetch(reinterpret_cast<const char*>(x + j + kAhead), _MM_HINT_T0);
+    step<false, kZeros>(x + j, __mmask16(0xFFFF), bins_of, nb, idx, &cnt, a);
+  }
+  if (j < len) step<true, kZeros>(x + j, tail_mask(len - j), bins_of, nb, idx, &cnt, a);
+  return cnt;
+}
 
 template <typename In, typename Bins>
 void hist_impl(const In* x, int64_t n, const HistWindow& w, const Bins& bins_of, uint16_t* rows, FiniteStats* s,
                int64_t* zeros) {
   const int64_t stride = int64_t(w.bins) + 2;
-  static_assert(kHistCopies == 4, "the unrolled loop below fills 4 rows");
-  const __m512i nb = _mm512_set1_epi32(w.bins), nonfinite_bin = nb, outside_bin = _mm512_set1_epi32(w.bins + 1);
-  __m512 vmin = _mm512_set1_ps(kInf), vmax = _mm512_set1_ps(-kInf);
-  int64_t z = 0, rot = 0;  // zeros; row of the next increment
-  // Bins of a block first (vector stores, exact zeros compressed out), then the increments: scalar
-  // loads right behind a 512-bit store of their own lanes would wait for the store (no forwarding).
-  constexpr int64_t kBlk = 256;
-  constexpr int64_t kAhead = 4 * kBlk;  // software prefetch distance (elements): the scalar phase
-                                        // leaves the hardware prefetcher too little to go on
+  static_assert(kHistCopies == 8, "the unrolled loop below fills 8 rows");
+  const __m512i nb = _mm512_set1_epi32(w.bins);
+  Acc a{_mm512_set1_ps(kInf), _mm512_set1_ps(-kInf), 0};
+  // Bins of a block first (vector stores), then the increments: scalar loads right behind a
+  // 512-bit store of their own lanes would wait for the store (no forwarding). Exact zeros (half
+  // of the values after a ReLU) are compressed out and counted when a block had many: every 16th
+  // block measures, so data without zeros does not pay for the check.
   alignas(64) int32_t idx[kBlk + W];
-  for (int64_t i = 0; i < n; i += kBlk) {
+  int64_t rot = 0, blk = 0;  // row of the next increment; block number
+  bool zeros_hot = true;
+  for (int64_t i = 0; i < n; i += kBlk, ++blk) {
     const int64_t len = n - i < kBlk ? n - i : kBlk;
-    int64_t cnt = 0;
-    for (int64_t j = 0; j < len; j += W) {
-      _mm_prefetch(reinterpret_cast<const char*>(x + i + j + kAhead), _MM_HINT_T0);
-      const __mmask16 m = tail_mask(len - j);
-      const __m512 v = load_x(x + i + j, m);
-      const __mmask16 f = finite_mask(v, m);
-      vmin = _mm512_mask_min_ps(vmin, f, vmin, v);
-      vmax = _mm512_mask_max_ps(vmax, f, vmax, v);
-      __m512i b = bins_of(v);
-      const __mmask16 in = _mm512_mask_cmplt_epu32_mask(f, b, nb);  // finite and 0 <= bin < B
-      b = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(nonfinite_bin, f, outside_bin), in, b);
-      const __mmask16 zero = _mm512_mask_cmp_ps_mask(m, v, _mm512_setzero_ps(), _CMP_EQ_OQ);
-      const __mmask16 keep = m & ~zero;
-      if (keep == 0xFFFF) {
-        _mm512_storeu_si512(idx + cnt, b);
-      } else {
-        z += __builtin_popcount(zero);
-        _mm512_storeu_si512(idx + cnt, _mm512_maskz_compress_epi32(keep, b));
-      }
-      cnt += __builtin_popcount(keep);
+    int64_t cnt;
+    if (zeros_hot || (blk & 15) == 0) {
+      const int64_t before = a.zeros;
+      cnt = block<true>(x + i, len, bins_of, nb, idx, &a);
+      zeros_hot = (a.zeros - before) * 8 > len;
+    } else {
+      cnt = block<false>(x + i, len, bins_of, nb, idx, &a);
     }
-    uint16_t* r[4];
-    for (int q = 0; q < 4; ++q) r[q] = rows + ((rot + q) & 3) * stride;
+    uint16_t* r[8];
+    for (int q = 0; q < 8; ++q) r[q] = rows + ((rot + q) & 7) * stride;
     int64_t j = 0;
-    for (; j + 4 <= cnt; j += 4) {
+    for (; j + 8 <= cnt; j += 8) {
       ++r[0][idx[j]];
       ++r[1][idx[j + 1]];
       ++r[2][idx[j + 2]];
       ++r[3][idx[j + 3]];
+      ++r[4][idx[j + 4]];
+      ++r[5][idx[j + 5]];
+      ++r[6][idx[j + 6]];
+      ++r[7][idx[j + 7]];
     }
-    for (; j < cnt; ++j) ++r[j & 3][idx[j]];
-    rot = (rot + cnt) & 3;
+    for (; j < cnt; ++j) ++r[j & 7][idx[j]];
+    rot = (rot + cnt) & 7;
   }
-  fold(s, vmin, vmax);
-  *zeros += z;
+  fold(s, a.vmin, a.vmax);
+  *zeros += a.zeros;
 }
 
 template <typename In>
 void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s, int64_t* zeros) {
-  if (BinsF32::usable(w)) hist_impl(x, n, w, BinsF32(w), rows, s, zeros);
-  else hist_impl(x, n, w, BinsF64(w), rows, s, zeros);
+  if (!f32_usable(w)) hist_impl(x, n, w, BinsF64(w), rows, s, zeros);
+  else if (w.inv_width < 1.0) hist_impl(x, n, w, BinsF32<true>(w), rows, s, zeros);
+  else hist_impl(x, n, w, BinsF32<false>(w), rows, s, zeros);
 }
 
 constexpr ObserverKernels kTable{"avx512", stats<float>, stats<uint16_t>, hist<float>, hist<uint16_t>};

@@ -14,13 +14,13 @@
 //           float64 product (a power-of-two scaling of a float32 is exact in float64). With
 //           B = w.bins, `rows` has kHistCopies rows of B + 2 uint16 entries; the kernel adds 1 in
 //           one row (rotating, so no entry gets more than ceil(n / kHistCopies)) at
-//             i        for finite non-zero x with 0 <= i < B,
+//             i        for finite x with 0 <= i < B,
 //             B        for non-finite x,
-//             B + 1    for finite non-zero x outside the window (i < 0 or i >= B),
-//           and counts the exact zeros (+0.0, -0.0) in *zeros instead (activations after a ReLU
-//           are half zeros; a vector compare counts them faster than bumping one counter). The
-//           caller adds *zeros to bin -offset (or to the outside count), sums the rows, and keeps
-//           n <= kHistMaxN per call, so no entry overflows.
+//             B + 1    for finite x outside the window (i < 0 or i >= B),
+//           except that exact zeros (+0.0, -0.0) may instead be counted in *zeros (activations
+//           after a ReLU are half zeros; a vector compare counts them faster than bumping one
+//           counter). The caller adds *zeros to bin -offset (or to the outside count), sums the
+//           rows, and keeps n <= kHistMaxN per call, so no entry overflows.
 #pragma once
 #include <cstdint>
 
@@ -42,7 +42,7 @@ struct HistWindow {
 
 // Rows of partial counts per call (consecutive increments go to different rows, so repeated hits
 // of one bin, e.g. the zeros after a ReLU, do not serialise on one memory location).
-constexpr int kHistCopies = 4;
+constexpr int kHistCopies = 8;
 constexpr int64_t kHistMaxN = int64_t(kHistCopies) * 65535;
 
 struct ObserverKernels {
