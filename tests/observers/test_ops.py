@@ -143,6 +143,21 @@ def test_histogram_extreme_windows(k, offset, scale):
     assert np.array_equal(counts.numpy(), want) and int(outside) == want_out
 
 
+@pytest.mark.parametrize("offset", [-64, 3])
+def test_histogram_zero_density_changes(offset):
+    """Stretches with and without exact zeros in one call (the AVX512 kernel switches between
+    compressing zeros out and binning them per block), the bin of 0 in or out of the window."""
+    g = torch.Generator().manual_seed(8)
+    parts = [torch.randn(50_000, generator=g), torch.relu(torch.randn(50_000, generator=g)),
+             torch.randn(30_000, generator=g), torch.zeros(4_099), torch.randn(5_000, generator=g) * 0.01]
+    parts[2][::7] = 0.0  # sparse zeros
+    x = torch.cat(parts)
+    for xx in (x, x.bfloat16()):
+        counts, *_, outside = OPS.histogram_pow2(xx, -6, offset, 1024)
+        want, want_out, _ = ref_histogram(xx, -6, offset, 1024)
+        assert np.array_equal(counts.numpy(), want) and int(outside) == want_out
+
+
 def test_histogram_large_threads_and_zeros():
     """Many threads' partial histograms and > 2^18 elements per thread (uint16 row flushes), a
     ReLU-like half of exact zeros, zero outside the window."""
@@ -279,6 +294,7 @@ for name, xx in (("f32", x), ("bf16", x.bfloat16())):
     for n in (0, 1, 7, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1000, x.numel()):
         out[f"mm_{{name}}_{{n}}"] = ops.finite_minmax(xx[:n])
         out[f"h_{{name}}_{{n}}"] = ops.histogram_pow2(xx[:n], -5, -300, 512)
+    out[f"h0out_{{name}}"] = ops.histogram_pow2(xx, -5, 10, 512)  # the bin of 0 outside the window
     out[f"pc_{{name}}"] = ops.finite_minmax(xx[:99990].reshape(30, 3333), 1)
     out[f"pc_short_{{name}}"] = ops.finite_minmax(xx[:99990].reshape(3333, 30), 1)
 torch.save(out, {outp!r})
@@ -286,7 +302,8 @@ torch.save(out, {outp!r})
 
 
 def test_isa_paths_agree():
-    x = special_values(100_003, 23, 4.0)
+    g = torch.Generator().manual_seed(29)  # then a ReLU-like stretch (dense zeros) and a dense-zero tail
+    x = torch.cat([special_values(100_003, 23, 4.0), torch.relu(torch.randn(70_001, generator=g)), torch.zeros(77)])
     f = {k: all(v) for k, v in qbackend._C.cpu_probe().items() if isinstance(v, tuple)}
     real = 0 if not (f["avx2"] and f["fma"]) else (
         2 if all(f[k] for k in ("avx512f", "avx512bw", "avx512vl", "avx512dq")) else 1)
@@ -311,6 +328,8 @@ def test_isa_paths_agree():
     assert np.array_equal(base[f"h_f32_{x.numel()}"][0].numpy(), want)
     assert int(base[f"h_f32_{x.numel()}"][4]) == want_out
     assert tuple(float(v) for v in base[f"mm_f32_{x.numel()}"]) == tuple(float(v) for v in ref_minmax(x))
+    want, want_out, _ = ref_histogram(x, -5, 10, 512)
+    assert np.array_equal(base["h0out_f32"][0].numpy(), want) and int(base["h0out_f32"][4]) == want_out
     for name, out in results.items():
         for key, v in base.items():
             if key != "level":
