@@ -6,13 +6,16 @@ activations ([8, 256, 56, 56], the output of layer1) and BERT-base-sized GELU ac
 FFN intermediate). Timed: update() over every batch plus the qparams computation (data
 generation is not timed). Reported: the time ratio (target: qbackend >= 10x faster) and the two
 chosen ranges, their difference in torch.ao's bin widths ((max - min) / 2048; target: within one
-bin), and each range's L2 quantization error measured on the last batch.
+bin), and each range's L2 quantization error measured on the last batch. The batches are made up
+front; each observer runs the whole calibration --repeats times and the best time counts (the
+machine may be shared).
 
-    python benchmarks/observers.py [--batches 32] [--out benchmarks/results/observers.md]
+    python benchmarks/observers.py [--batches 32] [--threads N] [--out benchmarks/results/observers.md]
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import platform
 import sys
@@ -67,41 +70,65 @@ def l2_error(x: torch.Tensor, lo: float, hi: float) -> float:
     return float((dequantize(quantize(x, qp.scale, qp.zero_point), qp.scale, qp.zero_point) - x).pow(2).mean())
 
 
-def run_case(name, gen, batches: int, bins: int) -> dict:
+def calibrate_ao(xs):
     from torch.ao.quantization import HistogramObserver as AoHistogramObserver
 
     ao = AoHistogramObserver(bins=2048, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False)
-    ours = HistogramObserver(torch.uint8, bins=bins, reduce_range=False, name=name)
-    g = torch.Generator().manual_seed(0)
-    t_ao = t_ours = 0.0
-    for i in range(batches):
-        x = gen(g, i)
-        t = time.perf_counter()
+    t0 = time.perf_counter()
+    for x in xs:
         ao(x)
-        t_ao += time.perf_counter() - t
-        t = time.perf_counter()
+    t1 = time.perf_counter()
+    scale, zp = ao.calculate_qparams()
+    t2 = time.perf_counter()
+    return ao, (float(scale), int(zp)), t2 - t0, t2 - t1
+
+
+def calibrate_ours(xs, bins, name):
+    ours = HistogramObserver(torch.uint8, bins=bins, reduce_range=False, name=name)
+    t0 = time.perf_counter()
+    for x in xs:
         ours.update(x)
-        t_ours += time.perf_counter() - t
-    t = time.perf_counter()
-    ao_scale, ao_zp = ao.calculate_qparams()
-    t_ao_q = time.perf_counter() - t
-    t = time.perf_counter()
+    t1 = time.perf_counter()
     qp = ours.compute_qparams()
-    t_ours_q = time.perf_counter() - t
+    t2 = time.perf_counter()
+    return ours, qp, t2 - t0, t2 - t1
+
+
+def run_case(name, gen, batches: int, bins: int, repeats: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    xs = [gen(g, i) for i in range(batches)]  # the same tensors for both, generated up front
+    best_ao = best_ours = None
+    for _ in range(repeats):  # best of `repeats` whole calibrations each (the machine may be shared)
+        r_ao = calibrate_ao(xs)
+        r_ours = calibrate_ours(xs, bins, name)
+        best_ao = r_ao if best_ao is None or r_ao[2] < best_ao[2] else best_ao
+        best_ours = r_ours if best_ours is None or r_ours[2] < best_ours[2] else best_ours
+    ao, (ao_scale, ao_zp), t_ao, t_ao_q = best_ao
+    ours, qp, t_ours, t_ours_q = best_ours
     ao_lo, ao_hi = (float(v) for v in ao._non_linear_param_search())
     lo, hi = ours.chosen_range()
     w_ao = (float(ao.max_val) - float(ao.min_val)) / ao.bins
+    # Diagnosis: torch.ao's own search on the EXACT histogram of all batches in its final geometry
+    # (its running histogram is re-binned approximately each time the range grows).
+    exact = sum(torch.histc(x, ao.bins, float(ao.min_val), float(ao.max_val)).double() for x in xs)
+    ao_exact = copy.deepcopy(ao)
+    ao_exact.histogram.copy_(exact.float())
+    ex_lo, ex_hi = (float(v) for v in ao_exact._non_linear_param_search())
+    misplaced = float((ao.histogram.double() - exact).abs().sum()) / 2 / float(exact.sum())
+    x = xs[-1]
     return {
-        "name": name, "shape": tuple(x.shape), "batches": batches,
-        "t_ao": t_ao + t_ao_q, "t_ours": t_ours + t_ours_q, "t_ao_q": t_ao_q, "t_ours_q": t_ours_q,
-        "ratio": (t_ao + t_ao_q) / (t_ours + t_ours_q),
+        "name": name, "shape": tuple(x.shape), "batches": batches, "elements": sum(t.numel() for t in xs),
+        "t_ao": t_ao, "t_ours": t_ours, "t_ao_q": t_ao_q, "t_ours_q": t_ours_q, "ratio": t_ao / t_ours,
         "min": float(ao.min_val), "max": float(ao.max_val), "ours_minmax": (ours.min_val, ours.max_val),
         "ao_range": (ao_lo, ao_hi), "ours_range": (lo, hi), "w_ao": w_ao,
         "d_lo": (lo - ao_lo) / w_ao, "d_hi": (hi - ao_hi) / w_ao,
-        "ao_qparams": (float(ao_scale), int(ao_zp)), "ours_qparams": (qp.scale, qp.zero_point),
+        "ao_qparams": (ao_scale, ao_zp), "ours_qparams": (qp.scale, qp.zero_point),
         "err_ao": l2_error(x, ao_lo, ao_hi), "err_ours": l2_error(x, lo, hi),
         "err_ao_hist": ours.quantization_error(choose_qparams(ao_lo, ao_hi, torch.uint8)),
         "err_ours_hist": ours.quantization_error(qp),
+        "ao_exact_range": (ex_lo, ex_hi), "d_exact_lo": (lo - ex_lo) / w_ao, "d_exact_hi": (hi - ex_hi) / w_ao,
+        "ao_vs_exact": ((ao_lo - ex_lo) / w_ao, (ao_hi - ex_hi) / w_ao), "misplaced": misplaced,
+        "err_ao_exact_hist": ours.quantization_error(choose_qparams(ex_lo, ex_hi, torch.uint8)),
         "our_bins": ours.bins, "log2_width": ours.log2_width,
         "used_bins": int(ours.counts.nonzero().max()) + 1,
     }
@@ -129,23 +156,36 @@ def table(results: list[dict]) -> str:
 
 
 def notes(results: list[dict]) -> str:
-    out = []
+    out = ["Diagnosis of the range differences: torch.ao's running histogram is re-binned (16x "
+           "upsampling, mass spread uniformly) every time the range grows, so after many batches some "
+           "mass sits in the wrong bins; `torch.ao on exact` re-runs torch.ao's own search on the exact "
+           "histogram of all batches in torch.ao's final bins, separating that approximation from the "
+           "two searches' differences (bin geometry: ours are power-of-two wide, up to 2x torch.ao's; "
+           "exact integer/float64 arithmetic vs torch.ao's float32 cumulative sums; our first shrink "
+           "must beat the full range).", ""]
     for r in results:
         far = max(abs(r["d_lo"]), abs(r["d_hi"])) > 1.0
         out.append(
-            f"- {r['name']}: data [{r['min']:.5g}, {r['max']:.5g}], torch.ao bin width {r['w_ao']:.4g}; ours "
-            f"2^{r['log2_width']} = {2.0 ** r['log2_width']:.4g} ({r['used_bins']} of {r['our_bins']} bins used). "
-            f"qparams torch.ao scale {r['ao_qparams'][0]:.6g} zp {r['ao_qparams'][1]}, qbackend scale "
-            f"{r['ours_qparams'][0]:.6g} zp {r['ours_qparams'][1]}. Time in the qparams step: torch.ao "
-            f"{r['t_ao_q'] * 1e3:.1f} ms, qbackend {r['t_ours_q'] * 1e3:.1f} ms. L2 objective over our exact "
-            f"histogram: torch.ao's range {r['err_ao_hist']:.4g}, ours {r['err_ours_hist']:.4g}."
-            + (" **More than one torch.ao bin apart** (see below)." if far else ""))
+            f"- {r['name']}: data [{r['min']:.5g}, {r['max']:.5g}] ({r['elements'] / 1e6:.1f} M values); torch.ao "
+            f"bin width {r['w_ao']:.4g}, ours 2^{r['log2_width']} = {2.0 ** r['log2_width']:.4g} "
+            f"({r['used_bins']} of {r['our_bins']} bins used). qparams: torch.ao scale {r['ao_qparams'][0]:.6g} "
+            f"zp {r['ao_qparams'][1]}, qbackend scale {r['ours_qparams'][0]:.6g} zp {r['ours_qparams'][1]}. "
+            f"Qparams step: torch.ao {r['t_ao_q'] * 1e3:.1f} ms, qbackend {r['t_ours_q'] * 1e3:.1f} ms. "
+            f"torch.ao's histogram misplaces {100 * r['misplaced']:.3f}% of the mass; torch.ao's search on the "
+            f"exact histogram: [{r['ao_exact_range'][0]:.5g}, {r['ao_exact_range'][1]:.5g}] (torch.ao's range is "
+            f"{r['ao_vs_exact'][0]:+.2f} / {r['ao_vs_exact'][1]:+.2f} bins from it, ours "
+            f"{r['d_exact_lo']:+.2f} / {r['d_exact_hi']:+.2f}). L2 objective over our exact histogram "
+            f"(lower is better): torch.ao's range {r['err_ao_hist']:.5g}, torch.ao-on-exact "
+            f"{r['err_ao_exact_hist']:.5g}, ours {r['err_ours_hist']:.5g}."
+            + (" **More than one torch.ao bin apart.**" if far else ""))
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batches", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3, help="whole calibrations per observer; the best counts")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--bins", type=int, default=None, help="qbackend histogram bins (default: the observer's)")
     p.add_argument("--only", default=None, help="run the cases whose name contains this")
     p.add_argument("--out", default=None, help="write the markdown report here")
@@ -154,11 +194,13 @@ def main(argv=None) -> int:
     from qbackend.observers.histogram import DEFAULT_BINS
 
     bins = args.bins or DEFAULT_BINS
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = []
     for name, gen in CASES.items():
         if args.only and args.only not in name:
             continue
-        results.append(run_case(name, gen, args.batches, bins))
+        results.append(run_case(name, gen, args.batches, bins, args.repeats))
         print(table(results[-1:]).splitlines()[-1], flush=True)
     report = "\n\n".join(["# Histogram calibration: qbackend vs torch.ao", header(), table(results), notes(results)])
     print("\n" + report)

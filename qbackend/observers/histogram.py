@@ -95,6 +95,11 @@ def _coarsen(counts: torch.Tensor, k: int, offset: int, k2: int, offset2: int) -
     return out
 
 
+def _check_inside(outside: torch.Tensor) -> None:
+    if int(outside) != 0:  # pragma: no cover - internal invariant: the window was made to fit
+        raise AssertionError(f"{int(outside)} finite values fell outside a window made to fit them")
+
+
 def _f32(v: float) -> float:
     return float(torch.tensor(v, dtype=torch.float32))
 
@@ -132,7 +137,8 @@ class _PowerOfTwoHistogram(Observer):
             lo, hi = float(mn), float(mx)
             k = required_log2_width(lo, hi, self.bins)
             off = _bin(lo, k)
-            counts, *_ = ops.histogram_pow2(x, k, off, self.bins)
+            counts, *_, outside = ops.histogram_pow2(x, k, off, self.bins)
+            _check_inside(outside)
         else:
             c, mn, mx, nf, outside = ops.histogram_pow2(x, self.log2_width, self.offset, self.bins)
             nf = int(nf)
@@ -145,7 +151,8 @@ class _PowerOfTwoHistogram(Observer):
             if int(outside) == 0:  # everything fell in the window: coarsening is exact
                 counts = _coarsen(self.counts + c, self.log2_width, self.offset, k, off)
             else:  # the range outgrew the window: bin this batch again at the new k
-                c, *_ = ops.histogram_pow2(x, k, off, self.bins)
+                c, *_, outside = ops.histogram_pow2(x, k, off, self.bins)
+                _check_inside(outside)
                 counts = _coarsen(self.counts, self.log2_width, self.offset, k, off) + c
         self.log2_width, self.offset, self.counts = k, off, counts
         self.min_val, self.max_val = lo, hi
