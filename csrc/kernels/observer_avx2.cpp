@@ -170,25 +170,26 @@ inline void append_bins(__m256 v, __m256 f, int lanes, const Bins& bins_of, __m2
   const __m256i b = bins8(v, f, bins_of, nb);
   const int zero = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ)) & lanes;
   const int keep = lanes & ~zero;
+  // entry bin * 8 + lane (kHistCopies rows per bin; at most one increment per row per 8 values)
+  const __m256i row = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256i* dst = reinterpret_cast<__m256i*>(idx + *cnt);
   if (keep == 0xFF) {
-    _mm256_storeu_si256(dst, b);
+    _mm256_storeu_si256(dst, _mm256_or_si256(_mm256_slli_epi32(b, 3), row));
   } else {
     *zeros += __builtin_popcount(unsigned(zero));
     const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(kCompress.p[keep]));
-    _mm256_storeu_si256(dst, _mm256_permutevar8x32_epi32(b, perm));
+    _mm256_storeu_si256(dst, _mm256_or_si256(_mm256_slli_epi32(_mm256_permutevar8x32_epi32(b, perm), 3), row));
   }
   *cnt += __builtin_popcount(unsigned(keep));
 }
 
 template <typename In, typename Bins>
-void hist_impl(const In* x, int64_t n, const HistWindow& w, const Bins& bins_of, uint16_t* rows, FiniteStats* s,
+void hist_impl(const In* x, int64_t n, const HistWindow& w, const Bins& bins_of, uint16_t* counts, FiniteStats* s,
                int64_t* zeros) {
-  const int64_t stride = int64_t(w.bins) + 2;
-  static_assert(kHistCopies == 8, "the unrolled loop below fills 8 rows");
+  static_assert(kHistCopies == 8, "one row per lane");
   const __m256i nb = _mm256_set1_epi32(w.bins);
   __m256 vmin = _mm256_set1_ps(kInf), vmax = _mm256_set1_ps(-kInf);
-  int64_t z = 0, rot = 0;  // zeros; row of the next increment
+  int64_t z = 0;
   // Bins of a block first (vector stores), then the increments (see observer_avx512.cpp).
   constexpr int64_t kBlk = 256;
   constexpr int64_t kAhead = 4 * kBlk;  // software prefetch distance (elements)
@@ -210,30 +211,16 @@ void hist_impl(const In* x, int64_t n, const HistWindow& w, const Bins& bins_of,
       minmax_step(v, f, &vmin, &vmax);
       append_bins(v, f, _mm256_movemask_ps(lanes), bins_of, nb, idx, &cnt, &z);
     }
-    uint16_t* r[8];
-    for (int q = 0; q < 8; ++q) r[q] = rows + ((rot + q) & 7) * stride;
-    int64_t k = 0;
-    for (; k + 8 <= cnt; k += 8) {
-      ++r[0][idx[k]];
-      ++r[1][idx[k + 1]];
-      ++r[2][idx[k + 2]];
-      ++r[3][idx[k + 3]];
-      ++r[4][idx[k + 4]];
-      ++r[5][idx[k + 5]];
-      ++r[6][idx[k + 6]];
-      ++r[7][idx[k + 7]];
-    }
-    for (; k < cnt; ++k) ++r[k & 7][idx[k]];
-    rot = (rot + cnt) & 7;
+    for (int64_t k = 0; k < cnt; ++k) ++counts[idx[k]];
   }
   fold(s, vmin, vmax);
   *zeros += z;
 }
 
 template <typename In>
-void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s, int64_t* zeros) {
-  if (BinsF32::usable(w)) hist_impl(x, n, w, BinsF32(w), rows, s, zeros);
-  else hist_impl(x, n, w, BinsF64(w), rows, s, zeros);
+void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* counts, FiniteStats* s, int64_t* zeros) {
+  if (BinsF32::usable(w)) hist_impl(x, n, w, BinsF32(w), counts, s, zeros);
+  else hist_impl(x, n, w, BinsF64(w), counts, s, zeros);
 }
 
 constexpr ObserverKernels kTable{"avx2", stats<float>, stats<uint16_t>, hist<float>, hist<uint16_t>};

@@ -1,6 +1,6 @@
 // AVX512 (F/BW/VL/DQ) observer kernels: 16 lanes, masked loads for the tail. The histogram bin of
-// each lane is computed in float64 (exact, see observer_kernels.h) and the counters are bumped by
-// scalar code spread over kHistCopies rows. Only this file is compiled for AVX512 (pragma below,
+// each lane is computed exactly (float32 where that is exact, else float64; see observer_kernels.h)
+// and the counters are bumped by scalar code spread over kHistCopies rows per bin. Only this file is compiled for AVX512 (pragma below,
 // after the includes); call it only when qbackend::cpu::usable_level() >= 2.
 
 // GCC 12 warns falsely about the `__Y = __Y` inside _mm512_undefined_* (GCC bug 105593, fixed in 13).
@@ -125,9 +125,10 @@ struct Acc {  // per-call running state of hist()
   int64_t zeros;
 };
 
-// Bins of the 16 values at p (the lanes of m when kTail) appended to idx[*cnt..]: window bin if
-// finite and in the window, else B (non-finite) or B + 1. With kZeros the exact zeros are left out
-// and counted instead (compress), else they go with the rest (to bin -offset, or B + 1).
+// Entries of the 16 values at p (the lanes of m when kTail) appended to idx[*cnt..]: for bin i
+// (the window bin if finite and in the window, else B (non-finite) or B + 1) the entry is
+// i * 8 + lane % 8, so each row of a bin gets at most 2 of every 16 values. With kZeros the exact
+// zeros are left out and counted instead (compress first, then the rows).
 template <bool kTail, bool kZeros, typename In, typename Bins>
 inline void step(const In* p, __mmask16 m, const Bins& bins_of, __m512i nb, int32_t* idx, int64_t* cnt, Acc* a) {
   const __m512 v = kTail ? load_x(p, m) : load_x(p, __mmask16(0xFFFF));
@@ -137,89 +138,91 @@ inline void step(const In* p, __mmask16 m, const Bins& bins_of, __m512i nb, int3
   __m512i b = bins_of(v);
   const __mmask16 in = _mm512_mask_cmplt_epu32_mask(f, b, nb);  // finite and 0 <= bin < B
   b = _mm512_mask_mov_epi32(_mm512_mask_mov_epi32(nb, f, _mm512_add_epi32(nb, _mm512_set1_epi32(1))), in, b);
+  const __m512i row = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
   int32_t* dst = idx + *cnt;
   if (kZeros) {
     const __mmask16 zero = _mm512_mask_cmp_ps_mask(m, v, _mm512_setzero_ps(), _CMP_EQ_OQ);
     const __mmask16 keep = m & ~zero;
-    if (keep == 0xFFFF) {
-      _mm512_storeu_si512(dst, b);
-    } else {
+    if (keep != 0xFFFF) {
       a->zeros += __builtin_popcount(zero);
-      _mm512_storeu_si512(dst, _mm512_maskz_compress_epi32(keep, b));
+      b = _mm512_maskz_compress_epi32(keep, b);
     }
+    _mm512_storeu_si512(dst, _mm512_or_si512(_mm512_slli_epi32(b, 3), row));
     *cnt += __builtin_popcount(keep);
-  } else {
-    _mm512_storeu_si512(dst, b);  // a tail's mask is its low lanes: the extra lanes are not counted
+  } else {  // a tail's mask is its low lanes: the extra lanes are stored but not counted
+    _mm512_storeu_si512(dst, _mm512_or_si512(_mm512_slli_epi32(b, 3), row));
     *cnt += kTail ? __builtin_popcount(m) : W;
   }
 }
 
-constexpr int64_t kBlk = 256;  // values binned (vector stores) before their increments (scalar)
+constexpr int64_t kBlk = 256;  // values per block: their entries are listed, then incremented
 
-template <bool kZeros, typename In, typename Bins>
-inline int64_t block(const In* x, int64_t len, const Bins& bins_of, __m512i nb, int32_t* idx, Acc* a) {
-  constexpr int64_t kAhead = 4 * kBlk;  // software prefetch distance (elements): the scalar phase
+// One block's entries into idx; after each full vector step, between() (the previous block's
+// increments, so that the out-of-order core overlaps the vector and the scalar work).
+template <bool kZeros, typename In, typename Bins, typename Between>
+inline int64_t block(const In* x, int64_t len, const Bins& bins_of, __m512i nb, int32_t* idx, Acc* a,
+                     Between between) {
+  constexpr int64_t kAhead = 4 * kBlk;  // software prefetch distance (elements): the scalar work
                                         // leaves the hardware prefetcher too little to go on
   int64_t cnt = 0, j = 0;
   for (; j + W <= len; j += W) {
     _mm_prefetch(reinterpret_cast<const char*>(x + j + kAhead), _MM_HINT_T0);
     step<false, kZeros>(x + j, __mmask16(0xFFFF), bins_of, nb, idx, &cnt, a);
+    between();
   }
   if (j < len) step<true, kZeros>(x + j, tail_mask(len - j), bins_of, nb, idx, &cnt, a);
   return cnt;
 }
 
 template <typename In, typename Bins>
-void hist_impl(const In* x, int64_t n, const HistWindow& w, const Bins& bins_of, uint16_t* rows, FiniteStats* s,
+void hist_impl(const In* x, int64_t n, const HistWindow& w, const Bins& bins_of, uint16_t* counts, FiniteStats* s,
                int64_t* zeros) {
-  const int64_t stride = int64_t(w.bins) + 2;
-  static_assert(kHistCopies == 8, "the unrolled loop below fills 8 rows");
+  static_assert(kHistCopies == 8, "entries are bin * 8 + lane % 8");
   const __m512i nb = _mm512_set1_epi32(w.bins);
   Acc a{_mm512_set1_ps(kInf), _mm512_set1_ps(-kInf), 0};
-  // Bins of a block first (vector stores), then the increments: scalar loads right behind a
-  // 512-bit store of their own lanes would wait for the store (no forwarding). Exact zeros (half
-  // of the values after a ReLU) are compressed out and counted while a block has many (3/8 of its
-  // values: the compress puts a popcount on the store addresses' dependency chain, which costs more
-  // than the increments it saves below that); every 16th block measures again, so data without
-  // zeros does not pay for the check.
-  alignas(64) int32_t idx[kBlk + W];
-  int64_t rot = 0, blk = 0;  // row of the next increment; block number
+  // Each block's entries go to a list (vector stores); the list of a block is incremented
+  // between the vector steps of the next (scalar loads right behind a 512-bit store of their own
+  // lanes would wait for the store: no forwarding; and the two kinds of work overlap). Exact zeros
+  // (half of the values after a ReLU) are compressed out and counted while a block has many (3/8
+  // of its values: the compress puts a popcount on the store addresses' dependency chain, which
+  // costs more than the increments it saves below that); every 16th block measures again, so data
+  // without zeros does not pay for the check.
+  alignas(64) int32_t idx[2][kBlk + W];
+  int64_t blk = 0, prev_cnt = 0;  // block number; entries in the previous block's list
+  int cur = 0;
   bool zeros_hot = true;
   for (int64_t i = 0; i < n; i += kBlk, ++blk) {
     const int64_t len = n - i < kBlk ? n - i : kBlk;
+    const int32_t* prev = idx[cur ^ 1];
+    int64_t done = 0;
+    auto between = [&] {  // up to 16 of the previous block's increments
+      if (done + 16 <= prev_cnt) {
+        for (int q = 0; q < 16; ++q) ++counts[prev[done + q]];
+        done += 16;
+      }
+    };
     int64_t cnt;
     if (zeros_hot || (blk & 15) == 0) {
       const int64_t before = a.zeros;
-      cnt = block<true>(x + i, len, bins_of, nb, idx, &a);
+      cnt = block<true>(x + i, len, bins_of, nb, idx[cur], &a, between);
       zeros_hot = (a.zeros - before) * 8 > 3 * len;
     } else {
-      cnt = block<false>(x + i, len, bins_of, nb, idx, &a);
+      cnt = block<false>(x + i, len, bins_of, nb, idx[cur], &a, between);
     }
-    uint16_t* r[8];
-    for (int q = 0; q < 8; ++q) r[q] = rows + ((rot + q) & 7) * stride;
-    int64_t j = 0;
-    for (; j + 8 <= cnt; j += 8) {
-      ++r[0][idx[j]];
-      ++r[1][idx[j + 1]];
-      ++r[2][idx[j + 2]];
-      ++r[3][idx[j + 3]];
-      ++r[4][idx[j + 4]];
-      ++r[5][idx[j + 5]];
-      ++r[6][idx[j + 6]];
-      ++r[7][idx[j + 7]];
-    }
-    for (; j < cnt; ++j) ++r[j & 7][idx[j]];
-    rot = (rot + cnt) & 7;
+    for (; done < prev_cnt; ++done) ++counts[prev[done]];
+    prev_cnt = cnt;
+    cur ^= 1;
   }
+  for (int64_t j = 0; j < prev_cnt; ++j) ++counts[idx[cur ^ 1][j]];
   fold(s, a.vmin, a.vmax);
   *zeros += a.zeros;
 }
 
 template <typename In>
-void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s, int64_t* zeros) {
-  if (!f32_usable(w)) hist_impl(x, n, w, BinsF64(w), rows, s, zeros);
-  else if (w.inv_width < 1.0) hist_impl(x, n, w, BinsF32<true>(w), rows, s, zeros);
-  else hist_impl(x, n, w, BinsF32<false>(w), rows, s, zeros);
+void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* counts, FiniteStats* s, int64_t* zeros) {
+  if (!f32_usable(w)) hist_impl(x, n, w, BinsF64(w), counts, s, zeros);
+  else if (w.inv_width < 1.0) hist_impl(x, n, w, BinsF32<true>(w), counts, s, zeros);
+  else hist_impl(x, n, w, BinsF32<false>(w), counts, s, zeros);
 }
 
 constexpr ObserverKernels kTable{"avx512", stats<float>, stats<uint16_t>, hist<float>, hist<uint16_t>};

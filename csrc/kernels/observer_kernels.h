@@ -12,15 +12,17 @@
 //   hist:   the same min/max fold (s->nonfinite is NOT touched), and a histogram of power-of-two
 //           bins: value x falls in bin  i = floor(x * 2^-k) - offset,  the product an exact
 //           float64 product (a power-of-two scaling of a float32 is exact in float64). With
-//           B = w.bins, `rows` has kHistCopies rows of B + 2 uint16 entries; the kernel adds 1 in
-//           one row (rotating, so no entry gets more than ceil(n / kHistCopies)) at
-//             i        for finite x with 0 <= i < B,
-//             B        for non-finite x,
-//             B + 1    for finite x outside the window (i < 0 or i >= B),
-//           except that exact zeros (+0.0, -0.0) may instead be counted in *zeros (activations
-//           after a ReLU are half zeros; a vector compare counts them faster than bumping one
-//           counter). The caller adds *zeros to bin -offset (or to the outside count), sums the
-//           rows, and keeps n <= kHistMaxN per call, so no entry overflows.
+//           B = w.bins, `counts` has (B + 2) * kHistCopies uint16 entries, kHistCopies per bin
+//           (entry i * kHistCopies + r: row r of bin i); the kernel adds 1 to one row of
+//             bin i        for finite x with 0 <= i < B,
+//             bin B        for non-finite x,
+//             bin B + 1    for finite x outside the window (i < 0 or i >= B),
+//           spreading consecutive values over the rows so that no entry gets more than
+//           ceil(n / kHistCopies) + 1, except that exact zeros (+0.0, -0.0) may instead be
+//           counted in *zeros (activations after a ReLU are half zeros; a vector compare counts
+//           them faster than bumping one counter). The caller adds *zeros to bin -offset (or to
+//           the outside count), sums the rows, and keeps n <= kHistMaxN per call, so no entry
+//           overflows.
 #pragma once
 #include <cstdint>
 
@@ -40,17 +42,18 @@ struct HistWindow {
   int32_t bins;      // >= 1
 };
 
-// Rows of partial counts per call (consecutive increments go to different rows, so repeated hits
-// of one bin, e.g. the zeros after a ReLU, do not serialise on one memory location).
+// Rows of partial counts per bin (consecutive increments go to different rows, so repeated hits
+// of one bin do not serialise on one memory location).
 constexpr int kHistCopies = 8;
-constexpr int64_t kHistMaxN = int64_t(kHistCopies) * 65535;
+constexpr int64_t kHistMaxN = int64_t(kHistCopies) * 65534;
 
 struct ObserverKernels {
   const char* name;  // "avx512", "avx2", "scalar"
   void (*stats_f32)(const float* x, int64_t n, FiniteStats* s);
   void (*stats_bf16)(const uint16_t* x, int64_t n, FiniteStats* s);
-  void (*hist_f32)(const float* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s, int64_t* zeros);
-  void (*hist_bf16)(const uint16_t* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s,
+  void (*hist_f32)(const float* x, int64_t n, const HistWindow& w, uint16_t* counts, FiniteStats* s,
+                   int64_t* zeros);
+  void (*hist_bf16)(const uint16_t* x, int64_t n, const HistWindow& w, uint16_t* counts, FiniteStats* s,
                     int64_t* zeros);
 };
 

@@ -40,8 +40,8 @@ void stats(const In* x, int64_t n, FiniteStats* s) {
 }
 
 template <typename In>
-void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteStats* s, int64_t* zeros) {
-  const int64_t B = w.bins, stride = B + 2;
+void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* counts, FiniteStats* s, int64_t* zeros) {
+  const int64_t B = w.bins;
   float lo = s->min, hi = s->max;
   int64_t pos = 0, z = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -59,7 +59,7 @@ void hist(const In* x, int64_t n, const HistWindow& w, uint16_t* rows, FiniteSta
       const double t = std::floor(double(v) * w.inv_width) - w.offset;
       bin = (t >= 0.0 && t < double(B)) ? int64_t(t) : B + 1;
     }
-    ++rows[(pos++ % kHistCopies) * stride + bin];
+    ++counts[bin * kHistCopies + pos++ % kHistCopies];
   }
   s->min = lo;
   s->max = hi;

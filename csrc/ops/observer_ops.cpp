@@ -41,7 +41,8 @@ using kernels::HistWindow;
 using kernels::ObserverKernels;
 
 constexpr int64_t kGrain = 1 << 16;  // elements per at::parallel_for task (per-channel statistics)
-constexpr int64_t kChunk = 1 << 18;  // elements per dynamically scheduled chunk
+constexpr int64_t kChunk = 1 << 16;  // elements per dynamically scheduled chunk
+static_assert(kChunk <= kernels::kHistMaxN, "a chunk must fit the uint16 counters");
 constexpr int64_t kMaxBins = int64_t(1) << 20;  // per-task partial counts stay a few MB
 constexpr int64_t kMaxLog2Width = 300;            // 2^-k stays an exact, finite float64
 constexpr int64_t kMaxOffset = int64_t(1) << 52;  // offset + bin stays exact in float64
@@ -185,25 +186,40 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> histogram_pow2(const Tensor& 
   std::vector<int64_t> total(size_t(stride), 0);
   FiniteStats st = empty_stats();
   const auto& k = pick_kernels();
-  struct Local {  // one thread's partial histogram
+  // One thread's partial histogram: uint16 counters (kHistCopies interleaved rows per bin),
+  // flushed into int64 before they could overflow, not per chunk (chunks are small for balance).
+  struct Local {
     std::vector<uint16_t> rows;
     std::vector<int64_t> part;
+    int64_t bound = 0;  // most increments any entry can have had since the last flush (<= 65535)
     FiniteStats s;
     int64_t zeros = 0;
+    void flush() {
+      constexpr int R = kernels::kHistCopies;
+      for (size_t j = 0; j < part.size(); ++j) {
+        int64_t sum = 0;
+        for (int r = 0; r < R; ++r) sum += rows[j * R + size_t(r)];
+        part[j] += sum;
+      }
+      std::fill(rows.begin(), rows.end(), uint16_t(0));
+      bound = 0;
+    }
   };
   dynamic_chunks(
-      x.numel(), kernels::kHistMaxN,
-      [&] { return Local{std::vector<uint16_t>(size_t(kernels::kHistCopies * stride)), std::vector<int64_t>(size_t(stride)), empty_stats()}; },
-      [&](Local& l, int64_t b, int64_t e) {  // e - b <= kHistMaxN: no uint16 entry overflows
-        std::fill(l.rows.begin(), l.rows.end(), uint16_t(0));
+      x.numel(), kChunk,
+      [&] {
+        return Local{std::vector<uint16_t>(size_t(kernels::kHistCopies * stride)), std::vector<int64_t>(size_t(stride)),
+                     0, empty_stats()};
+      },
+      [&](Local& l, int64_t b, int64_t e) {
+        const int64_t add = (e - b + kernels::kHistCopies - 1) / kernels::kHistCopies + 1;  // per the contract
+        if (l.bound + add > 65535) l.flush();
+        l.bound += add;
         if (x.scalar_type() == at::kFloat) k.hist_f32(x.const_data_ptr<float>() + b, e - b, w, l.rows.data(), &l.s, &l.zeros);
         else k.hist_bf16(bf16_ptr(x) + b, e - b, w, l.rows.data(), &l.s, &l.zeros);
-        for (int r = 0; r < kernels::kHistCopies; ++r) {
-          const uint16_t* row = l.rows.data() + r * stride;
-          for (int64_t j = 0; j < stride; ++j) l.part[size_t(j)] += row[j];
-        }
       },
       [&](Local& l) {
+        l.flush();
         // exact zeros go to the bin of 0 (floor(0 * 2^-k) = 0, i.e. bin -offset) if the window has it
         l.part[size_t(offset <= 0 && -offset < bins ? -offset : bins + 1)] += l.zeros;
         fold(st, l.s);

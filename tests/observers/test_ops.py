@@ -168,9 +168,11 @@ def test_histogram_large_threads_and_zeros():
         counts, _, _, nf, outside = OPS.histogram_pow2(x, -8, offset, 2048)
         want, want_out, _ = ref_histogram(x, -8, offset, 2048)
         assert np.array_equal(counts.numpy(), want) and int(outside) == want_out and int(nf) == 0
-    const = torch.full((70000 * 4 + 3,), 2.5)  # one bin gets every count: past 65535 per row
-    counts, *_ = OPS.histogram_pow2(const, -1, 0, 16)
-    assert int(counts[5]) == const.numel() and int(counts.sum()) == const.numel()
+    # one bin gets every count: the uint16 counters of each thread must be flushed in time
+    for n in (8 * 65535 + 9, 3_000_017):
+        const = torch.full((n,), 2.5)
+        counts, *_ = OPS.histogram_pow2(const, -1, 0, 16)
+        assert int(counts[5]) == n and int(counts.sum()) == n
 
 
 # ----------------------------------------------------------------------------- error model and search
