@@ -1,7 +1,8 @@
 // AVX512 (F/BW/VL/DQ) observer kernels: 16 lanes, masked loads for the tail. The histogram bin of
-// each lane is computed exactly (float32 where that is exact, else float64; see observer_kernels.h)
-// and the counters are bumped by scalar code spread over kHistCopies rows per bin. Only this file is compiled for AVX512 (pragma below,
-// after the includes); call it only when qbackend::cpu::usable_level() >= 2.
+// each lane is computed exactly (float32 where that is exact, else float64; see
+// observer_kernels.h) and the counters are bumped by scalar code spread over kHistCopies rows per
+// bin. Only this file is compiled for AVX512 (pragma below, after the includes); call it only
+// when qbackend::cpu::usable_level() >= 2.
 
 // GCC 12 warns falsely about the `__Y = __Y` inside _mm512_undefined_* (GCC bug 105593, fixed in 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

@@ -1,7 +1,8 @@
 // Raw observer kernels (no torch headers): one table of function pointers per ISA.
 //
-// Contract, for every ISA bit for bit (values are float32, or bf16 passed as uint16_t bits and
-// widened exactly to float32; pointers need no alignment):
+// Contract, for every ISA (values are float32, or bf16 passed as uint16_t bits and widened exactly
+// to float32; pointers need no alignment). How the counts are spread over the rows and whether
+// zeros go to *zeros may differ between ISAs; the sums the caller forms are the same bit for bit.
 //
 //   stats:  over n contiguous values, the min and max of the finite ones and the number of
 //           non-finite ones (NaN, +inf, -inf). Folds into *s: s->min = min(s->min, ...), likewise
