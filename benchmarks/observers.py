@@ -6,9 +6,9 @@ activations ([8, 256, 56, 56], the output of layer1) and BERT-base-sized GELU ac
 FFN intermediate). Timed: update() over every batch plus the qparams computation (data
 generation is not timed). Reported: the time ratio (target: qbackend >= 10x faster) and the two
 chosen ranges, their difference in torch.ao's bin widths ((max - min) / 2048; target: within one
-bin), and each range's L2 quantization error measured on the last batch. The batches are made up
-front; each observer runs the whole calibration --repeats times and the best time counts (the
-machine may be shared).
+bin), and each range's L2 quantization error measured on the last batch. Every batch is made once
+and fed to --repeats independent pairs of observers (one batch in memory at a time); the best
+total of each side counts (the machine may be shared).
 
     python benchmarks/observers.py [--batches 32] [--threads N] [--out benchmarks/results/observers.md]
 """
@@ -70,55 +70,60 @@ def l2_error(x: torch.Tensor, lo: float, hi: float) -> float:
     return float((dequantize(quantize(x, qp.scale, qp.zero_point), qp.scale, qp.zero_point) - x).pow(2).mean())
 
 
-def calibrate_ao(xs):
+def run_case(name, gen, batches: int, bins: int, repeats: int) -> dict:
+    """`repeats` independent pairs of observers see every batch (made once, one at a time in memory;
+    which of the two goes first alternates); each observer's time is its updates plus its qparams
+    step, and the best of the `repeats` totals counts (the machine may be shared)."""
     from torch.ao.quantization import HistogramObserver as AoHistogramObserver
 
-    ao = AoHistogramObserver(bins=2048, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False)
-    t0 = time.perf_counter()
-    for x in xs:
-        ao(x)
-    t1 = time.perf_counter()
-    scale, zp = ao.calculate_qparams()
-    t2 = time.perf_counter()
-    return ao, (float(scale), int(zp)), t2 - t0, t2 - t1
-
-
-def calibrate_ours(xs, bins, name):
-    ours = HistogramObserver(torch.uint8, bins=bins, reduce_range=False, name=name)
-    t0 = time.perf_counter()
-    for x in xs:
-        ours.update(x)
-    t1 = time.perf_counter()
-    qp = ours.compute_qparams()
-    t2 = time.perf_counter()
-    return ours, qp, t2 - t0, t2 - t1
-
-
-def run_case(name, gen, batches: int, bins: int, repeats: int) -> dict:
+    aos = [AoHistogramObserver(bins=2048, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False)
+           for _ in range(repeats)]
+    ours_all = [HistogramObserver(torch.uint8, bins=bins, reduce_range=False, name=name) for _ in range(repeats)]
+    t_ao, t_ours = [0.0] * repeats, [0.0] * repeats
     g = torch.Generator().manual_seed(0)
-    xs = [gen(g, i) for i in range(batches)]  # the same tensors for both, generated up front
-    best_ao = best_ours = None
-    for _ in range(repeats):  # best of `repeats` whole calibrations each (the machine may be shared)
-        r_ao = calibrate_ao(xs)
-        r_ours = calibrate_ours(xs, bins, name)
-        best_ao = r_ao if best_ao is None or r_ao[2] < best_ao[2] else best_ao
-        best_ours = r_ours if best_ours is None or r_ours[2] < best_ours[2] else best_ours
-    ao, (ao_scale, ao_zp), t_ao, t_ao_q = best_ao
-    ours, qp, t_ours, t_ours_q = best_ours
+    exact = None  # the exact histogram of all batches in torch.ao's final bins (for the diagnosis)
+    xs_last, elements = None, 0
+    for i in range(batches):
+        x = gen(g, i)
+        elements += x.numel()
+        for r in range(repeats):
+            order = ((aos[r], t_ao), (ours_all[r], t_ours))
+            for obs, acc in (order if (i + r) % 2 == 0 else order[::-1]):
+                t = time.perf_counter()
+                obs(x) if obs is aos[r] else obs.update(x)
+                acc[r] += time.perf_counter() - t
+        xs_last = x
+    qp_ao, qp_ours, t_ao_q, t_ours_q = [], [], [0.0] * repeats, [0.0] * repeats
+    for r in range(repeats):
+        t = time.perf_counter()
+        qp_ao.append(aos[r].calculate_qparams())
+        t_ao_q[r] = time.perf_counter() - t
+        t = time.perf_counter()
+        qp_ours.append(ours_all[r].compute_qparams())
+        t_ours_q[r] = time.perf_counter() - t
+    best_ao = min(range(repeats), key=lambda r: t_ao[r] + t_ao_q[r])
+    best_ours = min(range(repeats), key=lambda r: t_ours[r] + t_ours_q[r])
+    ao, ours = aos[best_ao], ours_all[best_ours]
+    ao_scale, ao_zp = float(qp_ao[best_ao][0]), int(qp_ao[best_ao][1])
+    qp = qp_ours[best_ours]
+    t_ao_total, t_ours_total = t_ao[best_ao] + t_ao_q[best_ao], t_ours[best_ours] + t_ours_q[best_ours]
+    # Diagnosis: torch.ao's own search on the EXACT histogram of all batches in its final geometry
+    # (its running histogram is re-binned approximately each time the range grows).
+    g = torch.Generator().manual_seed(0)
+    exact = sum(torch.histc(gen(g, i), ao.bins, float(ao.min_val), float(ao.max_val)).double()
+                for i in range(batches))
+    x = xs_last
     ao_lo, ao_hi = (float(v) for v in ao._non_linear_param_search())
     lo, hi = ours.chosen_range()
     w_ao = (float(ao.max_val) - float(ao.min_val)) / ao.bins
-    # Diagnosis: torch.ao's own search on the EXACT histogram of all batches in its final geometry
-    # (its running histogram is re-binned approximately each time the range grows).
-    exact = sum(torch.histc(x, ao.bins, float(ao.min_val), float(ao.max_val)).double() for x in xs)
     ao_exact = copy.deepcopy(ao)
     ao_exact.histogram.copy_(exact.float())
     ex_lo, ex_hi = (float(v) for v in ao_exact._non_linear_param_search())
     misplaced = float((ao.histogram.double() - exact).abs().sum()) / 2 / float(exact.sum())
-    x = xs[-1]
     return {
-        "name": name, "shape": tuple(x.shape), "batches": batches, "elements": sum(t.numel() for t in xs),
-        "t_ao": t_ao, "t_ours": t_ours, "t_ao_q": t_ao_q, "t_ours_q": t_ours_q, "ratio": t_ao / t_ours,
+        "name": name, "shape": tuple(x.shape), "batches": batches, "elements": elements,
+        "t_ao": t_ao_total, "t_ours": t_ours_total, "t_ao_q": t_ao_q[best_ao], "t_ours_q": t_ours_q[best_ours],
+        "ratio": t_ao_total / t_ours_total,
         "min": float(ao.min_val), "max": float(ao.max_val), "ours_minmax": (ours.min_val, ours.max_val),
         "ao_range": (ao_lo, ao_hi), "ours_range": (lo, hi), "w_ao": w_ao,
         "d_lo": (lo - ao_lo) / w_ao, "d_hi": (hi - ao_hi) / w_ao,
@@ -134,11 +139,13 @@ def run_case(name, gen, batches: int, bins: int, repeats: int) -> dict:
     }
 
 
-def header() -> str:
+def header(load_before, load_after) -> str:
     f = qbackend.cpu_features()
     cpu = f.model_name or platform.processor()
-    return (f"CPU: {cpu} ({f.level_name}, VNNI: {f.has_vnni}); torch threads: {torch.get_num_threads()}; "
-            f"torch {torch.__version__}, qbackend {qbackend.__version__}, Python {platform.python_version()}")
+    return (f"CPU: {cpu}, {os.cpu_count()} logical CPUs ({f.level_name}, VNNI: {f.has_vnni}); torch threads: "
+            f"{torch.get_num_threads()}; torch {torch.__version__}, qbackend {qbackend.__version__}, Python "
+            f"{platform.python_version()}. 1-minute load average before / after: {load_before:.2f} / "
+            f"{load_after:.2f} (a shared machine: times are the best of the repeats)")
 
 
 def table(results: list[dict]) -> str:
@@ -197,12 +204,14 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     results = []
+    load_before = os.getloadavg()[0]
     for name, gen in CASES.items():
         if args.only and args.only not in name:
             continue
         results.append(run_case(name, gen, args.batches, bins, args.repeats))
         print(table(results[-1:]).splitlines()[-1], flush=True)
-    report = "\n\n".join(["# Histogram calibration: qbackend vs torch.ao", header(), table(results), notes(results)])
+    report = "\n\n".join(["# Histogram calibration: qbackend vs torch.ao", header(load_before, os.getloadavg()[0]),
+                           table(results), notes(results)])
     print("\n" + report)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
