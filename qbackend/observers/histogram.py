@@ -165,8 +165,9 @@ class _PowerOfTwoHistogram(Observer):
     def _load_stats(self, stats: dict[str, Any]) -> dict[str, Any]:
         lo, hi = check_min_max(stats)
         counts, k, off = stats["counts"], stats["log2_width"], stats["offset"]
-        if not (isinstance(counts, torch.Tensor) and counts.dtype == torch.int64 and counts.shape == (self.bins,)):
-            raise ValueError(f"state_dict stats['counts'] must be an int64 tensor of shape ({self.bins},), got "
+        if not (isinstance(counts, torch.Tensor) and counts.dtype == torch.int64 and counts.shape == (self.bins,)
+                and counts.device.type == "cpu"):
+            raise ValueError(f"state_dict stats['counts'] must be a CPU int64 tensor of shape ({self.bins},), got "
                              f"{(counts.dtype, tuple(counts.shape)) if isinstance(counts, torch.Tensor) else counts!r}")
         if (counts < 0).any():
             raise ValueError("state_dict stats['counts'] must be non-negative")
