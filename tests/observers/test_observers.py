@@ -555,3 +555,32 @@ def test_per_channel_axis_errors():
     neg = make(PerChannelMinMaxObserver, axis=-1)
     neg.update(torch.ones(3, 4))
     assert neg.channels == 4 and neg.compute_qparams().axis == -1
+
+
+@pytest.mark.parametrize("dtype,symmetric", [(torch.uint8, False), (torch.uint8, True), (torch.int8, False),
+                                             (torch.int8, True)])
+@pytest.mark.parametrize("scale", [1e-30, 1e-3, 1.0, 1e30])
+def test_minmax_qparams_vs_fp64(dtype, symmetric, scale):
+    """Observer qparams from numpy's min/max of the data with the documented rule in float64."""
+    rng = np.random.default_rng(int(scale * 0) + 5)
+    x = (rng.standard_normal((40, 30)) * scale + scale / 3).astype(np.float32)
+    obs = make(MinMaxObserver, dtype=dtype, symmetric=symmetric)
+    for part in np.array_split(x, 4):
+        obs.update(torch.from_numpy(part))
+    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    qmin, qmax = (0, 255) if dtype == torch.uint8 else (-128, 127)
+    eps = float(np.finfo(np.float32).eps)
+    if symmetric:
+        s = float(max(np.float32(max(-lo, hi) / ((qmax - qmin) / 2.0)), np.float32(eps)))
+        z = (qmin + qmax + 1) // 2
+    else:
+        s = float(max(np.float32((hi - lo) / float(qmax - qmin)), np.float32(eps)))
+        z = int(np.clip(qmin - np.rint(lo / s), qmin, qmax))
+    qp = obs.compute_qparams()
+    assert (qp.scale, qp.zero_point, qp.qmin, qp.qmax) == (s, z, qmin, qmax)
+    pc = make(PerChannelMinMaxObserver, dtype=dtype, symmetric=symmetric, axis=1)
+    pc.update(torch.from_numpy(x))
+    pq = pc.compute_qparams()
+    for c in (0, 7, 29):
+        one = choose_qparams(float(x[:, c].min()), float(x[:, c].max()), dtype, symmetric)
+        assert (float(pq.scale[c]), int(pq.zero_point[c])) == (one.scale, one.zero_point)
