@@ -10,7 +10,7 @@ bin), and each range's L2 quantization error measured on the last batch. Every b
 and fed to --repeats independent pairs of observers (one batch in memory at a time); the best
 total of each side counts (the machine may be shared).
 
-    python benchmarks/observers.py [--batches 32] [--threads N] [--out benchmarks/results/observers.md]
+    python benchmarks/observers.py [--batches 32] [--threads 2,1] [--out benchmarks/results/observers.md]
 """
 from __future__ import annotations
 
@@ -191,8 +191,9 @@ def notes(results: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batches", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3, help="whole calibrations per observer; the best counts")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--repeats", type=int, default=3, help="observer pairs per case; the best total counts")
+    p.add_argument("--threads", default=None,
+                   help="comma-separated torch thread counts, one table each (default: torch's)")
     p.add_argument("--bins", type=int, default=None, help="qbackend histogram bins (default: the observer's)")
     p.add_argument("--only", default=None, help="run the cases whose name contains this")
     p.add_argument("--out", default=None, help="write the markdown report here")
@@ -201,17 +202,20 @@ def main(argv=None) -> int:
     from qbackend.observers.histogram import DEFAULT_BINS
 
     bins = args.bins or DEFAULT_BINS
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    results = []
-    load_before = os.getloadavg()[0]
-    for name, gen in CASES.items():
-        if args.only and args.only not in name:
-            continue
-        results.append(run_case(name, gen, args.batches, bins, args.repeats))
-        print(table(results[-1:]).splitlines()[-1], flush=True)
-    report = "\n\n".join(["# Histogram calibration: qbackend vs torch.ao", header(load_before, os.getloadavg()[0]),
-                           table(results), notes(results)])
+    thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
+    sections = ["# Histogram calibration: qbackend vs torch.ao"]
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        results = []
+        load_before = os.getloadavg()[0]
+        for name, gen in CASES.items():
+            if args.only and args.only not in name:
+                continue
+            results.append(run_case(name, gen, args.batches, bins, args.repeats))
+            print(table(results[-1:]).splitlines()[-1], flush=True)
+        sections += [f"## {threads} thread{'s' if threads > 1 else ''}", header(load_before, os.getloadavg()[0]),
+                     table(results), notes(results)]
+    report = "\n\n".join(sections)
     print("\n" + report)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
