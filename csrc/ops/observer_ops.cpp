@@ -58,22 +58,36 @@ const ObserverKernels& pick_kernels() {
 
 FiniteStats empty_stats() { return FiniteStats{kInf, -kInf, 0}; }
 
-// Runs body(local, begin, end) over chunks of [0, n) that the threads of one at::parallel_for
-// region take from a shared counter, each into its own `local` (from make()), then merge(local)
-// under a lock. Dynamic, so that a thread slowed down by another process on a shared machine
-// leaves its share to the others instead of holding everyone up at the end (at::parallel_for
-// alone splits into one static range per thread). Results must not depend on the chunk order.
+// Runs body(local, begin, end) over chunks of [0, n), each thread of one at::parallel_for region
+// into its own `local` (from make()), then merge(local) under a lock. Thread t first takes the
+// chunks of the t-th contiguous share of [0, n), in order (the share torch's own parallel_for
+// gives it, so the data an earlier op left in that core's caches is reused), then steals the
+// chunks left in the other shares: a thread slowed down by another process on a shared machine
+// leaves its remaining chunks to the others instead of holding everyone up at the end. Results
+// must not depend on which thread handles which chunk.
 template <typename Make, typename Body, typename Merge>
-void dynamic_chunks(int64_t n, int64_t chunk, Make make, Body body, Merge merge) {
+void chunked(int64_t n, int64_t chunk, Make make, Body body, Merge merge) {
   if (n <= 0) return;
   const int64_t nchunks = (n + chunk - 1) / chunk;
   const int64_t nthreads = std::min<int64_t>(at::get_num_threads(), nchunks);
-  std::atomic<int64_t> next{0};
+  struct alignas(64) Share {
+    std::atomic<int64_t> next;
+    int64_t end;
+  };
+  std::vector<Share> shares(static_cast<size_t>(nthreads));
+  for (int64_t t = 0; t < nthreads; ++t) {
+    shares[size_t(t)].next = nchunks * t / nthreads;
+    shares[size_t(t)].end = nchunks * (t + 1) / nthreads;
+  }
   std::mutex mu;
-  at::parallel_for(0, nthreads, 1, [&](int64_t, int64_t) {
+  at::parallel_for(0, nthreads, 1, [&](int64_t tb, int64_t te) {
     auto local = make();
-    for (int64_t c = next.fetch_add(1); c < nchunks; c = next.fetch_add(1))
-      body(local, c * chunk, std::min(n, (c + 1) * chunk));
+    for (int64_t t = tb; t < te; ++t)  // one share per thread (all of them when not parallel)
+      for (int64_t v = 0; v < nthreads; ++v) {  // own share first, then steal from the others
+        Share& sh = shares[size_t((t + v) % nthreads)];
+        for (int64_t c = sh.next.fetch_add(1); c < sh.end; c = sh.next.fetch_add(1))
+          body(local, c * chunk, std::min(n, (c + 1) * chunk));
+      }
     std::lock_guard<std::mutex> lock(mu);
     merge(local);
   });
@@ -110,7 +124,7 @@ Tensor scalar_i64(int64_t v) { return at::scalar_tensor(v, at::dtype(at::kLong))
 std::tuple<Tensor, Tensor, Tensor> minmax_per_tensor(const Tensor& x) {
   const auto& k = pick_kernels();
   FiniteStats total = empty_stats();
-  dynamic_chunks(
+  chunked(
       x.numel(), kChunk, [] { return empty_stats(); },
       [&](FiniteStats& s, int64_t b, int64_t e) { stats_range(k, x, b, e, &s); },
       [&](const FiniteStats& s) { fold(total, s); });
@@ -205,7 +219,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> histogram_pow2(const Tensor& 
       bound = 0;
     }
   };
-  dynamic_chunks(
+  chunked(
       x.numel(), kChunk,
       [&] {
         return Local{std::vector<uint16_t>(size_t(kernels::kHistCopies * stride)), std::vector<int64_t>(size_t(stride)),
