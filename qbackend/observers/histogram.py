@@ -204,7 +204,8 @@ class _PowerOfTwoHistogram(Observer):
         """The bins+1 edges (offset + j) * 2^k of the window, float64 (exact)."""
         if not self.has_data:
             raise self._no_data_error()
-        return torch.arange(self.offset, self.offset + self.bins + 1, dtype=torch.float64) * math.ldexp(1.0, self.log2_width)
+        j = torch.arange(self.offset, self.offset + self.bins + 1, dtype=torch.float64)
+        return j * math.ldexp(1.0, self.log2_width)
 
     def bin_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per bin, the interval its mass is spread over in the error models: the bin clipped to

@@ -184,7 +184,8 @@ class PerChannelMinMaxObserver(Observer):
                 raise ValueError(f"state_dict stats[{key!r}] must be a non-empty 1-D float32 tensor or None, got "
                                  f"{t if not isinstance(t, torch.Tensor) else (t.dtype, tuple(t.shape))!r}")
         if lo.shape != hi.shape:
-            raise ValueError(f"state_dict stats min_val and max_val differ in shape: {tuple(lo.shape)} vs {tuple(hi.shape)}")
+            raise ValueError(f"state_dict stats min_val and max_val differ in shape: {tuple(lo.shape)} vs "
+                             f"{tuple(hi.shape)}")
         # a channel without finite data keeps (+inf, -inf); otherwise finite with min <= max
         empty = (lo == math.inf) & (hi == -math.inf)
         if not (torch.isfinite(lo) & torch.isfinite(hi) & (lo <= hi) | empty).all():

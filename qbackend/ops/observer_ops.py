@@ -20,7 +20,8 @@ def _finite_minmax_fake(x, axis=None):
         shape = ()
     else:
         torch._check_value(x.dim() >= 1 and -x.dim() <= axis < x.dim(),
-                           lambda: f"axis must be in [{-x.dim()}, {x.dim()}) for x with {x.dim()} dimensions, got {axis}")
+                           lambda: f"axis must be in [{-x.dim()}, {x.dim()}) for x with {x.dim()} dimensions, "
+                                   f"got {axis}")
         shape = (x.shape[axis],)
     f = torch.empty(shape, dtype=torch.float32, device=x.device)
     return f, torch.empty_like(f), torch.empty(shape, dtype=torch.int64, device=x.device)
