@@ -1,0 +1,30 @@
+"""Observers: calibration statistics -> quantization parameters (issue 3).
+
+Every observer has update(x) (returns x), compute_qparams() -> QParams, state_dict() /
+load_state_dict() / from_state_dict(), merge(other) and reset(); the shared policies (NaN/inf,
+empty tensors, no data, merge compatibility) are documented in qbackend.observers.base, the
+qparams rule (0 in range, symmetric zero points, degenerate ranges, reduce_range) in
+qbackend.observers.qparams.
+
+  MinMaxObserver, MovingAverageMinMaxObserver, PerChannelMinMaxObserver   (minmax.py)
+  HistogramObserver  L2-minimising range search, as torch.ao's            (histogram.py)
+  PercentileObserver                                                      (percentile.py)
+  MSEObserver        round-trip MSE over shrunk candidate ranges          (mse.py)
+
+The hot loops (one-pass finite min/max, histogram accumulation, range search, error model) are
+C++ ops in torch.ops.qbackend (csrc/ops/observer_ops.cpp).
+"""
+from .base import NONFINITE_POLICIES, NonFiniteWarning, Observer, ObserverError
+from .histogram import HistogramObserver
+from .minmax import MinMaxObserver, MovingAverageMinMaxObserver, PerChannelMinMaxObserver
+from .mse import MSEObserver
+from .percentile import PercentileObserver
+from .qparams import QParams, choose_qparams, default_reduce_range, qrange
+
+OBSERVER_CLASSES = {cls.kind: cls for cls in (MinMaxObserver, MovingAverageMinMaxObserver, PerChannelMinMaxObserver,
+                                              HistogramObserver, PercentileObserver, MSEObserver)}
+
+__all__ = ["Observer", "ObserverError", "NonFiniteWarning", "NONFINITE_POLICIES", "QParams", "choose_qparams",
+           "default_reduce_range", "qrange", "MinMaxObserver", "MovingAverageMinMaxObserver",
+           "PerChannelMinMaxObserver", "HistogramObserver", "PercentileObserver", "MSEObserver",
+           "OBSERVER_CLASSES"]

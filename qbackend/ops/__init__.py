@@ -1,8 +1,9 @@
-"""Ops: the qbackend torch.library ops' Python side (fake impls), the provider table, the packed
-weights, and the fp64 reference semantics."""
+"""Ops: the qbackend torch.library ops' Python side (fake impls, the observer ops' too), the provider
+table, the packed weights, and the fp64 reference semantics."""
 from .packed import PackedConv2dWeight, PackedLinearWeight
 from .providers import PROVIDERS, Provider, get_provider
 from .quantize import dequantize, quantize  # noqa: F401  (also registers the ops' fake impls)
+from . import observer_ops  # noqa: F401,E402  (the observer ops' fake impls)
 
 __all__ = ["PackedConv2dWeight", "PackedLinearWeight", "PROVIDERS", "Provider", "get_provider",
            "dequantize", "quantize"]
