@@ -35,3 +35,35 @@ def run_py(code: str, env: dict | None = None, timeout: float = 120, check: bool
 def json_lines(proc: subprocess.CompletedProcess) -> list:
     """The stdout lines of a child that start with '{' or '[', parsed as JSON."""
     return [json.loads(line) for line in proc.stdout.splitlines() if line[:1] in "{["]
+
+
+_OP_ERROR_CHILD = """
+import json, torch, qbackend.ops
+ops = torch.ops.qbackend
+for opname, name, fn in [{cases}]:
+    op = getattr(ops, opname)
+    try:
+        fn(op)
+        r = {{"op": opname, "case": name, "type": None, "msg": "no exception"}}
+    except Exception as e:
+        r = {{"op": opname, "case": name, "type": type(e).__name__, "msg": str(e)}}
+    print(json.dumps(r), flush=True)
+"""
+
+
+def run_op_error_cases(error_cases: dict) -> dict:
+    """Run bad-input cases of torch.ops.qbackend ops in one child process (a crash fails the tests,
+    not pytest). error_cases: {op name: [(case, expression of `op`, exception type, text), ...]}.
+    Returns {(op, case): {"type": exception type name or None, "msg": message}}."""
+    cases = ", ".join(f"({op!r}, {name!r}, lambda op: {expr})"
+                      for op, cs in error_cases.items() for name, expr, _, _ in cs)
+    proc = run_py(_OP_ERROR_CHILD.format(cases=cases))
+    assert proc.returncode == 0, proc.stderr
+    return {(r["op"], r["case"]): r for r in json_lines(proc)}
+
+
+def assert_op_error(result: dict, exc: str, text: str) -> None:
+    """The case raised `exc` with `text` in a short message (no C++ backtrace)."""
+    assert result["type"] == exc, result
+    assert text in result["msg"], result
+    assert len(result["msg"]) < 400 and "Exception raised from" not in result["msg"], result

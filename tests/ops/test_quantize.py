@@ -26,7 +26,7 @@ from qbackend.ops import dequantize, quantize
 from qbackend.ops import reference as R
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from subprocess_utils import json_lines, run_py  # noqa: E402
+from subprocess_utils import assert_op_error, run_op_error_cases, run_py  # noqa: E402
 
 OPS = torch.ops.qbackend
 QDTYPES = [torch.uint8, torch.int8]
@@ -456,35 +456,14 @@ ERROR_CASES = {
     ],
 }
 
-ERROR_CHILD = """
-import json, torch, qbackend.ops
-ops = torch.ops.qbackend
-for opname, name, fn in [{cases}]:
-    op = getattr(ops, opname)
-    try:
-        fn(op)
-        r = {{"op": opname, "case": name, "type": None, "msg": "no exception"}}
-    except Exception as e:
-        r = {{"op": opname, "case": name, "type": type(e).__name__, "msg": str(e)}}
-    print(json.dumps(r), flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def error_results():
     """All bad-input cases in one child process (a crash fails these tests, not pytest)."""
-    cases = ", ".join(f"({op!r}, {name!r}, lambda op: {expr})"
-                      for op, cases in ERROR_CASES.items() for name, expr, _, _ in cases)
-    proc = run_py(ERROR_CHILD.format(cases=cases))
-    assert proc.returncode == 0, proc.stderr
-    return {(r["op"], r["case"]): r for r in json_lines(proc)}
+    return run_op_error_cases(ERROR_CASES)
 
 
 @pytest.mark.parametrize("op,case,exc,text", [(op, c, e, t) for op, cases in ERROR_CASES.items()
                                                for c, _, e, t in cases],
                          ids=lambda v: v if isinstance(v, str) and " " not in v else None)
 def test_bad_input(error_results, op, case, exc, text):
-    r = error_results[(op, case)]
-    assert r["type"] == exc, r
-    assert text in r["msg"], r
-    assert len(r["msg"]) < 400 and "Exception raised from" not in r["msg"], r  # no C++ backtrace
+    assert_op_error(error_results[(op, case)], exc, text)
