@@ -1,0 +1,102 @@
+"""Quantization configs: what to quantize and how, as frozen dataclasses (issue 3's API).
+
+`QuantConfig` says the mode (static, dynamic or weight-only int8), which observer chooses the
+activation ranges and which the weight ranges (`ObserverSpec`, a name from `OBSERVERS` plus its
+keyword arguments), and overrides by module type and by module name; an override of `None`
+keeps that module in FP32. `config.for_module(name, module)` resolves them: the longest matching
+name (exact, or a dotted prefix: "encoder.layer.0" covers "encoder.layer.0.attention.query"),
+then the most specific module type (MRO order), then the config itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import torch
+
+from .observers import (HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver, MSEObserver, Observer,
+                        PercentileObserver, PerChannelMinMaxObserver)
+
+# The observers a config can name.
+OBSERVERS: Mapping[str, type[Observer]] = MappingProxyType({
+    "minmax": MinMaxObserver,
+    "moving_average_minmax": MovingAverageMinMaxObserver,
+    "per_channel_minmax": PerChannelMinMaxObserver,
+    "histogram": HistogramObserver,
+    "percentile": PercentileObserver,
+    "mse": MSEObserver,
+})
+MODES = ("static", "dynamic", "weight_only")
+
+
+@dataclass(frozen=True)
+class ObserverSpec:
+    """An observer by name and its keyword arguments (checked by building one)."""
+
+    kind: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in OBSERVERS:
+            raise ValueError(f"unknown observer {self.kind!r}; choose one of {', '.join(OBSERVERS)}")
+        object.__setattr__(self, "kwargs", MappingProxyType(dict(self.kwargs)))
+        self.create()  # bad keyword arguments fail here, when the config is made
+
+    def create(self, name: str | None = None) -> Observer:
+        return OBSERVERS[self.kind](name=name, **self.kwargs)
+
+
+def _default_activation() -> ObserverSpec:
+    return ObserverSpec("histogram", {"dtype": torch.uint8})
+
+
+def _default_weight() -> ObserverSpec:
+    return ObserverSpec("per_channel_minmax", {"dtype": torch.int8, "symmetric": True, "axis": 0})
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    mode: str = "static"
+    activation: ObserverSpec = field(default_factory=_default_activation)
+    weight: ObserverSpec = field(default_factory=_default_weight)
+    by_type: Mapping[type, "QuantConfig | None"] = field(default_factory=dict)
+    by_name: Mapping[str, "QuantConfig | None"] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for what, spec in (("activation", self.activation), ("weight", self.weight)):
+            if not isinstance(spec, ObserverSpec):
+                raise TypeError(f"{what} must be an ObserverSpec, got {type(spec).__name__}")
+        w = self.weight.create()
+        if w.dtype != torch.int8 or not w.symmetric:
+            raise ValueError("weight observers must be int8 and symmetric (the int8 kernels need weight zero point 0)")
+        for key, value in self.by_type.items():
+            if not (isinstance(key, type) and issubclass(key, torch.nn.Module)):
+                raise TypeError(f"by_type keys must be nn.Module subclasses, got {key!r}")
+            self._check_override(value, f"by_type[{key.__name__}]")
+        for key, value in self.by_name.items():
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"by_name keys must be non-empty module names, got {key!r}")
+            self._check_override(value, f"by_name[{key!r}]")
+        object.__setattr__(self, "by_type", MappingProxyType(dict(self.by_type)))
+        object.__setattr__(self, "by_name", MappingProxyType(dict(self.by_name)))
+
+    @staticmethod
+    def _check_override(value, where: str) -> None:
+        if value is not None and not isinstance(value, QuantConfig):
+            raise TypeError(f"{where} must be a QuantConfig or None (keep in FP32), got {type(value).__name__}")
+
+    def for_module(self, name: str, module: torch.nn.Module) -> "QuantConfig | None":
+        """The config for the module at `name`, or None if it stays in FP32."""
+        best = None
+        for key, value in self.by_name.items():
+            if (name == key or name.startswith(key + ".")) and (best is None or len(key) > len(best[0])):
+                best = (key, value)
+        if best is not None:
+            return best[1]
+        for klass in type(module).__mro__:
+            if klass in self.by_type:
+                return self.by_type[klass]
+        return self
