@@ -1,12 +1,14 @@
 """Shared by the linear and conv2d numerics tests: the provider list, hypothesis settings, the
-one-thread fixture, and the acceptance rule (error_metrics + assert_rule; the rule is stated in
+one-thread fixture, the test-data generators, and the acceptance rule (error_metrics + assert_rule; the rule is stated in
 test_linear.py's and test_conv2d.py's docstrings)."""
 from __future__ import annotations
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
+from qbackend.ops import PROVIDERS
 from qbackend.ops import reference as R
 
 FAST = ["fbgemm", "onednn"]
@@ -73,3 +75,52 @@ def assert_rule(m, what):
     else:
         assert m["n_off"] <= 1, f"{what}: {m['n_off']} of {m['numel']} elements off by 1 ({m})"
     assert m["err_ratio"] <= 1.0, f"{what}: error {m['err_ratio']:.3g}x the tolerance ({m})"
+
+
+# ----------------------------------------------------------------------------- test data
+
+def exact_8bit(provider: str) -> bool:
+    return PROVIDERS[provider].exact_8bit()
+
+
+def zero_points(dtype):
+    """The range ends (and 0 for int8) often, anything in the range otherwise."""
+    lo, hi = R.QRANGE[dtype]
+    ends = [lo, hi] if dtype == torch.uint8 else [lo, hi, 0]
+    return st.one_of(st.sampled_from(ends), st.integers(lo, hi))
+
+
+def activations(shape, dtype, zp, mode, seven_bit, g):
+    """int8/uint8 activations: full range, only the two ends, near the zero point, or [0, 127]."""
+    lo, hi = R.QRANGE[dtype]
+    if seven_bit or mode == "seven_bit":
+        lo, hi = (0, 127) if dtype == torch.uint8 else (lo, hi)
+    if mode == "ends":
+        v = torch.where(torch.rand(shape, generator=g) < 0.5, lo, hi)
+    elif mode == "near_zp":
+        v = (torch.randint(-4, 5, shape, generator=g) + zp).clamp(lo, hi)
+    else:
+        v = torch.randint(lo, hi + 1, shape, generator=g)
+    return v.to(dtype)
+
+
+def weights(shape, mode, g):
+    """Symmetric int8 weights in [-127, 127]: uniform, only +-127, or mostly zero."""
+    if mode == "ends":
+        return torch.where(torch.rand(shape, generator=g) < 0.5, -127, 127).to(torch.int8)
+    w = torch.randint(-127, 128, shape, generator=g)
+    if mode == "sparse":
+        w = torch.where(torch.rand(shape, generator=g) < 0.8, 0, w)
+    return w.to(torch.int8)
+
+
+def log_uniform(g, n, lo, hi):
+    return (10 ** (torch.rand(n, generator=g, dtype=torch.float64) * (hi - lo) + lo)).float()
+
+
+def output_scale_for(y64, span):
+    """An output scale that puts the largest |y| about `span` LSBs away from zero (> 127: some
+    saturate). The odd factor keeps it from being a round fraction of max |y|, which would put
+    structured inputs (x and w at their range ends) on exact rounding ties by construction."""
+    amax = float(y64.abs().max()) if y64.numel() else 1.0
+    return R.f32(max(amax, 1e-3) / span * 1.0731)

@@ -44,14 +44,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qbackend
-from qbackend.ops import PROVIDERS, PackedLinearWeight
+from qbackend.ops import PackedLinearWeight
 from qbackend.ops import reference as R
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from subprocess_utils import json_lines  # noqa: E402
 
-from tests.ops.numerics import (FAST, HSET, OUT_DTYPES, POST_OPS, all_threads, assert_rule,  # noqa: F401 (one_thread: autouse)
-                                  error_metrics, one_thread)
+from tests.ops.numerics import (FAST, HSET, OUT_DTYPES, POST_OPS, activations, all_threads,  # noqa: F401 (one_thread: autouse)
+                                  assert_rule, error_metrics, exact_8bit, log_uniform, one_thread,
+                                  output_scale_for, weights, zero_points)
 SLOW_HSET = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -79,53 +80,6 @@ def check_linear(pw, x, x_scale, x_zp, span, out_zp, out_dtype, post_op, what=""
 
 
 # ----------------------------------------------------------------------------- inputs
-
-def exact_8bit(provider: str) -> bool:
-    return PROVIDERS[provider].exact_8bit()
-
-
-def zero_points(dtype):
-    """The range ends (and 0 for int8) often, anything in the range otherwise."""
-    lo, hi = R.QRANGE[dtype]
-    ends = [lo, hi] if dtype == torch.uint8 else [lo, hi, 0]
-    return st.one_of(st.sampled_from(ends), st.integers(lo, hi))
-
-
-def activations(shape, dtype, zp, mode, seven_bit, g):
-    """int8/uint8 activations: full range, only the two ends, or near the zero point."""
-    lo, hi = R.QRANGE[dtype]
-    if seven_bit:
-        lo, hi = 0, 127
-    if mode == "ends":
-        v = torch.where(torch.rand(shape, generator=g) < 0.5, lo, hi)
-    elif mode == "near_zp":
-        v = (torch.randint(-4, 5, shape, generator=g) + zp).clamp(lo, hi)
-    else:
-        v = torch.randint(lo, hi + 1, shape, generator=g)
-    return v.to(dtype)
-
-
-def weights(shape, mode, g):
-    """Symmetric int8 weights in [-127, 127]: uniform, only +-127, or mostly zero."""
-    if mode == "ends":
-        return torch.where(torch.rand(shape, generator=g) < 0.5, -127, 127).to(torch.int8)
-    w = torch.randint(-127, 128, shape, generator=g)
-    if mode == "sparse":
-        w = torch.where(torch.rand(shape, generator=g) < 0.8, 0, w)
-    return w.to(torch.int8)
-
-
-def log_uniform(g, n, lo, hi):
-    return (10 ** (torch.rand(n, generator=g, dtype=torch.float64) * (hi - lo) + lo)).float()
-
-
-def output_scale_for(y64, span):
-    """An output scale that puts the largest |y| about `span` LSBs away from zero (> 127: some
-    saturate). The odd factor keeps it from being a round fraction of max |y|, which would put
-    structured inputs (x and w at their range ends) on exact rounding ties by construction."""
-    amax = float(y64.abs().max()) if y64.numel() else 1.0
-    return R.f32(max(amax, 1e-3) / span * 1.0731)
-
 
 @st.composite
 def linear_cases(draw, provider):
