@@ -67,3 +67,8 @@ def assert_op_error(result: dict, exc: str, text: str) -> None:
     assert result["type"] == exc, result
     assert text in result["msg"], result
     assert len(result["msg"]) < 400 and "Exception raised from" not in result["msg"], result
+
+
+def op_error_params(error_cases: dict) -> list[tuple[str, str, str, str]]:
+    """(op, case, exception type, text) for each case, to parametrize a test over."""
+    return [(op, case, exc, text) for op, cs in error_cases.items() for case, _, exc, text in cs]

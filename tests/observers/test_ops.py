@@ -25,7 +25,7 @@ import qbackend
 import qbackend.ops  # noqa: F401  (fake impls)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from subprocess_utils import assert_op_error, run_op_error_cases, run_py  # noqa: E402
+from subprocess_utils import assert_op_error, op_error_params, run_op_error_cases, run_py  # noqa: E402
 
 OPS = torch.ops.qbackend
 HSET = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -412,14 +412,14 @@ ERROR_CASES = {
     ],
 }
 
+
 @pytest.fixture(scope="module")
 def error_results():
     """All bad-input cases in one child process (a crash fails these tests, not pytest)."""
     return run_op_error_cases(ERROR_CASES)
 
 
-@pytest.mark.parametrize("op,case,exc,text", [(op, c, e, t) for op, cases in ERROR_CASES.items()
-                                               for c, _, e, t in cases],
+@pytest.mark.parametrize("op,case,exc,text", op_error_params(ERROR_CASES),
                          ids=lambda v: v if isinstance(v, str) and " " not in v else None)
 def test_bad_input(error_results, op, case, exc, text):
     assert_op_error(error_results[(op, case)], exc, text)
