@@ -79,45 +79,46 @@ int num_tasks_for(int64_t M, int64_t N, int64_t K) {
   return work < (int64_t(1) << 22) ? 1 : at::get_num_threads();
 }
 
-template <bool RELU>
-void gemm_u8(const U8Input& x, int64_t M, const FbgemmLinearWeight& w, const float* multiplier,
-             const float* act_times_w_scale, int32_t out_zp, const float* bias, uint8_t* out) {
+// One FBGEMM GEMM of x [M, K] (packed per task with row offsets) by the packed weight, split in
+// num_tasks_for tasks; make_proc(row_offsets) builds the output processor (the epilogue).
+template <typename OutT, typename MakeProc>
+void run_gemm(const U8Input& x, int64_t M, const FbgemmLinearWeight& w, OutT* out, int32_t* acc,
+              const MakeProc& make_proc) {
   const int num_tasks = num_tasks_for(M, w.N, w.K);
-  at::Tensor acc = at::empty({M, w.N}, at::kInt);
   at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> row_offsets(fbgemm::PackAWithRowOffset<uint8_t>::rowOffsetBufferSize());
     for (int64_t task = begin; task < end; ++task) {
       fbgemm::PackAWithRowOffset<uint8_t> packA(
           fbgemm::matrix_op_t::NoTranspose, static_cast<uint32_t>(M), static_cast<uint32_t>(w.K),
           x.t.data_ptr<uint8_t>(), static_cast<uint32_t>(w.K), nullptr, 1, row_offsets.data());
-      fbgemm::DoNothing<> nothing;
-      fbgemm::ReQuantizeOutput<RELU, fbgemm::QuantizationGranularity::OUT_CHANNEL, float> proc(
-          nothing, multiplier, out_zp, x.zp, w.w_zero_points.data(), packA.getRowOffsetBuffer(),
-          w.col_offsets.data(), bias, static_cast<uint32_t>(w.N), 1, act_times_w_scale);
-      fbgemm::fbgemmPacked(packA, *w.packed, out, acc.data_ptr<int32_t>(),
-                           static_cast<uint32_t>(w.N), proc, static_cast<int>(task), num_tasks);
+      const auto proc = make_proc(packA.getRowOffsetBuffer());
+      fbgemm::fbgemmPacked(packA, *w.packed, out, acc, static_cast<uint32_t>(w.N), proc, static_cast<int>(task),
+                           num_tasks);
     }
+  });
+}
+
+template <bool RELU>
+void gemm_u8(const U8Input& x, int64_t M, const FbgemmLinearWeight& w, const float* multiplier,
+             const float* act_times_w_scale, int32_t out_zp, const float* bias, uint8_t* out) {
+  at::Tensor acc = at::empty({M, w.N}, at::kInt);
+  fbgemm::DoNothing<> nothing;
+  run_gemm(x, M, w, out, acc.data_ptr<int32_t>(), [&](const int32_t* row_offsets) {
+    return fbgemm::ReQuantizeOutput<RELU, fbgemm::QuantizationGranularity::OUT_CHANNEL, float>(
+        nothing, multiplier, out_zp, x.zp, w.w_zero_points.data(), row_offsets, w.col_offsets.data(), bias,
+        static_cast<uint32_t>(w.N), 1, act_times_w_scale);
   });
 }
 
 template <bool RELU>
 void gemm_f32(const U8Input& x, int64_t M, const FbgemmLinearWeight& w, float x_scale,
               const float* w_scales, const float* bias, float* out) {
-  const int num_tasks = num_tasks_for(M, w.N, w.K);
-  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> row_offsets(fbgemm::PackAWithRowOffset<uint8_t>::rowOffsetBufferSize());
-    for (int64_t task = begin; task < end; ++task) {
-      fbgemm::PackAWithRowOffset<uint8_t> packA(
-          fbgemm::matrix_op_t::NoTranspose, static_cast<uint32_t>(M), static_cast<uint32_t>(w.K),
-          x.t.data_ptr<uint8_t>(), static_cast<uint32_t>(w.K), nullptr, 1, row_offsets.data());
-      fbgemm::DoNothing<float, float> nothing;
-      fbgemm::ReQuantizeForFloat<RELU, fbgemm::QuantizationGranularity::OUT_CHANNEL> proc(
-          nothing, x_scale, w_scales, x.zp, w.w_zero_points.data(), packA.getRowOffsetBuffer(),
-          w.col_offsets.data(), bias, static_cast<uint32_t>(w.N), 1);
-      // ReQuantizeForFloat works in place on the int32 accumulators stored in `out`.
-      fbgemm::fbgemmPacked(packA, *w.packed, out, reinterpret_cast<int32_t*>(out),
-                           static_cast<uint32_t>(w.N), proc, static_cast<int>(task), num_tasks);
-    }
+  fbgemm::DoNothing<float, float> nothing;
+  // ReQuantizeForFloat works in place on the int32 accumulators stored in `out`.
+  run_gemm(x, M, w, out, reinterpret_cast<int32_t*>(out), [&](const int32_t* row_offsets) {
+    return fbgemm::ReQuantizeForFloat<RELU, fbgemm::QuantizationGranularity::OUT_CHANNEL>(
+        nothing, x_scale, w_scales, x.zp, w.w_zero_points.data(), row_offsets, w.col_offsets.data(), bias,
+        static_cast<uint32_t>(w.N), 1);
   });
 }
 
