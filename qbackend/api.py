@@ -1,0 +1,175 @@
+"""The public flow: prepare -> calibrate -> convert, and the one-call quantize / quantize_dynamic.
+
+    prepared = qbackend.prepare(model, example_inputs)      # capture, fold, fuse, observe
+    for batch in calibration_data:
+        prepared(*batch)                                     # FP32 forward + range statistics
+    qmodel = qbackend.convert(prepared)                      # int8 model (an nn.Module)
+
+The model is captured with torch.export (qbackend.lowering.capture); if that fails, the supported
+layers are swapped one by one instead (qbackend.lowering.module_swap) and a warning gives the
+capture error. The user's model is never modified.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from .config import QuantConfig
+from .lowering.capture import CaptureError
+from .lowering.convert import convert_graph
+from .lowering.module_swap import SwappedModel, convert_swapped, swap_modules
+from .lowering.prepare import PreparedGraph, prepare_graph
+
+BACKENDS = ("x86",)
+
+
+class CaptureFallbackWarning(UserWarning):
+    """The model could not be captured as a graph; layers were swapped one by one instead."""
+
+
+class PreparedModel(nn.Module):
+    """The model with observers: run calibration batches through it, then `qbackend.convert` it."""
+
+    def __init__(self, inner: nn.Module, prepared: PreparedGraph | SwappedModel, config: QuantConfig, backend: str):
+        super().__init__()
+        self.inner = inner
+        self._prepared = prepared
+        self.config = config
+        self.backend = backend
+
+    @property
+    def method(self) -> str:
+        """"graph" (captured with torch.export) or "module_swap" (the fallback)."""
+        return "graph" if isinstance(self._prepared, PreparedGraph) else "module_swap"
+
+    def observers(self) -> dict:
+        """Observer name ("layer.input", "layer.output") -> the observer, e.g. to merge calibration
+        statistics gathered in several processes (Observer.merge / state_dict)."""
+        return self._prepared.observers()
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; qbackend supports: {', '.join(BACKENDS)}")
+
+
+def _check_model(model) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.device.type != "cpu":
+            raise ValueError(f"the model has {name} on {t.device}; qbackend quantizes for x86 CPUs: move it with "
+                             "model.cpu() first")
+    if model.training:
+        raise ValueError("the model is in training mode; call model.eval() first (post-training quantization "
+                         "captures the inference graph: eval-mode BatchNorm and dropout)")
+
+
+def _as_args(example_inputs) -> tuple:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(f"example_inputs must be a tuple of the model's positional inputs (or one tensor), got "
+                        f"{type(example_inputs).__name__}")
+    return example_inputs
+
+
+def _check_config(config) -> QuantConfig:
+    if config is None:
+        return QuantConfig()
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a qbackend.QuantConfig, got {type(config).__name__}")
+    return config
+
+
+def _check_inputs(args: tuple, kwargs: dict) -> None:
+    for i, a in enumerate(list(args) + list(kwargs.values())):
+        if isinstance(a, torch.Tensor) and a.device.type != "cpu":
+            raise ValueError(f"example input {i} is on {a.device}; qbackend runs on the CPU")
+
+
+def prepare(model: nn.Module, example_inputs, backend: str = "x86", config: QuantConfig | None = None,
+            example_kwargs: dict | None = None) -> PreparedModel:
+    """Capture `model` with `example_inputs` (a tuple of its positional inputs; sizes may vary
+    later), fold BatchNorm, fuse, and insert observers. Returns a model to calibrate."""
+    _check_backend(backend)
+    _check_model(model)
+    config = _check_config(config)
+    args, kwargs = _as_args(example_inputs), dict(example_kwargs or {})
+    _check_inputs(args, kwargs)
+    try:
+        prepared = prepare_graph(model, args, config, kwargs)
+        inner = prepared.gm
+    except CaptureError as exc:
+        warnings.warn(f"qbackend: torch.export could not capture the model ({exc}); quantizing its Linear/Conv2d "
+                      "modules one by one instead (no fusion, no int8 between layers)", CaptureFallbackWarning,
+                      stacklevel=2)
+        prepared = swap_modules(model, args, kwargs, config)
+        inner = prepared.model
+    return PreparedModel(inner, prepared, config, backend)
+
+
+def convert(prepared: PreparedModel) -> nn.Module:
+    """The int8 model of a calibrated PreparedModel (an ordinary nn.Module: eager, torch.compile and
+    torch.export all run it). `qmodel.qbackend_layers` describes each quantized layer."""
+    if not isinstance(prepared, PreparedModel):
+        raise TypeError(f"convert takes the model qbackend.prepare returned, got {type(prepared).__name__}")
+    if isinstance(prepared._prepared, PreparedGraph):
+        gm, layers = convert_graph(prepared._prepared)
+        gm.qbackend_layers = layers
+        return gm
+    return convert_swapped(prepared._prepared)
+
+
+def _batches(calibration_data: Iterable) -> Iterable[tuple[tuple, dict]]:
+    for batch in calibration_data:
+        if isinstance(batch, torch.Tensor):
+            yield (batch,), {}
+        elif isinstance(batch, dict):
+            yield (), batch
+        elif isinstance(batch, (tuple, list)):
+            yield tuple(batch), {}
+        else:
+            raise TypeError(f"calibration batches must be tensors, tuples of inputs or dicts of keyword inputs, "
+                            f"got {type(batch).__name__}")
+
+
+def calibrate(prepared: PreparedModel, calibration_data: Iterable) -> int:
+    """Run every batch through the prepared model (no grad); returns the number of batches."""
+    n = 0
+    with torch.no_grad():
+        for args, kwargs in _batches(calibration_data):
+            prepared(*args, **kwargs)
+            n += 1
+    return n
+
+
+def quantize(model: nn.Module, example_inputs, calibration_data: Iterable, config: QuantConfig | None = None,
+             backend: str = "x86", example_kwargs: dict | None = None) -> nn.Module:
+    """prepare + calibrate + convert in one call."""
+    prepared = prepare(model, example_inputs, backend=backend, config=config, example_kwargs=example_kwargs)
+    config = prepared.config
+    if config.mode == "static" and calibrate(prepared, calibration_data) == 0:
+        raise ValueError("calibration_data gave no batches; static quantization needs at least one")
+    return convert(prepared)
+
+
+def quantize_dynamic(model: nn.Module, config: QuantConfig | None = None, backend: str = "x86") -> nn.Module:
+    """Dynamic quantization (int8 weights, activations quantized per call over their own range) of
+    the model's nn.Linear and nn.LSTM modules, swapped in place of a copy; no example inputs and no
+    calibration. `config.mode` must be "dynamic" or "weight_only" (the default config is dynamic)."""
+    _check_backend(backend)
+    _check_model(model)
+    config = QuantConfig(mode="dynamic") if config is None else _check_config(config)
+    if config.mode == "static":
+        raise ValueError("quantize_dynamic needs a config with mode='dynamic' or 'weight_only'; use "
+                         "qbackend.quantize for static quantization")
+    return convert_swapped(swap_modules(model, None, None, config))

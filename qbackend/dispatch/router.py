@@ -1,0 +1,60 @@
+"""The router: binds one op instance (kind + example shape) to a provider, from the rule table,
+and checks that the provider can run it exactly on this CPU.
+
+`route` returns a `Route` (provider, why). The rule table (rules.py) picks by speed; the router
+then applies correctness: 8-bit uint8 activations need a provider that multiplies them without
+16-bit saturation on this CPU (`Provider.exact_8bit`); if the rule's choice cannot, the other
+provider that can is used (and the reason says so). `QBACKEND_PROVIDER=fbgemm|onednn|reference`
+forces one provider for every op (for debugging and comparisons).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from .cpu import cpu_features
+from .rules import choose
+
+KERNEL_PROVIDERS = ("fbgemm", "onednn")
+ENV_PROVIDER = "QBACKEND_PROVIDER"
+
+
+@dataclass(frozen=True)
+class Route:
+    provider: str
+    why: str
+
+
+def forced_provider() -> str | None:
+    value = os.environ.get(ENV_PROVIDER, "").strip()
+    if not value:
+        return None
+    from ..ops.providers import PROVIDERS
+
+    if value not in PROVIDERS:
+        raise ValueError(f"{ENV_PROVIDER}={value!r}: choose one of {', '.join(PROVIDERS)}")
+    return value
+
+
+def route(op: str, shape: Mapping, eight_bit_input: bool = True, force: str | None = None) -> Route:
+    """The provider for an op instance. eight_bit_input: its activations use the full uint8/int8
+    range (not the 7-bit one), so the provider must be exact for them on this CPU."""
+    from ..ops.providers import get_provider
+
+    forced = force or forced_provider()
+    if forced is not None:
+        p = get_provider(forced)
+        if eight_bit_input and not p.exact_8bit():
+            raise ValueError(f"provider {forced!r} (forced) saturates 8-bit activations on this CPU; calibrate "
+                             "with 7-bit activations (reduce_range=True) or force another provider")
+        return Route(forced, "forced (" + (f"{ENV_PROVIDER}" if force is None else "config") + ")")
+    rule = choose(op, cpu_features().isa_class, shape)
+    if not eight_bit_input or get_provider(rule.provider).exact_8bit():
+        return Route(rule.provider, f"rule [{rule.condition}]: {rule.why}")
+    for other in KERNEL_PROVIDERS:
+        if other != rule.provider and get_provider(other).exact_8bit():
+            return Route(other, f"{rule.provider} (rule [{rule.condition}]) saturates 8-bit activations on this "
+                                f"CPU; {other} is exact")
+    raise ValueError(f"no provider multiplies 8-bit activations exactly on this CPU ({cpu_features().isa_class}); "
+                     "use 7-bit activations (the default observers do so on CPUs without VNNI)")

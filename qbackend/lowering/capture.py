@@ -1,0 +1,86 @@
+"""Graph capture: an nn.Module and example inputs -> a torch.fx.GraphModule of ATen ops.
+
+Why torch.export (non-strict) and not torch.fx.symbolic_trace: symbolic tracing fails on ordinary
+Python in forward (HuggingFace BertModel: "'Proxy' object does not support item assignment"),
+while export runs the real Python and records the ATen ops, so BERT, ResNet and friends all
+capture. Its graph is also normalised: nn.ReLU, F.relu, torch.relu and x.relu_() all become
+aten.relu, which the pattern matcher relies on, and every node carries the module path it came
+from (`nn_module_stack`), which names the quantized layers and resolves per-name config overrides.
+
+Choices:
+* every dimension of every tensor input is `Dim.AUTO`, so the captured graph takes other batch
+  sizes and sequence lengths (export specialises the ones the model fixes, e.g. channels);
+* `run_decompositions({})` functionalises the graph (relu_ -> relu, add_ -> add) without
+  decomposing anything else, so each value has one producer and no op mutates a value another
+  op reads; batch_norm appears as aten._native_batch_norm_legit_no_training (eval mode);
+* dropout (a no-op in eval; after functionalisation it is an aten.clone) and plain clones (a copy
+  of a value nothing mutates) are removed, and dead code (e.g. an unused pooler) with them.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+from torch.export import Dim
+from torch.utils._pytree import tree_map
+
+aten = torch.ops.aten
+
+
+class CaptureError(RuntimeError):
+    """torch.export could not capture the model."""
+
+
+def _dynamic_shapes(args: tuple, kwargs: dict):
+    def spec(x):
+        return {i: Dim.AUTO for i in range(x.dim())} if isinstance(x, torch.Tensor) and x.dim() > 0 else None
+
+    return tree_map(spec, args), tree_map(spec, kwargs)
+
+
+def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None) -> fx.GraphModule:
+    """The model's forward as a functional ATen GraphModule (parameters as get_attr nodes)."""
+    kwargs = dict(example_kwargs or {})
+    ds_args, ds_kwargs = _dynamic_shapes(tuple(example_inputs), kwargs)
+    dynamic = {**dict(zip(_arg_names(model, len(example_inputs)), ds_args)), **ds_kwargs} or None
+    try:
+        ep = torch.export.export(model, tuple(example_inputs), kwargs, dynamic_shapes=dynamic, strict=False)
+        ep = ep.run_decompositions({})
+        gm = ep.module()
+    except Exception as exc:  # noqa: BLE001  (any capture failure leads to the module-swap fallback)
+        raise CaptureError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") \
+            from exc
+    _remove_dropout(gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _arg_names(model: torch.nn.Module, n: int) -> list[str]:
+    import inspect
+
+    params = [p for p in inspect.signature(model.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind == p.VAR_POSITIONAL for p in inspect.signature(model.forward).parameters.values()) \
+            or len(params) < n:
+        raise CaptureError("forward takes *args; pass example inputs the signature names")
+    return [p.name for p in params[:n]]
+
+
+_DROPOUT = {aten.dropout.default, aten.feature_dropout.default, aten.alpha_dropout.default}
+
+
+def _remove_dropout(gm: fx.GraphModule) -> None:
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and (node.target in _DROPOUT or _is_plain_clone(node)):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+        elif (node.op == "call_function" and node.target is aten.native_dropout.default):
+            for user in list(node.users):
+                if user.target is operator.getitem and user.args[1] == 0:
+                    user.replace_all_uses_with(node.args[0])
+
+
+def _is_plain_clone(node: fx.Node) -> bool:
+    return node.target is aten.clone.default and node.kwargs.get("memory_format") in (None, torch.preserve_format)

@@ -1,0 +1,245 @@
+"""Convert: rewrite a calibrated PreparedGraph into the int8 model.
+
+Works on a copy of the prepared GraphModule (parameters shared, not copied; the prepared model
+stays usable). In the order the fused chains end:
+
+* each static op becomes one call of its qbackend.nn module, placed where its chain ended, fed
+  the int8 form of its input (and residual): the output of the producing int8 op, a transparent
+  op (max pool, view, flatten) re-run on int8 data, or a quantize op right after the observed
+  float value. Its output is int8 where the plan says some consumer reads int8; float consumers
+  of an int8 value get one dequantize op, shared;
+* dynamic and weight-only ops become their module, float in and out;
+* the float chain that was replaced, and the observers, are dropped (dead code).
+
+Every compute op left in FP32 (by op name and count), and every conv/linear that could not be
+quantized, with the reason, is listed in one warning (FP32FallbackWarning).
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from collections import Counter
+
+import torch
+from torch import fx
+
+from ..observers import QParams
+from .layers import build_layer
+from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
+from .plan import is_transparent
+from .prepare import ActivationObserver, PreparedGraph
+
+ops_ns = torch.ops.qbackend
+aten = torch.ops.aten
+_VIEWS = {aten.view.default, aten._unsafe_view.default}
+
+
+class FP32FallbackWarning(UserWarning):
+    """Some ops of the model stay in FP32 (listed in the message)."""
+
+
+class _Rewriter:
+    def __init__(self, gm: fx.GraphModule, prepared: PreparedGraph, qparams: dict):
+        self.gm, self.graph, self.prepared, self.qparams = gm, gm.graph, prepared, qparams
+        self.qmap: dict[fx.Node, tuple[fx.Node, QParams]] = {}
+        self.layers: dict[str, dict] = {}
+        self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+
+    def _after(self, node: fx.Node):
+        if node.op == "placeholder":
+            node = self.placeholders[-1]
+        return self.graph.inserting_after(node)
+
+    def int8(self, value: fx.Node) -> tuple[fx.Node, QParams]:
+        """The int8 form of a float value (made on first use)."""
+        if value in self.qmap:
+            return self.qmap[value]
+        if value not in self.qparams and is_transparent(value):
+            src, qp = self.int8(value.args[0])
+            # The int8 tensor's strides need not be the float one's (quantize writes dense data), so a
+            # view becomes a reshape (a view where the strides allow it, else a copy; same values).
+            target = aten.reshape.default if value.target in _VIEWS else value.target
+            with self.graph.inserting_after(value):
+                node = self.graph.call_function(target, (src, *value.args[1:]), dict(value.kwargs))
+            node.meta = dict(value.meta)
+            self.qmap[value] = (node, qp)
+            return self.qmap[value]
+        qp = self.qparams[value]
+        with self._after(value):
+            node = self.graph.call_function(ops_ns.quantize_per_tensor.default,
+                                            (value, float(qp.scale), int(qp.zero_point), qp.dtype))
+        self.qmap[value] = (node, qp)
+        return self.qmap[value]
+
+    def rewrite(self, op) -> None:
+        plan = self.prepared.plan
+        static = op.config.mode == "static"
+        args, x_qp, acc_qp = (), None, None
+        if static:
+            xq, x_qp = self.int8(op.x)
+            args = (xq,)
+            if op.accum is not None:
+                aq, acc_qp = self.int8(op.accum)
+                args = (xq, aq)
+        else:
+            args = (op.x,)
+        out_qp = self.qparams[op.output] if op.output in plan.int8_outputs else None
+        module, why = build_layer(op.layer_spec(self.gm), x_qp, out_qp, acc_qp)
+        target = "qlayer_" + op.name.replace(".", "_").replace("@", "_call")
+        self.gm.add_submodule(target, module)
+        with self.graph.inserting_after(op.output):
+            call = self.graph.call_module(target, args)
+        call.meta["qbackend_layer"] = op.name
+        self.layers[op.name] = {"kind": op.kind, "mode": op.config.mode, "module": target, "why": why,
+                                "post_op": op.post_op, "residual": op.accum is not None,
+                                "output": "int8" if out_qp is not None else "float32"}
+        if out_qp is not None:
+            self.qmap[op.output] = (call, out_qp)
+            with self.graph.inserting_after(call):
+                deq = self.graph.call_function(ops_ns.dequantize_per_tensor.default,
+                                               (call, float(out_qp.scale), int(out_qp.zero_point)))
+            op.output.replace_all_uses_with(deq)
+        else:
+            op.output.replace_all_uses_with(call)
+
+
+def _compute_qparams(prepared: PreparedGraph) -> dict:
+    by_name = {}
+    for m in prepared.gm.modules():
+        if isinstance(m, ActivationObserver):
+            by_name[m.observer.name] = m.observer
+    return {node: by_name[name].compute_qparams() for node, name in prepared.plan.observed.items()}
+
+
+def convert_graph(prepared: PreparedGraph, warn: bool = True) -> tuple[fx.GraphModule, dict]:
+    """(the int8 GraphModule, per-layer info: kind, mode, module, why its provider, ...)."""
+    qparams = _compute_qparams(prepared)  # raises ObserverError naming the layer if one saw no data
+    src = prepared.gm
+    memo = {id(t): t for t in list(src.parameters()) + list(src.buffers())}
+    gm = copy.deepcopy(src, memo)
+    node_map = dict(zip(src.graph.nodes, gm.graph.nodes))
+    ops = [_remap(op, node_map) for op in prepared.ops]
+    qparams = {node_map[n]: qp for n, qp in qparams.items()}
+    plan = copy.copy(prepared.plan)
+    plan.int8_outputs = {node_map[n] for n in prepared.plan.int8_outputs}
+    rw = _Rewriter(gm, _Prepared(plan), qparams)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for op in sorted(ops, key=lambda o: order[o.output]):
+        rw.rewrite(op)
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), ActivationObserver):
+            gm.graph.erase_node(node)
+    for name, m in list(gm.named_children()):
+        if isinstance(m, ActivationObserver):
+            delattr(gm, name)
+    gm.graph.eliminate_dead_code()
+    _drop_unused_attributes(gm)
+    _name_layers_by_path(gm, rw.layers)
+    gm.graph.lint()
+    gm.recompile()
+    if warn:
+        _warn_fp32(gm, prepared.skipped)
+    return gm, rw.layers
+
+
+def _drop_unused_attributes(gm: fx.GraphModule) -> None:
+    """Delete the float weights the int8 layers replaced (and empty module shells)."""
+    used = {n.target for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}
+    for name, _ in list(gm.named_parameters()) + list(gm.named_buffers()):
+        if name not in used:
+            owner, _, attr = name.rpartition(".")
+            mod = gm.get_submodule(owner) if owner else gm
+            delattr(mod, attr)
+    gm.delete_all_unused_submodules()
+    for name, mod in sorted(gm.named_modules(), key=lambda kv: -kv[0].count(".")):
+        if name and not any(True for _ in mod.children()) and not any(True for _ in mod.parameters()) \
+                and not any(True for _ in mod.buffers()) and type(mod) is torch.nn.Module and name not in used:
+            owner, _, attr = name.rpartition(".")
+            delattr(gm.get_submodule(owner) if owner else gm, attr)
+
+
+def _name_layers_by_path(gm: fx.GraphModule, layers: dict) -> None:
+    """Move each int8 layer to its original module path ("layer1.0.conv1") when that path is free,
+    so qmodel.get_submodule(name) finds it; layer info keeps the final path under "module"."""
+    calls = {n.target: n for n in gm.graph.nodes if n.op == "call_module"}
+    for name, info in layers.items():
+        path = name.replace("@", "_call")
+        node = calls.get(info["module"])
+        if node is None or path == info["module"]:
+            continue
+        try:
+            gm.get_submodule(path)
+            continue  # something still lives there
+        except AttributeError:
+            pass
+        owner, _, attr = path.rpartition(".")
+        try:
+            parent = gm.get_submodule(owner) if owner else gm
+        except AttributeError:
+            parent = None
+        if parent is not None and type(parent) is not torch.nn.Module and parent is not gm:
+            continue  # do not graft into a real module
+        module = gm.get_submodule(info["module"])
+        delattr(gm, info["module"])
+        gm.set_submodule(path, module) if parent is not None else _set_path(gm, path, module)
+        node.target = path
+        info["module"] = path
+
+
+def _set_path(gm: fx.GraphModule, path: str, module) -> None:
+    parent = gm
+    for part in path.split(".")[:-1]:
+        if not hasattr(parent, part):
+            parent.add_module(part, torch.nn.Module())
+        parent = getattr(parent, part)
+    parent.add_module(path.rsplit(".", 1)[-1], module)
+
+
+class _Prepared:
+    def __init__(self, plan):
+        self.plan = plan
+
+
+def _remap(op, node_map):
+    new = copy.copy(op)
+    for field in ("anchor", "x", "weight", "bias", "accum", "output"):
+        v = getattr(op, field)
+        if v is not None:
+            setattr(new, field, node_map[v])
+    return new
+
+
+_NOT_COMPUTE = {ops_ns.quantize_per_tensor.default, ops_ns.dequantize_per_tensor.default}
+
+
+def fp32_ops(gm: fx.GraphModule) -> Counter:
+    """The compute ops left in FP32 (float tensor results; views and reshapes not counted), by name."""
+    c = Counter()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if (node.op == "call_function" and node.target not in _NOT_COMPUTE and node.target not in TRANSPARENT
+                and isinstance(val, torch.Tensor) and val.is_floating_point()):
+            c[_op_name(node)] += 1
+    return c
+
+
+def _op_name(node: fx.Node) -> str:
+    t = node.target
+    return getattr(t, "__name__", None) if not hasattr(t, "_schema") else str(t).replace("aten.", "").rsplit(".", 1)[0]
+
+
+def _warn_fp32(gm: fx.GraphModule, skipped: list) -> None:
+    borders = fp32_ops(gm)
+    unquantized = Counter(_op_name(n) for n in gm.graph.nodes
+                          if n.op == "call_function" and n.target in MATMUL_LIKE - set(ANCHORS))
+    parts = []
+    if borders:
+        parts.append("kept in FP32: "
+                     + ", ".join(f"{k} x{v}" for k, v in sorted(borders.items())))
+    if skipped:
+        parts.append("conv/linear layers not quantized: " + "; ".join(f"{n} ({why})" for n, why in skipped))
+    if unquantized:
+        parts.append("matmul-like ops with no int8 pattern: "
+                     + ", ".join(f"{k} x{v}" for k, v in sorted(unquantized.items())))
+    if parts:
+        warnings.warn("qbackend: some ops stay in FP32 — " + " | ".join(parts), FP32FallbackWarning, stacklevel=4)

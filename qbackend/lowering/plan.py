@@ -1,0 +1,65 @@
+"""The quantization plan: which values are observed during calibration and which flow in int8.
+
+Given the matched ops (patterns.match), for every static op:
+
+* its input x, and its residual input, are quantized at their *root*: the value reached by
+  walking back through transparent ops (max pooling, views, flatten). The root is observed, and
+  the transparent chain then runs on int8 data (exact, and 4x less memory traffic);
+* its output is produced in int8 (requantized in the kernel's epilogue) when some consumer takes
+  it in int8: another static op (as x or as residual), or a transparent op whose result is taken
+  in int8. Then the output is observed too. Otherwise the kernel writes float32 directly.
+
+A value is observed once, however many ops read it (one observer per value, named after the
+first layer that needs it: "layer1.0.conv1.input", "layer1.0.conv2.output").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import fx
+
+from .patterns import TRANSPARENT, QuantizableOp
+
+
+def is_transparent(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target in TRANSPARENT and len(node.args) >= 1
+            and isinstance(node.args[0], fx.Node)
+            and not any(isinstance(a, fx.Node) for a in list(node.args[1:]) + list(node.kwargs.values())))
+
+
+def root(node: fx.Node, outputs: set) -> fx.Node:
+    """The value a quantized read of `node` starts from (see the module docstring)."""
+    while node not in outputs and is_transparent(node):
+        node = node.args[0]
+    return node
+
+
+@dataclass
+class Plan:
+    ops: list[QuantizableOp]
+    observed: dict = field(default_factory=dict)        # node -> observer name
+    int8_outputs: set = field(default_factory=set)      # output nodes of static ops produced in int8
+    static_outputs: set = field(default_factory=set)    # output nodes of all static ops
+
+    def observer_of(self, node: fx.Node) -> str:
+        return self.observed[node]
+
+
+def make_plan(ops: list[QuantizableOp]) -> Plan:
+    static = [op for op in ops if op.config.mode == "static"]
+    plan = Plan(ops=ops, static_outputs={op.output for op in static})
+    int8_readers: dict[fx.Node, list[str]] = {}  # root value -> names of ops reading it in int8
+    for op in static:
+        for value, what in ((op.x, "input"), (op.accum, "residual")):
+            if value is None:
+                continue
+            r = root(value, plan.static_outputs)
+            int8_readers.setdefault(r, []).append(f"{op.name}.{what}")
+    by_output = {op.output: op for op in static}
+    for r, readers in int8_readers.items():
+        if r in by_output:
+            plan.int8_outputs.add(r)
+            plan.observed[r] = f"{by_output[r].name}.output"
+        else:
+            plan.observed[r] = readers[0]
+    return plan

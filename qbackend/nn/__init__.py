@@ -1,0 +1,14 @@
+"""Quantized modules: drop-in nn.Module replacements holding packed int8 weights.
+
+  QuantizedLinear, DynamicQuantizedLinear, WeightOnlyLinear   (linear.py)
+  QuantizedConv2d, WeightOnlyConv2d                            (conv.py)
+  DynamicQuantizedLSTM                                         (lstm.py)
+
+The static modules take and give plain uint8 tensors with the qparams they were built with (the
+lowering wires them so activations stay in int8 between them); the dynamic and weight-only ones
+take and give float tensors.
+"""
+from .conv import QuantizedConv2d, WeightOnlyConv2d
+from .linear import DynamicQuantizedLinear, QuantizedLinear, WeightOnlyLinear
+
+__all__ = ["QuantizedConv2d", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear"]

@@ -1,0 +1,28 @@
+"""What the quantized modules share about their activations: the qparams they were built with,
+checked once, and the output-side clamp that turns a fused ReLU into ReLU6."""
+from __future__ import annotations
+
+import torch
+
+QDTYPES = (torch.uint8, torch.int8)
+OUT_DTYPES = (torch.uint8, torch.int8, torch.float32)
+
+
+def check_qparams(scale, zero_point, dtype: torch.dtype, what: str) -> tuple[float, int]:
+    scale, zero_point = float(scale), int(zero_point)
+    if not (scale > 0 and scale < float("inf")):
+        raise ValueError(f"{what} scale must be finite and positive, got {scale}")
+    lo, hi = (0, 255) if dtype == torch.uint8 else (-128, 127)
+    if not lo <= zero_point <= hi:
+        raise ValueError(f"{what} zero point {zero_point} is outside the {dtype} range [{lo}, {hi}]")
+    return scale, zero_point
+
+
+def relu6_bound(out_dtype: torch.dtype, out_scale: float, out_zp: int) -> float | int | None:
+    """The upper clamp that makes a fused ReLU a ReLU6 on the output: 6.0 for float outputs; for
+    integer outputs the level of 6.0 (quantize(6.0)), or None when that saturates anyway."""
+    if out_dtype == torch.float32:
+        return 6.0
+    hi = 255 if out_dtype == torch.uint8 else 127
+    q6 = round(6.0 / out_scale) + out_zp
+    return None if q6 >= hi else int(q6)

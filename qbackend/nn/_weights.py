@@ -1,0 +1,36 @@
+"""Weight quantization shared by the quantized modules: an observer over the float weight -> the
+int8 weight and its per-output-channel scales (symmetric, zero point 0, as the kernels need)."""
+from __future__ import annotations
+
+import torch
+
+from ..observers import Observer, PerChannelMinMaxObserver
+
+
+def default_weight_observer(name: str | None = None) -> Observer:
+    return PerChannelMinMaxObserver(dtype=torch.int8, symmetric=True, axis=0, name=name)
+
+
+def quantize_weight(weight: torch.Tensor, observer: Observer | None = None,
+                    name: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, float32 per-output-channel scales) of a float weight [OC, ...]."""
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        raise TypeError(f"{name or 'weight'}: expected a float weight tensor, got "
+                        f"{weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if weight.device.type != "cpu":
+        raise ValueError(f"{name or 'weight'}: weights must be on the CPU, got {weight.device}")
+    w = weight.detach().float()
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"{name or 'weight'}: the weight has NaN or inf values")
+    obs = observer if observer is not None else default_weight_observer(name)
+    if obs.dtype != torch.int8 or not obs.symmetric:
+        raise ValueError(f"{name or 'weight'}: the weight observer must be int8 and symmetric")
+    obs.reset()
+    obs.update(w.reshape(w.shape[0], -1))
+    qp = obs.compute_qparams()
+    scales = torch.as_tensor(qp.scale, dtype=torch.float32).reshape(-1)
+    if scales.numel() == 1:
+        scales = scales.expand(w.shape[0]).contiguous()
+    view = (-1,) + (1,) * (w.dim() - 1)
+    q = torch.clamp(torch.round(w.double() / scales.double().view(view)), qp.qmin, qp.qmax).to(torch.int8)
+    return q.contiguous(), scales

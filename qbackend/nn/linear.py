@@ -1,0 +1,137 @@
+"""Quantized Linear modules.
+
+  QuantizedLinear         static: int8 activations in (uint8/int8 with fixed qparams), uint8/int8
+                          (requantized in the kernel's epilogue) or float32 out; relu/gelu fused.
+  DynamicQuantizedLinear  float in, float out; the activation is quantized per call over its own range.
+  WeightOnlyLinear        int8 weight in memory, float compute (the weight is dequantized per call).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops import PackedLinearWeight
+from ._activation import OUT_DTYPES, QDTYPES, check_qparams, relu6_bound
+from ._weights import quantize_weight
+
+POST_OPS = ("none", "relu", "relu6", "gelu")
+
+
+def _post_op(post_op: str) -> str:
+    if post_op not in POST_OPS:
+        raise ValueError(f"post_op must be one of {', '.join(POST_OPS)}, got {post_op!r}")
+    return post_op
+
+
+class QuantizedLinear(nn.Module):
+    """y = post_op(dequant(x) @ dequant(W).T + b), output quantized with (out_scale, out_zp) or float32."""
+
+    def __init__(self, packed: PackedLinearWeight, x_qparams: tuple[float, int], x_dtype: torch.dtype = torch.uint8,
+                 out_qparams: tuple[float, int] | None = None, out_dtype: torch.dtype = torch.float32,
+                 post_op: str = "none"):
+        super().__init__()
+        if x_dtype not in QDTYPES:
+            raise TypeError(f"x_dtype must be uint8 or int8, got {x_dtype}")
+        if out_dtype not in OUT_DTYPES:
+            raise TypeError(f"out_dtype must be uint8, int8 or float32, got {out_dtype}")
+        self.packed = packed
+        self.x_dtype = x_dtype
+        self.x_scale, self.x_zero_point = check_qparams(*x_qparams, x_dtype, "input")
+        self.out_dtype = out_dtype
+        if out_dtype == torch.float32:
+            self.out_scale, self.out_zero_point = 1.0, 0
+        else:
+            if out_qparams is None:
+                raise ValueError("an integer output needs out_qparams")
+            self.out_scale, self.out_zero_point = check_qparams(*out_qparams, out_dtype, "output")
+        self.post_op = _post_op(post_op)
+        self._kernel_post_op = "relu" if post_op == "relu6" else post_op
+        self._clamp_max = relu6_bound(out_dtype, self.out_scale, self.out_zero_point) if post_op == "relu6" else None
+
+    @property
+    def in_features(self) -> int:
+        return self.packed.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.packed.out_features
+
+    @property
+    def provider(self) -> str:
+        return self.packed.provider_name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.packed.linear(x, self.x_scale, self.x_zero_point, self.out_scale, self.out_zero_point,
+                               self.out_dtype, self._kernel_post_op)
+        if self._clamp_max is not None:
+            y = torch.clamp_max(y, self._clamp_max)
+        return y
+
+    def extra_repr(self) -> str:
+        out = ("float32" if self.out_dtype == torch.float32
+               else f"{self.out_dtype}(scale={self.out_scale:.4g}, zp={self.out_zero_point})")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, provider={self.provider}, "
+                f"x={self.x_dtype}(scale={self.x_scale:.4g}, zp={self.x_zero_point}), out={out}, "
+                f"post_op={self.post_op}")
+
+
+class DynamicQuantizedLinear(nn.Module):
+    """Float in, float out: x quantized per call to uint8 over its own range; int8 weight."""
+
+    def __init__(self, packed: PackedLinearWeight, post_op: str = "none"):
+        super().__init__()
+        self.packed = packed
+        self.post_op = _post_op(post_op)
+        if post_op == "relu6":
+            raise ValueError("DynamicQuantizedLinear fuses relu and gelu, not relu6")
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, provider: str, weight_observer=None, name: str | None = None,
+                   x_shape=None) -> "DynamicQuantizedLinear":
+        q, scales = quantize_weight(linear.weight, weight_observer, name)
+        return cls(PackedLinearWeight(q, scales, linear.bias, provider=provider, x_shape=x_shape))
+
+    @property
+    def in_features(self) -> int:
+        return self.packed.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.packed.out_features
+
+    @property
+    def provider(self) -> str:
+        return self.packed.provider_name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            raise TypeError(f"DynamicQuantizedLinear expects float32 input, got {x.dtype}")
+        return self.packed.linear_dynamic(x, post_op=self.post_op)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, provider={self.provider}, "
+                f"post_op={self.post_op}")
+
+
+class WeightOnlyLinear(nn.Module):
+    """int8 weight (per-channel scales) kept in memory; dequantized to float for each call."""
+
+    def __init__(self, weight: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        if weight.dtype != torch.int8 or weight.dim() != 2:
+            raise TypeError("WeightOnlyLinear needs a 2-D int8 weight")
+        self.register_buffer("weight_int8", weight.contiguous())
+        self.register_buffer("w_scales", w_scales.float().reshape(-1, 1).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, weight_observer=None, name: str | None = None) -> "WeightOnlyLinear":
+        q, scales = quantize_weight(linear.weight, weight_observer, name)
+        return cls(q, scales, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight_int8.to(x.dtype) * self.w_scales.to(x.dtype)
+        return nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.weight_int8.shape[1]}, out_features={self.weight_int8.shape[0]}"
