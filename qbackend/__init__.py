@@ -1,9 +1,18 @@
 """qbackend: a unified x86 INT8 quantization backend for PyTorch (FBGEMM + oneDNN, plain tensors).
 
-Public names. The ops themselves are torch.ops.qbackend.*; qbackend.ops wraps them.
+    prepared = qbackend.prepare(model, example_inputs)      # backend="x86", config=QuantConfig()
+    for batch in calibration_data:
+        prepared(*batch)
+    qmodel = qbackend.convert(prepared)
+
+or `qbackend.quantize(model, example_inputs, calibration_data)` in one call, and
+`qbackend.quantize_dynamic(model)`. The ops themselves are torch.ops.qbackend.*; qbackend.ops wraps them.
 """
 from ._extension import _C  # noqa: F401  (loads the extension, applies QBACKEND_ISA)
+from .api import PreparedModel, calibrate, convert, prepare, quantize, quantize_dynamic
+from .config import ObserverSpec, QuantConfig
 from .dispatch import cpu_features
 
 __version__ = "0.1.0"
-__all__ = ["cpu_features", "__version__"]
+__all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "PreparedModel", "QuantConfig",
+           "ObserverSpec", "cpu_features", "__version__"]

@@ -31,7 +31,11 @@ from .prepare import ActivationObserver, PreparedGraph
 
 ops_ns = torch.ops.qbackend
 aten = torch.ops.aten
-_VIEWS = {aten.view.default, aten._unsafe_view.default}
+# Transparent ops whose int8 form is another op: views become reshapes (the int8 tensor's strides
+# need not be the float one's: quantize writes dense data); max pooling is qbackend's (aten's
+# refuses channels-last int8). Same arguments, same values.
+_INT8_FORM = {aten.view.default: aten.reshape.default, aten._unsafe_view.default: aten.reshape.default,
+              aten.max_pool2d.default: ops_ns.max_pool2d.default}
 
 
 class FP32FallbackWarning(UserWarning):
@@ -43,6 +47,8 @@ class _Rewriter:
         self.gm, self.graph, self.prepared, self.qparams = gm, gm.graph, prepared, qparams
         self.qmap: dict[fx.Node, tuple[fx.Node, QParams]] = {}
         self.layers: dict[str, dict] = {}
+        self.dequantized: dict[fx.Node, fx.Node] = {}  # dequantize node -> the int8 output's original node
+        self.replaced: dict[fx.Node, fx.Node] = {}     # original output node -> the float node now in its place
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
 
     def _after(self, node: fx.Node):
@@ -52,22 +58,22 @@ class _Rewriter:
 
     def int8(self, value: fx.Node) -> tuple[fx.Node, QParams]:
         """The int8 form of a float value (made on first use)."""
+        value = self.dequantized.get(value, value)  # a float read of an int8 output we made
         if value in self.qmap:
             return self.qmap[value]
         if value not in self.qparams and is_transparent(value):
             src, qp = self.int8(value.args[0])
-            # The int8 tensor's strides need not be the float one's (quantize writes dense data), so a
-            # view becomes a reshape (a view where the strides allow it, else a copy; same values).
-            target = aten.reshape.default if value.target in _VIEWS else value.target
+            target = _INT8_FORM.get(value.target, value.target)
             with self.graph.inserting_after(value):
                 node = self.graph.call_function(target, (src, *value.args[1:]), dict(value.kwargs))
             node.meta = dict(value.meta)
             self.qmap[value] = (node, qp)
             return self.qmap[value]
         qp = self.qparams[value]
-        with self._after(value):
+        src = self.replaced.get(value, value)  # a float output of a layer already rewritten
+        with self._after(src):
             node = self.graph.call_function(ops_ns.quantize_per_tensor.default,
-                                            (value, float(qp.scale), int(qp.zero_point), qp.dtype))
+                                            (src, float(qp.scale), int(qp.zero_point), qp.dtype))
         self.qmap[value] = (node, qp)
         return self.qmap[value]
 
@@ -82,7 +88,7 @@ class _Rewriter:
                 aq, acc_qp = self.int8(op.accum)
                 args = (xq, aq)
         else:
-            args = (op.x,)
+            args = (self.replaced.get(op.x, op.x),)
         out_qp = self.qparams[op.output] if op.output in plan.int8_outputs else None
         module, why = build_layer(op.layer_spec(self.gm), x_qp, out_qp, acc_qp)
         target = "qlayer_" + op.name.replace(".", "_").replace("@", "_call")
@@ -99,8 +105,11 @@ class _Rewriter:
                 deq = self.graph.call_function(ops_ns.dequantize_per_tensor.default,
                                                (call, float(out_qp.scale), int(out_qp.zero_point)))
             op.output.replace_all_uses_with(deq)
+            self.dequantized[deq] = op.output
+            self.replaced[op.output] = deq
         else:
             op.output.replace_all_uses_with(call)
+            self.replaced[op.output] = call
 
 
 def _compute_qparams(prepared: PreparedGraph) -> dict:

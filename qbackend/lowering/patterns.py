@@ -10,7 +10,8 @@ the previous node):
     linear -> relu | hardtanh(0, 6) | gelu
 
 Anything else after it (silu, hardswish, a linear's residual add, ...) runs as a separate op.
-Modules called at several places are matched per call (the graph has one node per call), so a
+When two convs feed one add, the first in graph order absorbs it (the other one's int8 output is
+its residual). Modules called at several places are matched per call (the graph has one node per call), so a
 torchvision block that reuses one nn.ReLU is no different from one with three.
 
 Transparent ops move values without changing them (max pooling, views, reshapes, flatten,
@@ -133,6 +134,7 @@ def match(gm: fx.GraphModule, model: torch.nn.Module, config: QuantConfig):
     """(quantizable ops in graph order, [(layer name, reason) of conv/linear calls left in FP32 that
     the config did not ask for])."""
     ops, skipped, calls = [], [], {}
+    claimed: set[fx.Node] = set()  # adds / activations already absorbed (two convs may feed one add)
     for node in gm.graph.nodes:
         kind = ANCHORS.get(node.target) if node.op == "call_function" else None
         if kind is None:
@@ -173,7 +175,7 @@ def match(gm: fx.GraphModule, model: torch.nn.Module, config: QuantConfig):
         cur = node
         nxt = _single_user(cur)
         if kind == "conv2d" and cfg.mode == "static" and nxt is not None:
-            other = _residual_other(nxt, cur)
+            other = _residual_other(nxt, cur) if nxt not in claimed else None
             if other is not None:
                 op.accum, cur = other, nxt
                 nxt = _single_user(cur)
@@ -182,5 +184,6 @@ def match(gm: fx.GraphModule, model: torch.nn.Module, config: QuantConfig):
             if act is not None and not (cfg.mode == "dynamic" and act == "relu6"):
                 op.post_op, cur = act, nxt
         op.output = cur
+        claimed.update(op.fused)
         ops.append(op)
     return ops, skipped

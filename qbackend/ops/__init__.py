@@ -4,6 +4,7 @@ from .packed import PackedConv2dWeight, PackedLinearWeight
 from .providers import PROVIDERS, Provider, get_provider
 from .quantize import dequantize, quantize  # noqa: F401  (also registers the ops' fake impls)
 from . import observer_ops  # noqa: F401,E402  (the observer ops' fake impls)
+from . import pool  # noqa: F401,E402  (the int8 pooling op's fake impl)
 
 __all__ = ["PackedConv2dWeight", "PackedLinearWeight", "PROVIDERS", "Provider", "get_provider",
            "dequantize", "quantize"]

@@ -1,0 +1,132 @@
+"""prepare -> calibrate -> convert on small models: the structure of the int8 graph (fusion, int8
+between layers, transparent ops in int8), each layer against the fp64 reference on the integers
+it received, and the whole model against FP32."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qbackend
+from qbackend.nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear
+
+from .layer_reference import check_layers
+from .toy_models import MLP, InvertedResidual, ResidualCNN, init_bn, sqnr
+
+OPS = torch.ops.qbackend
+pytestmark = pytest.mark.filterwarnings("ignore::qbackend.lowering.convert.FP32FallbackWarning")
+
+
+def _images(n, seed, size=16):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, size, size, generator=g)
+
+
+def _quantize(model, make, n_calib=4):
+    prepared = qbackend.prepare(model, (make(0),))
+    for i in range(n_calib):
+        prepared(make(100 + i))
+    return qbackend.convert(prepared)
+
+
+def _count(gm, target):
+    return sum(1 for n in gm.graph.nodes if n.target == target)
+
+
+@pytest.fixture(scope="module")
+def residual_cnn():
+    torch.manual_seed(0)
+    model = init_bn(ResidualCNN())
+    return model, _quantize(model, lambda s: _images(4, s))
+
+
+def test_residual_cnn_fuses_and_stays_int8(residual_cnn):
+    model, q = residual_cnn
+    layers = q.qbackend_layers
+    assert set(layers) == {"conv1", "b1c1", "b1c2", "b2c1", "b2c2", "down.0", "fc"}
+    assert layers["conv1"]["post_op"] == "relu" and layers["conv1"]["output"] == "int8"
+    assert layers["b1c2"]["residual"] and layers["b1c2"]["post_op"] == "relu"
+    assert layers["b2c2"]["residual"] and layers["b2c2"]["output"] == "float32"  # avgpool reads it in FP32
+    assert layers["down.0"]["output"] == "int8"  # read as b2c2's residual
+    # BatchNorm folded away, the layers sit at their module paths
+    assert isinstance(q.get_submodule("b1c2"), QuantizedConv2d) and isinstance(q.get_submodule("fc"), QuantizedLinear)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in q.modules())
+    # int8 from the stem to b2c2: one quantize for the input, one before fc; no dequantize at all
+    assert _count(q, OPS.quantize_per_tensor.default) == 2
+    assert _count(q, OPS.dequantize_per_tensor.default) == 0
+    pool = [n for n in q.graph.nodes if n.target is OPS.max_pool2d.default]
+    assert len(pool) == 1 and pool[0].meta["val"] is not None
+    x = _images(3, 7)
+    assert q(x).dtype == torch.float32
+    # the max pool ran on uint8
+    seen = []
+    h = q.get_submodule("b1c1").register_forward_hook(lambda m, a, o: seen.append(a[0].dtype))
+    q(x)
+    h.remove()
+    assert seen == [torch.uint8]
+
+
+def test_residual_cnn_layers_match_reference(residual_cnn):
+    _, q = residual_cnn
+    assert check_layers(q, _images(2, 9)) == 7
+
+
+def test_residual_cnn_accuracy_and_batch_sizes(residual_cnn):
+    model, q = residual_cnn
+    for n in (1, 2, 5):
+        x = _images(n, 50 + n)
+        with torch.no_grad():
+            assert sqnr(model(x), q(x)) > 25
+
+
+def test_inverted_residual_relu6_depthwise_add():
+    torch.manual_seed(1)
+    model = init_bn(InvertedResidual())
+    q = _quantize(model, lambda s: _images(4, s))
+    layers = q.qbackend_layers
+    assert layers["stem.0"]["post_op"] == "relu6"
+    assert layers["block.0"]["post_op"] == "relu6" and layers["block.3"]["post_op"] == "relu6"
+    assert layers["block.6"]["residual"] and layers["block.6"]["post_op"] == "none"
+    x = _images(3, 11)
+    check_layers(q, x)
+    with torch.no_grad():
+        assert sqnr(model(x), q(x)) > 25
+    # relu6's bound holds on the int8 outputs of the fused layers
+    outs = []
+    m = q.get_submodule("block.0")
+    h = m.register_forward_hook(lambda mod, a, o: outs.append(o))
+    q(x)
+    h.remove()
+    deq = (outs[0].double() - m.out_zero_point) * m.out_scale
+    assert float(deq.max()) <= 6.0 + m.out_scale / 2
+
+
+def test_mlp_chains_int8_and_handles_a_module_called_twice():
+    torch.manual_seed(2)
+    model = MLP().eval()
+    make = lambda s: torch.randn(8, 32, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    q = _quantize(model, make)
+    layers = q.qbackend_layers
+    assert set(layers) == {"fc1", "fc2", "fc3", "shared", "shared@1"}
+    assert layers["fc1"]["post_op"] == "relu" and layers["fc1"]["output"] == "int8"
+    assert layers["fc2"]["post_op"] == "gelu" and layers["fc2"]["output"] == "int8"
+    x = make(77)
+    check_layers(q, x)
+    with torch.no_grad():
+        assert sqnr(model(x), q(x)) > 25
+
+
+def test_config_keeps_layers_in_fp32_and_mixes_modes():
+    torch.manual_seed(3)
+    model = MLP().eval()
+    make = lambda s: torch.randn(8, 32, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    cfg = qbackend.QuantConfig(by_name={"fc2": None, "fc3": qbackend.QuantConfig(mode="dynamic")},
+                               by_type={})
+    prepared = qbackend.prepare(model, (make(0),), config=cfg)
+    prepared(make(1))
+    q = qbackend.convert(prepared)
+    assert "fc2" not in q.qbackend_layers
+    assert isinstance(q.get_submodule("fc3"), DynamicQuantizedLinear)
+    assert q.qbackend_layers["fc1"]["output"] == "float32"  # fc2 (FP32) reads it
+    x = make(5)
+    with torch.no_grad():
+        assert sqnr(model(x), q(x)) > 25
