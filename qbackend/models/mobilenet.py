@@ -12,6 +12,8 @@ the stride is 1 and the input and output channels match.
 convs, BatchNorm 1/0, Linear N(0, 0.01); seeded); ``mobilenet_v2_case()`` builds a ModelCase with
 BatchNorm statistics set from synthetic low-frequency ImageNet-normalized images (see
 ``qbackend.models.synthetic``) and calibration/evaluation batches of such images.
+``residual_gamma`` sets the weight of the last BatchNorm of each block with a residual add
+(default 1.0, torchvision's init); see ``qbackend.models.synthetic`` on why one might lower it.
 """
 from __future__ import annotations
 
@@ -82,7 +84,8 @@ INVERTED_RESIDUAL_SETTING = [
 
 
 class MobileNetV2(nn.Module):
-    def __init__(self, num_classes: int = 1000, width_mult: float = 1.0, dropout: float = 0.2):
+    def __init__(self, num_classes: int = 1000, width_mult: float = 1.0, dropout: float = 0.2,
+                 residual_gamma: float = 1.0):
         super().__init__()
         round_nearest = 8
         input_channel = _make_divisible(32 * width_mult, round_nearest)
@@ -97,6 +100,9 @@ class MobileNetV2(nn.Module):
         self.features = nn.Sequential(*features)
         self.classifier = nn.Sequential(nn.Dropout(p=dropout), nn.Linear(self.last_channel, num_classes))
         torchvision_init(self, linear_std=0.01)
+        for m in self.modules():  # the last BatchNorm of each block with a residual add
+            if isinstance(m, InvertedResidual) and m.use_res_connect and residual_gamma != 1.0:
+                nn.init.constant_(m.conv[-1].weight, residual_gamma)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.features(x)
@@ -106,15 +112,18 @@ class MobileNetV2(nn.Module):
         return x
 
 
-def mobilenet_v2(num_classes: int = 1000, width_mult: float = 1.0, seed: int = 0) -> MobileNetV2:
+def mobilenet_v2(num_classes: int = 1000, width_mult: float = 1.0, seed: int = 0,
+                 residual_gamma: float = 1.0) -> MobileNetV2:
     """Random-init MobileNetV2, eval mode, weights drawn with `seed`."""
     with seeded(seed):
-        return MobileNetV2(num_classes, width_mult).eval()
+        return MobileNetV2(num_classes, width_mult, residual_gamma=residual_gamma).eval()
 
 
 def mobilenet_v2_case(*, batch_size: int = 8, num_calibration_batches: int = 4, num_eval_batches: int = 2,
-                      image_size: int = 224, num_classes: int = 1000, width_mult: float = 1.0, seed: int = 0):
+                      image_size: int = 224, num_classes: int = 1000, width_mult: float = 1.0,
+                      residual_gamma: float = 1.0, seed: int = 0):
     """MobileNetV2 ModelCase on synthetic images (static mode, logits, no metric)."""
-    return image_model_case("mobilenet_v2", mobilenet_v2(num_classes, width_mult, seed), batch_size=batch_size,
+    return image_model_case("mobilenet_v2", mobilenet_v2(num_classes, width_mult, seed, residual_gamma),
+                            batch_size=batch_size,
                             num_calibration_batches=num_calibration_batches, num_eval_batches=num_eval_batches,
                             image_size=image_size, seed=seed)

@@ -9,7 +9,10 @@ v1.5), the downsample is a 1x1 conv + BatchNorm.
 ``resnet18()`` / ``resnet50()`` build the bare random-init model (torchvision init, seeded);
 ``resnet18_case()`` / ``resnet50_case()`` build a ModelCase: BatchNorm statistics set from
 synthetic low-frequency ImageNet-normalized images (see ``qbackend.models.synthetic``), then
-calibration and evaluation batches of such images.
+calibration and evaluation batches of such images. ``residual_gamma`` sets the weight of each
+residual branch's last BatchNorm (bn2 / bn3; torchvision's ``zero_init_residual`` is 0.0, the
+default 1.0 is torchvision's default init); below 1 the random network is far less chaotic, see
+``qbackend.models.synthetic``.
 """
 from __future__ import annotations
 
@@ -95,7 +98,7 @@ Block = Type[Union[BasicBlock, Bottleneck]]
 
 
 class ResNet(nn.Module):
-    def __init__(self, block: Block, layers: list[int], num_classes: int = 1000):
+    def __init__(self, block: Block, layers: list[int], num_classes: int = 1000, residual_gamma: float = 1.0):
         super().__init__()
         self.inplanes = 64
         self.conv1 = nn.Conv2d(3, self.inplanes, kernel_size=7, stride=2, padding=3, bias=False)
@@ -109,6 +112,12 @@ class ResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(512 * block.expansion, num_classes)
         torchvision_init(self)
+        if residual_gamma != 1.0:  # torchvision's zero_init_residual, with any value
+            for m in self.modules():
+                if isinstance(m, Bottleneck):
+                    nn.init.constant_(m.bn3.weight, residual_gamma)
+                elif isinstance(m, BasicBlock):
+                    nn.init.constant_(m.bn2.weight, residual_gamma)
 
     def _make_layer(self, block: Block, planes: int, blocks: int, stride: int = 1) -> nn.Sequential:
         downsample = None
@@ -137,29 +146,29 @@ class ResNet(nn.Module):
         return x
 
 
-def resnet18(num_classes: int = 1000, seed: int = 0) -> ResNet:
+def resnet18(num_classes: int = 1000, seed: int = 0, residual_gamma: float = 1.0) -> ResNet:
     """Random-init ResNet-18 (BasicBlock, [2, 2, 2, 2]), eval mode, weights drawn with `seed`."""
     with seeded(seed):
-        return ResNet(BasicBlock, [2, 2, 2, 2], num_classes).eval()
+        return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, residual_gamma).eval()
 
 
-def resnet50(num_classes: int = 1000, seed: int = 0) -> ResNet:
+def resnet50(num_classes: int = 1000, seed: int = 0, residual_gamma: float = 1.0) -> ResNet:
     """Random-init ResNet-50 (Bottleneck, [3, 4, 6, 3]), eval mode, weights drawn with `seed`."""
     with seeded(seed):
-        return ResNet(Bottleneck, [3, 4, 6, 3], num_classes).eval()
+        return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, residual_gamma).eval()
 
 
 def resnet18_case(*, batch_size: int = 8, num_calibration_batches: int = 4, num_eval_batches: int = 2,
-                  image_size: int = 224, num_classes: int = 1000, seed: int = 0):
+                  image_size: int = 224, num_classes: int = 1000, residual_gamma: float = 1.0, seed: int = 0):
     """ResNet-18 ModelCase on synthetic images (static mode, logits, no metric)."""
-    return image_model_case("resnet18", resnet18(num_classes, seed), batch_size=batch_size,
+    return image_model_case("resnet18", resnet18(num_classes, seed, residual_gamma), batch_size=batch_size,
                             num_calibration_batches=num_calibration_batches, num_eval_batches=num_eval_batches,
                             image_size=image_size, seed=seed)
 
 
 def resnet50_case(*, batch_size: int = 8, num_calibration_batches: int = 4, num_eval_batches: int = 2,
-                  image_size: int = 224, num_classes: int = 1000, seed: int = 0):
+                  image_size: int = 224, num_classes: int = 1000, residual_gamma: float = 1.0, seed: int = 0):
     """ResNet-50 ModelCase on synthetic images (static mode, logits, no metric)."""
-    return image_model_case("resnet50", resnet50(num_classes, seed), batch_size=batch_size,
+    return image_model_case("resnet50", resnet50(num_classes, seed, residual_gamma), batch_size=batch_size,
                             num_calibration_batches=num_calibration_batches, num_eval_batches=num_eval_batches,
                             image_size=image_size, seed=seed)

@@ -172,3 +172,18 @@ def test_bert_mask_is_a_real_input():
         unmasked = case.output(case.model(ids, torch.ones_like(mask)))
     real = mask.bool()
     assert not torch.allclose(masked[real], unmasked[real], atol=1e-4)
+
+
+def test_residual_gamma_sets_the_residual_branches_last_batchnorm():
+    m = resnet50(residual_gamma=0.3)
+    assert all(torch.all(b.bn3.weight == 0.3) and torch.all(b.bn1.weight == 1.0)
+               for b in m.modules() if isinstance(b, Bottleneck))
+    assert all(torch.all(b.bn2.weight == 0.3) for b in resnet18(residual_gamma=0.3).modules()
+               if isinstance(b, BasicBlock))
+    blocks = [b for b in mobilenet_v2(residual_gamma=0.3).features if isinstance(b, InvertedResidual)]
+    assert all(torch.all(b.conv[-1].weight == (0.3 if b.use_res_connect else 1.0)) for b in blocks)
+    # the same seed draws the same conv weights whatever the gamma
+    assert torch.equal(resnet18().conv1.weight, resnet18(residual_gamma=0.3).conv1.weight)
+    # the statistics pass runs after the gamma is set: BatchNorms downstream see the smaller branches
+    case = build("resnet18", residual_gamma=0.3)
+    assert torch.all(case.model.layer1[0].bn2.weight == 0.3)
