@@ -1,0 +1,213 @@
+"""Accuracy of INT8 flows against FP32 on the model zoo (qbackend.models): for each ModelCase, FP32,
+the torch.ao peer (FX static on the x86 engine, or dynamic for dynamic cases and for models FX
+cannot trace; benchmarks/peers/torch_ao.py) and qbackend (``qbackend.quantize(model,
+example_inputs, calibration)`` for static cases, ``qbackend.quantize_dynamic(model)`` for dynamic
+ones), all calibrated on the SAME batches, each on its own deep copy of the model.
+
+Reported per model and flow: the output SQNR against FP32 over the evaluation batches,
+10 * log10(sum(ref^2) / sum((ref - out)^2)) with ref and out the case's main output tensors of all
+evaluation batches concatenated; the task metric where the case has one (top-1 % on the digits test
+split); the time to quantize (prepare + calibrate + convert). A flow that fails is a row with its
+error, not a crash.
+
+    python benchmarks/accuracy.py [--models resnet18,digits_cnn] [--quick] [--out benchmarks/results/accuracy.md]
+
+Sizes (batches of batch_size; calibration / evaluation batches), full | --quick:
+ResNet-18/50, MobileNetV2: images 224, batch 8, 4 / 2 | images 64, batch 2, 2 / 2.
+BERT-base: seq 128, batch 8, 4 / 2 | 2 layers (of 12), seq 32, batch 2, 2 / 2.
+LSTM classifier: seq 64, batch 16, 4 / 2 | seq 16, batch 4, 2 / 2.
+Digits CNN: batch 32, all 5 calibration batches / all 16 test batches (both modes).
+--residual-gamma G builds the CNNs with their residual branches' last BatchNorm weight G (default
+1.0, torchvision's init): the random CNNs are chaotic and amplify quantization noise, G < 1 calms
+them (see qbackend/models/synthetic.py).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import qbackend  # noqa: E402
+from peers.torch_ao import torch_ao_dynamic, torch_ao_static  # noqa: E402
+from qbackend.models import MODELS, ModelCase  # noqa: E402
+
+FULL = {
+    "resnet18": dict(batch_size=8, image_size=224, num_calibration_batches=4, num_eval_batches=2),
+    "resnet50": dict(batch_size=8, image_size=224, num_calibration_batches=4, num_eval_batches=2),
+    "mobilenet_v2": dict(batch_size=8, image_size=224, num_calibration_batches=4, num_eval_batches=2),
+    "bert_base": dict(batch_size=8, seq_len=128, num_calibration_batches=4, num_eval_batches=2),
+    "lstm_classifier": dict(batch_size=16, seq_len=64, num_calibration_batches=4, num_eval_batches=2),
+    "digits_cnn": dict(batch_size=32),
+}
+QUICK = {
+    "resnet18": dict(batch_size=2, image_size=64, num_calibration_batches=2, num_eval_batches=2),
+    "resnet50": dict(batch_size=2, image_size=64, num_calibration_batches=2, num_eval_batches=2),
+    "mobilenet_v2": dict(batch_size=2, image_size=64, num_calibration_batches=2, num_eval_batches=2),
+    "bert_base": dict(batch_size=2, seq_len=32, num_calibration_batches=2, num_eval_batches=2, num_hidden_layers=2),
+    "lstm_classifier": dict(batch_size=4, seq_len=16, num_calibration_batches=2, num_eval_batches=2),
+    "digits_cnn": dict(batch_size=32),
+}
+
+
+@dataclass
+class Row:
+    model: str
+    flow: str
+    sqnr: float | None = None
+    metric: float | None = None
+    seconds: float | None = None
+    note: str = ""
+
+
+def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
+    ref, out = ref.double(), out.double()
+    noise = float((ref - out).pow(2).sum())
+    signal = float(ref.pow(2).sum())
+    return math.inf if noise == 0.0 else 10.0 * math.log10(signal / noise)
+
+
+@torch.no_grad()
+def outputs(case: ModelCase, model) -> torch.Tensor:
+    """The case's main output over all evaluation batches, flattened and concatenated."""
+    return torch.cat([case.output(model(*batch)).detach().float().reshape(-1) for batch in case.evaluation])
+
+
+def error_note(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    text = lines[0] if lines else ""
+    text = text if len(text) <= 200 else text[:197] + "..."
+    return f"{type(e).__name__}: {text}".replace("|", "\\|")
+
+
+def quantize_torch_ao(case: ModelCase, model):
+    if case.mode == "dynamic":
+        return torch_ao_dynamic(model)
+    return torch_ao_static(model, case.example_inputs, case.calibration)
+
+
+def quantize_qbackend(case: ModelCase, model):
+    if case.mode == "dynamic":
+        return qbackend.quantize_dynamic(model), "qbackend.quantize_dynamic"
+    return (qbackend.quantize(model, case.example_inputs, case.calibration),
+            f"qbackend.quantize ({len(case.calibration)} calibration batches)")
+
+
+FLOWS = {"torch.ao": quantize_torch_ao, "qbackend": quantize_qbackend}
+
+
+def run_case(case: ModelCase, verbose: bool) -> list[Row]:
+    ref = outputs(case, case.model)
+    rows = [Row(case.name, "FP32", math.inf, case.metric(case.model) if case.metric else None, None,
+                f"mode {case.mode}")]
+    for flow, quantize in FLOWS.items():
+        row = Row(case.name, flow)
+        try:
+            model = copy.deepcopy(case.model)
+            t0 = time.perf_counter()
+            qmodel, row.note = quantize(case, model)
+            row.seconds = time.perf_counter() - t0
+            row.sqnr = sqnr_db(ref, outputs(case, qmodel))
+            row.metric = case.metric(qmodel) if case.metric else None
+        except Exception as e:  # noqa: BLE001  (a failing flow is a row, not a crash)
+            row.note = error_note(e)
+            if verbose:
+                traceback.print_exc()
+        rows.append(row)
+    return rows
+
+
+def fmt(v: float | None, spec: str) -> str:
+    if v is None:
+        return "-"
+    return "exact" if math.isinf(v) else format(v, spec)
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| model | flow | SQNR vs FP32 (dB) | top-1 (%) | quantize (s) | notes |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.flow} | {fmt(r.sqnr, '.1f')} | {fmt(r.metric, '.2f')} | "
+                     f"{fmt(r.seconds, '.1f')} | {r.note} |")
+    return "\n".join(lines)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def header(quick: bool, sizes: dict, load: tuple[float, float]) -> str:
+    f = qbackend.cpu_features()
+    cpu = f.model_name or platform.processor()
+    size_lines = "\n".join(f"- {name}: " + ", ".join(f"{k}={v}" for k, v in kw.items()) for name, kw in sizes.items())
+    return (f"CPU: {cpu}, {os.cpu_count()} logical CPUs ({f.level_name}, VNNI: {f.has_vnni}); torch threads: "
+            f"{torch.get_num_threads()}; torch {torch.__version__}, qbackend {qbackend.__version__} (commit "
+            f"{git_commit()}), Python {platform.python_version()}; quantized engine for torch.ao: "
+            f"{torch.backends.quantized.engine}; {datetime.date.today().isoformat()}. 1-minute load average "
+            f"before / after: {load[0]:.2f} / {load[1]:.2f}.\n\n"
+            f"Builder arguments ({'--quick' if quick else 'full'} sizes):\n{size_lines}\n\n"
+            "SQNR over the evaluation batches' main outputs (logits; BERT: last_hidden_state) concatenated; "
+            "top-1 on the digits test split (540 images); quantize = prepare + calibrate + convert. Random-init "
+            "models have no task metric.")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from: {', '.join(MODELS)}")
+    p.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--out", default=None, help="write the markdown report here")
+    p.add_argument("--residual-gamma", type=float, default=None,
+                   help="residual branches' last BatchNorm weight in resnet18/50 and mobilenet_v2 (default 1.0)")
+    p.add_argument("--verbose", action="store_true", help="print the traceback of a failing flow")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        p.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", module="torch.ao")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    sizes = {n: dict((QUICK if args.quick else FULL)[n]) for n in names}
+    if args.residual_gamma is not None:
+        for n in names:
+            if n in ("resnet18", "resnet50", "mobilenet_v2"):
+                sizes[n]["residual_gamma"] = args.residual_gamma
+    load_before = os.getloadavg()[0]
+    rows: list[Row] = []
+    for name in names:
+        t0 = time.perf_counter()
+        case = MODELS[name](**sizes[name])
+        case_rows = run_case(case, args.verbose)
+        rows += case_rows
+        print(table(case_rows).split("\n", 2)[2], f"  [{time.perf_counter() - t0:.1f} s]", flush=True)
+    report = "\n\n".join(["# INT8 accuracy vs FP32: qbackend and torch.ao on the model zoo",
+                          header(args.quick, sizes, (load_before, os.getloadavg()[0])), table(rows)])
+    print("\n" + report)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        Path(args.out).write_text(report + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Peer quantization flows that qbackend is compared against (benchmarks and tests only)."""
