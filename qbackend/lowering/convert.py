@@ -24,6 +24,7 @@ import torch
 from torch import fx
 
 from ..observers import QParams
+from ..ops import reference
 from .layers import build_layer
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
 from .plan import is_transparent
@@ -74,6 +75,9 @@ class _Rewriter:
         with self._after(src):
             node = self.graph.call_function(ops_ns.quantize_per_tensor.default,
                                             (src, float(qp.scale), int(qp.zero_point), qp.dtype))
+        if qp.qmax < reference.QRANGE[qp.dtype][1]:  # 7-bit activations: the op saturates at 255
+            with self.graph.inserting_after(node):
+                node = self.graph.call_function(aten.clamp_max.default, (node, qp.qmax))
         self.qmap[value] = (node, qp)
         return self.qmap[value]
 

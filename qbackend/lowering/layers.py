@@ -85,7 +85,9 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
     out_dtype = out_qp.dtype if out_qp is not None else torch.float32
     out_qparams = (float(out_qp.scale), int(out_qp.zero_point)) if out_qp is not None else None
     if spec.kind == "linear":
-        return QuantizedLinear(packed, x_qparams, x_qp.dtype, out_qparams, out_dtype, spec.post_op), why
+        return QuantizedLinear(packed, x_qparams, x_qp.dtype, out_qparams, out_dtype, spec.post_op,
+                               out_qmax=out_qp.qmax if out_qp is not None else None), why
     accum = (float(accum_qp.scale), int(accum_qp.zero_point)) if accum_qp is not None else None
     return QuantizedConv2d(packed, x_qparams, x_qp.dtype, out_qparams, out_dtype, spec.post_op, accum,
-                           accum_qp.dtype if accum_qp is not None else torch.uint8), why
+                           accum_qp.dtype if accum_qp is not None else torch.uint8,
+                           out_qmax=out_qp.qmax if out_qp is not None else None), why

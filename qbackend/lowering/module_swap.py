@@ -44,12 +44,16 @@ class ObservedLayer(nn.Module):
 class FloatBoundary(nn.Module):
     """float32 in -> quantize -> a static int8 layer with float32 output."""
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: nn.Module, x_qmax: int | None = None):
+        """x_qmax: the input's largest level when below the dtype's (7-bit activations)."""
         super().__init__()
         self.layer = layer
+        self.x_qmax = x_qmax
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xq = ops_ns.quantize_per_tensor(x, self.layer.x_scale, self.layer.x_zero_point, self.layer.x_dtype)
+        if self.x_qmax is not None:
+            xq = torch.clamp_max(xq, self.x_qmax)
         return self.layer(xq)
 
 
@@ -131,7 +135,11 @@ def convert_swapped(swapped: SwappedModel) -> nn.Module:
         else:
             x_qp = wrapper.observer.compute_qparams() if wrapper.observer is not None else None
             layer, why = build_layer(_spec(name, wrapper), x_qp)
-            new = FloatBoundary(layer) if cfg.mode == "static" else layer
+            if cfg.mode == "static":
+                new = FloatBoundary(layer, x_qp.qmax if x_qp.qmax < (255 if x_qp.dtype == torch.uint8 else 127)
+                                    else None)
+            else:
+                new = layer
         info[name] = {"kind": type(wrapper.module).__name__.lower(), "mode": cfg.mode, "module": name, "why": why,
                       "post_op": "none", "residual": False, "output": "float32"}
         model.set_submodule(name, new)

@@ -18,6 +18,16 @@ def check_qparams(scale, zero_point, dtype: torch.dtype, what: str) -> tuple[flo
     return scale, zero_point
 
 
+def output_clamp(post_op: str, out_dtype: torch.dtype, out_scale: float, out_zp: int,
+                 out_qmax: int | None) -> float | int | None:
+    """The upper clamp applied after the kernel: ReLU6's bound, and/or the output's qmax when it is
+    below the dtype's (7-bit activations on CPUs without VNNI: the epilogue saturates at 255)."""
+    bound = relu6_bound(out_dtype, out_scale, out_zp) if post_op == "relu6" else None
+    if out_dtype != torch.float32 and out_qmax is not None and out_qmax < (255 if out_dtype == torch.uint8 else 127):
+        bound = out_qmax if bound is None else min(bound, out_qmax)
+    return bound
+
+
 def relu6_bound(out_dtype: torch.dtype, out_scale: float, out_zp: int) -> float | int | None:
     """The upper clamp that makes a fused ReLU a ReLU6 on the output: 6.0 for float outputs; for
     integer outputs the level of 6.0 (quantize(6.0)), or None when that saturates anyway."""

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..ops import PackedLinearWeight
-from ._activation import OUT_DTYPES, QDTYPES, check_qparams, relu6_bound
+from ._activation import OUT_DTYPES, QDTYPES, check_qparams, output_clamp
 from ._weights import quantize_weight
 
 POST_OPS = ("none", "relu", "relu6", "gelu")
@@ -28,7 +28,8 @@ class QuantizedLinear(nn.Module):
 
     def __init__(self, packed: PackedLinearWeight, x_qparams: tuple[float, int], x_dtype: torch.dtype = torch.uint8,
                  out_qparams: tuple[float, int] | None = None, out_dtype: torch.dtype = torch.float32,
-                 post_op: str = "none"):
+                 post_op: str = "none", out_qmax: int | None = None):
+        """out_qmax: the output's largest level when below the dtype's (7-bit activations)."""
         super().__init__()
         if x_dtype not in QDTYPES:
             raise TypeError(f"x_dtype must be uint8 or int8, got {x_dtype}")
@@ -46,7 +47,8 @@ class QuantizedLinear(nn.Module):
             self.out_scale, self.out_zero_point = check_qparams(*out_qparams, out_dtype, "output")
         self.post_op = _post_op(post_op)
         self._kernel_post_op = "relu" if post_op == "relu6" else post_op
-        self._clamp_max = relu6_bound(out_dtype, self.out_scale, self.out_zero_point) if post_op == "relu6" else None
+        self.out_qmax = out_qmax
+        self._clamp_max = output_clamp(post_op, out_dtype, self.out_scale, self.out_zero_point, out_qmax)
 
     @property
     def in_features(self) -> int:

@@ -21,7 +21,10 @@ def _reference(m, args):
         y = y.clamp_max(6.0)
     if m.out_dtype == torch.float32:
         return y, None
-    return y, reference.quantize(y, m.out_scale, m.out_zero_point, m.out_dtype)
+    q = reference.quantize(y, m.out_scale, m.out_zero_point, m.out_dtype)
+    if m.out_qmax is not None:  # 7-bit outputs
+        q = q.clamp_max(m.out_qmax)
+    return y, q
 
 
 def check_layers(qmodel: torch.nn.Module, *inputs) -> int:
