@@ -24,6 +24,18 @@ int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t 
   return out;
 }
 
+bool every_window_has_input(int64_t in, int64_t out, int64_t k, int64_t s, int64_t p, int64_t d) {
+  for (int64_t o = 0; o < out; ++o) {
+    bool any = false;
+    for (int64_t i = 0; i < k && !any; ++i) {
+      const int64_t pos = o * s - p + i * d;
+      any = pos >= 0 && pos < in;
+    }
+    if (!any) return false;
+  }
+  return true;
+}
+
 std::array<int64_t, 2> pair(at::IntArrayRef v, const char* name, int64_t dflt) {
   TORCH_CHECK_VALUE(v.size() <= 2, name, " must have 1 or 2 elements, got ", v.size());
   if (v.empty()) return {dflt, dflt};
@@ -74,6 +86,11 @@ at::Tensor max_pool2d(const at::Tensor& x_in, at::IntArrayRef kernel_size, at::I
   const int64_t OH = pooled_size(H, k[0], p[0], s[0], d[0], ceil_mode);
   const int64_t OW = pooled_size(W, k[1], p[1], s[1], d[1], ceil_mode);
   TORCH_CHECK_VALUE(OH > 0 && OW > 0, "max_pool2d: the output would be empty (input ", H, "x", W, ")");
+  // A window over padding only has no integer maximum (aten's float pooling gives -inf there).
+  TORCH_CHECK_VALUE(every_window_has_input(H, OH, k[0], s[0], p[0], d[0]) &&
+                        every_window_has_input(W, OW, k[1], s[1], p[1], d[1]),
+                    "max_pool2d: some pooling windows cover only padding (input ", H, "x", W, ", kernel ", k[0], "x",
+                    k[1], ", dilation ", d[0], "x", d[1], ")");
   const at::Tensor x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
   at::Tensor y = at::empty({N, C, OH, OW}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (y.numel() == 0) return y;
