@@ -281,6 +281,7 @@ SQNR_CONFIGS = [
     ("2layer", dict(num_layers=2), 16, 4, False),
     ("batch_first_2layer_bi", dict(batch_first=True, num_layers=2, bidirectional=True), 16, 4, False),
     ("unbatched", dict(), 16, None, False),
+    ("unbatched_batch_first_bi_h0c0", dict(batch_first=True, bidirectional=True), 16, None, True),
     ("h0c0", dict(num_layers=2), 16, 4, True),
     ("nobias", dict(bias=False), 16, 4, False),
 ]
@@ -360,6 +361,10 @@ def test_errors():
         q(x, (torch.zeros(2, 3, 6), torch.zeros(2, 3, 6, dtype=torch.float64)))
     with pytest.raises(TypeError, match=r"tuple \(h0, c0\)"):
         q(x, torch.zeros(2, 3, 6))
+    with pytest.raises(RuntimeError, match="no autograd"):
+        q(x.clone().requires_grad_())
+    with torch.no_grad():
+        assert q(x.clone().requires_grad_())[0].shape == (5, 3, 6)
     q.train()
     with pytest.raises(RuntimeError, match="dropout"):
         q(x)
