@@ -130,8 +130,9 @@ def convert_swapped(swapped: SwappedModel) -> nn.Module:
         if isinstance(wrapper.module, nn.LSTM):
             from ..nn.lstm import DynamicQuantizedLSTM
 
-            new = DynamicQuantizedLSTM.from_float(wrapper.module)
-            why = "dynamic LSTM"
+            new = DynamicQuantizedLSTM.from_float(wrapper.module, weight_observer=cfg.weight.create(),
+                                                  example_shape=wrapper.x_shape)
+            why = "dynamic LSTM (providers: " + ", ".join(f"{k} {v}" for k, v in new.providers.items()) + ")"
         else:
             x_qp = wrapper.observer.compute_qparams() if wrapper.observer is not None else None
             layer, why = build_layer(_spec(name, wrapper), x_qp)

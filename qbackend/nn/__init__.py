@@ -10,5 +10,7 @@ take and give float tensors.
 """
 from .conv import QuantizedConv2d, WeightOnlyConv2d
 from .linear import DynamicQuantizedLinear, QuantizedLinear, WeightOnlyLinear
+from .lstm import DynamicQuantizedLSTM
 
-__all__ = ["QuantizedConv2d", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear"]
+__all__ = ["QuantizedConv2d", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear",
+           "DynamicQuantizedLSTM"]

@@ -24,10 +24,17 @@ def quantize_weight(weight: torch.Tensor, observer: Observer | None = None,
         raise ValueError(f"{name or 'weight'}: the weight has NaN or inf values")
     obs = observer if observer is not None else default_weight_observer(name)
     if obs.dtype != torch.int8 or not obs.symmetric:
-        raise ValueError(f"{name or 'weight'}: the weight observer must be int8 and symmetric")
+        raise ValueError(f"{name or 'weight'}: the weight observer must be int8 and symmetric (the kernels take "
+                         f"zero point 0), got {obs!r}")
+    if getattr(obs, "_per_channel", False) and obs.axis not in (0, -w.dim()):
+        raise ValueError(f"{name or 'weight'}: a per-channel weight observer must use axis 0 (output channels), "
+                         f"got {obs.axis}")
     obs.reset()
     obs.update(w.reshape(w.shape[0], -1))
     qp = obs.compute_qparams()
+    if bool((torch.as_tensor(qp.zero_point) != 0).any()):
+        raise ValueError(f"{name or 'weight'}: the weight observer gave non-zero zero points; the kernels need "
+                         "symmetric int8")
     scales = torch.as_tensor(qp.scale, dtype=torch.float32).reshape(-1)
     if scales.numel() == 1:
         scales = scales.expand(w.shape[0]).contiguous()
