@@ -90,6 +90,16 @@ def _check_config(config) -> QuantConfig:
     return config
 
 
+def _check_names(model: nn.Module, config: QuantConfig) -> None:
+    """A by_name override must name a module of this model (a typo would silently do nothing)."""
+    names = [n for n, _ in model.named_modules() if n]
+    for key in config.by_name:
+        if not any(n == key or n.startswith(key + ".") for n in names):
+            close = sorted(n for n in names if n.split(".")[-1] == key.split(".")[-1])[:3]
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"config.by_name[{key!r}] matches no module of the model{hint}")
+
+
 def _check_inputs(args: tuple, kwargs: dict) -> None:
     for i, a in enumerate(list(args) + list(kwargs.values())):
         if isinstance(a, torch.Tensor) and a.device.type != "cpu":
@@ -103,6 +113,7 @@ def prepare(model: nn.Module, example_inputs, backend: str = "x86", config: Quan
     _check_backend(backend)
     _check_model(model)
     config = _check_config(config)
+    _check_names(model, config)
     args, kwargs = _as_args(example_inputs), dict(example_kwargs or {})
     _check_inputs(args, kwargs)
     try:
@@ -172,4 +183,5 @@ def quantize_dynamic(model: nn.Module, config: QuantConfig | None = None, backen
     if config.mode == "static":
         raise ValueError("quantize_dynamic needs a config with mode='dynamic' or 'weight_only'; use "
                          "qbackend.quantize for static quantization")
+    _check_names(model, config)
     return convert_swapped(swap_modules(model, None, None, config))

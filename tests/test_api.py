@@ -54,6 +54,14 @@ def test_bad_example_inputs_and_config():
         qbackend.prepare(MLP().eval(), (_x().to("meta"),))
 
 
+def test_by_name_override_must_name_a_module():
+    cfg = qbackend.QuantConfig(by_name={"fc_1": None})
+    with pytest.raises(ValueError, match=r"by_name\['fc_1'\] matches no module"):
+        qbackend.prepare(MLP().eval(), (_x(),), config=cfg)
+    with pytest.raises(ValueError, match="matches no module"):
+        qbackend.quantize_dynamic(MLP().eval(), config=qbackend.QuantConfig(mode="dynamic", by_name={"x.fc1": None}))
+
+
 def test_convert_uncalibrated_names_the_layer():
     prepared = qbackend.prepare(MLP().eval(), (_x(),))
     with pytest.raises(ObserverError, match=r"fc1\.input"):
