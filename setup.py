@@ -19,9 +19,12 @@ setup(
     description="A unified x86 INT8 quantization backend for PyTorch (FBGEMM + oneDNN)",
     packages=find_packages(include=["qbackend", "qbackend.*"]),
     python_requires=">=3.10",
-    install_requires=["torch==2.13.0", "numpy"],
+    # scikit-learn: the digits dataset the built-in model zoo trains on (qbackend.models, the demo).
+    install_requires=["torch==2.13.0", "numpy", "scikit-learn>=1.5"],
     extras_require={
-        "test": ["pytest", "hypothesis"],
+        # transformers: the BERT encoder of the model zoo (tests and benchmarks build it from a config).
+        "test": ["pytest", "hypothesis", "transformers>=5.0"],
+        "models": ["transformers>=5.0"],
         "bench": ["numpy"],
         "embeddings": ["fbgemm-gpu-cpu==1.8.0"],
     },

@@ -67,7 +67,7 @@ class _Rewriter:
             target = _INT8_FORM.get(value.target, value.target)
             with self.graph.inserting_after(value):
                 node = self.graph.call_function(target, (src, *value.args[1:]), dict(value.kwargs))
-            node.meta = dict(value.meta)
+            node.meta = {k: v for k, v in value.meta.items() if k != "val"}  # not the float value's dtype
             self.qmap[value] = (node, qp)
             return self.qmap[value]
         qp = self.qparams[value]
