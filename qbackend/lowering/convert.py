@@ -71,15 +71,33 @@ class _Rewriter:
             self.qmap[value] = (node, qp)
             return self.qmap[value]
         qp = self.qparams[value]
-        src = self.replaced.get(value, value)  # a float output of a layer already rewritten
+        if value in self.prepared.plan.int8_cats:
+            # cat of the inputs, each in int8 with the cat's qparams (the layers producing them were
+            # given these qparams by the plan, so they usually are already)
+            parts = [self.int8_with(part, qp) for part in value.args[0]]
+            with self.graph.inserting_after(value):
+                node = self.graph.call_function(value.target, (parts, *value.args[1:]), dict(value.kwargs))
+        else:
+            node = self._quantize(self.replaced.get(value, value), qp)
+        self.qmap[value] = (node, qp)
+        return self.qmap[value]
+
+    def int8_with(self, value: fx.Node, qp: QParams) -> fx.Node:
+        """value in int8 with the given qparams: its int8 form if it has them, else quantized so."""
+        value = self.dequantized.get(value, value)
+        if value in self.qmap and self.qmap[value][1] == qp:
+            return self.qmap[value][0]
+        return self._quantize(self.replaced.get(value, value), qp)
+
+    def _quantize(self, src: fx.Node, qp: QParams) -> fx.Node:
+        """A quantize node (and the 7-bit clamp) right after the float value src."""
         with self._after(src):
             node = self.graph.call_function(ops_ns.quantize_per_tensor.default,
                                             (src, float(qp.scale), int(qp.zero_point), qp.dtype))
         if qp.qmax < reference.QRANGE[qp.dtype][1]:  # 7-bit activations: the op saturates at 255
             with self.graph.inserting_after(node):
                 node = self.graph.call_function(aten.clamp_max.default, (node, qp.qmax))
-        self.qmap[value] = (node, qp)
-        return self.qmap[value]
+        return node
 
     def rewrite(self, op) -> None:
         plan = self.prepared.plan
@@ -121,7 +139,10 @@ def _compute_qparams(prepared: PreparedGraph) -> dict:
     for m in prepared.gm.modules():
         if isinstance(m, ActivationObserver):
             by_name[m.observer.name] = m.observer
-    return {node: by_name[name].compute_qparams() for node, name in prepared.plan.observed.items()}
+    qparams = {node: by_name[name].compute_qparams() for node, name in prepared.plan.observed.items()}
+    for node, cat in prepared.plan.aliases.items():  # layer outputs that only feed an int8 cat
+        qparams[node] = qparams[cat]
+    return qparams
 
 
 def convert_graph(prepared: PreparedGraph, warn: bool = True) -> tuple[fx.GraphModule, dict]:
@@ -134,6 +155,8 @@ def convert_graph(prepared: PreparedGraph, warn: bool = True) -> tuple[fx.GraphM
     ops = [_remap(op, node_map) for op in prepared.ops]
     qparams = {node_map[n]: qp for n, qp in qparams.items()}
     plan = copy.copy(prepared.plan)
+    plan.aliases = {node_map[k]: node_map[v] for k, v in prepared.plan.aliases.items()}
+    plan.int8_cats = {node_map[n] for n in prepared.plan.int8_cats}
     plan.int8_outputs = {node_map[n] for n in prepared.plan.int8_outputs}
     rw = _Rewriter(gm, _Prepared(plan), qparams)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}

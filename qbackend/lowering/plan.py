@@ -9,6 +9,10 @@ Given the matched ops (patterns.match), for every static op:
   it in int8: another static op (as x or as residual), or a transparent op whose result is taken
   in int8. Then the output is observed too. Otherwise the kernel writes float32 directly.
 
+A cat read in int8 runs in int8: its output is observed, every input is quantized with the cat's
+qparams (so the int8 cat equals quantizing the float cat), and a static op whose output only
+feeds that cat writes it in int8 with those qparams directly (`aliases`: no requantize).
+
 A value is observed once, however many ops read it (one observer per value, named after the
 first layer that needs it: "layer1.0.conv1.input", "layer1.0.conv2.output").
 """
@@ -16,9 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import fx
 
+from .graph_utils import is_float_tensor
 from .patterns import TRANSPARENT, QuantizableOp
+
+aten = torch.ops.aten
 
 
 def is_transparent(node: fx.Node) -> bool:
@@ -34,12 +42,22 @@ def root(node: fx.Node, outputs: set) -> fx.Node:
     return node
 
 
+def is_int8_cat(node: fx.Node) -> bool:
+    """aten.cat of float tensors along a constant dim (the kind the plan runs in int8)."""
+    return (node.op == "call_function" and node.target is aten.cat.default and len(node.args) >= 1
+            and isinstance(node.args[0], (list, tuple)) and len(node.args[0]) > 0
+            and all(is_float_tensor(a) for a in node.args[0])
+            and not any(isinstance(a, fx.Node) for a in node.args[1:]))
+
+
 @dataclass
 class Plan:
     ops: list[QuantizableOp]
     observed: dict = field(default_factory=dict)        # node -> observer name
     int8_outputs: set = field(default_factory=set)      # output nodes of static ops produced in int8
     static_outputs: set = field(default_factory=set)    # output nodes of all static ops
+    aliases: dict = field(default_factory=dict)         # static op output -> the int8 cat it alone feeds
+    int8_cats: set = field(default_factory=set)         # cats that run in int8
 
     def observer_of(self, node: fx.Node) -> str:
         return self.observed[node]
@@ -62,4 +80,10 @@ def make_plan(ops: list[QuantizableOp]) -> Plan:
             plan.observed[r] = f"{by_output[r].name}.output"
         else:
             plan.observed[r] = readers[0]
+        if is_int8_cat(r):
+            plan.int8_cats.add(r)
+            for part in r.args[0]:
+                if part in by_output and len(part.users) == 1 and part not in int8_readers:
+                    plan.aliases[part] = r
+                    plan.int8_outputs.add(part)
     return plan

@@ -130,3 +130,25 @@ def test_config_keeps_layers_in_fp32_and_mixes_modes():
     x = make(5)
     with torch.no_grad():
         assert sqnr(model(x), q(x)) > 25
+
+
+def test_cat_runs_in_int8_with_shared_qparams():
+    from .toy_models import CatCNN
+
+    torch.manual_seed(4)
+    model = CatCNN().eval()
+    q = _quantize(model, lambda s: _images(4, s))
+    layers = q.qbackend_layers
+    assert layers["left"]["output"] == "int8" and layers["right"]["output"] == "int8"
+    left, right, merge = (q.get_submodule(n) for n in ("left", "right", "merge"))
+    # both branches write the cat's qparams, which the merge conv reads: no requantize anywhere
+    assert (left.out_scale, left.out_zero_point) == (right.out_scale, right.out_zero_point) \
+        == (merge.x_scale, merge.x_zero_point)
+    cats = [n for n in q.graph.nodes if n.target is torch.ops.aten.cat.default]
+    assert len(cats) == 1
+    assert _count(q, OPS.quantize_per_tensor.default) == 2  # the input, and the head's input
+    assert _count(q, OPS.dequantize_per_tensor.default) == 0
+    x = _images(3, 12)
+    check_layers(q, x)
+    with torch.no_grad():
+        assert sqnr(model(x), q(x)) > 25

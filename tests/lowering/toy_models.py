@@ -80,3 +80,20 @@ def init_bn(model: nn.Module, seed: int = 0) -> nn.Module:
 def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
     ref, out = ref.double(), out.double()
     return float(10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum().clamp_min(1e-30)))
+
+
+class CatCNN(nn.Module):
+    """Two branches (conv+relu, conv) concatenated along channels, then a conv and a head."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.left = nn.Conv2d(c, c, 1)
+        self.right = nn.Conv2d(c, c, 3, padding=1)
+        self.merge = nn.Conv2d(2 * c, c, 1)
+        self.head = nn.Linear(c, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        y = torch.cat([torch.relu(self.left(x)), self.right(x)], dim=1)
+        return self.head(torch.relu(self.merge(y)).mean((2, 3)))
