@@ -12,7 +12,10 @@ from ._extension import _C  # noqa: F401  (loads the extension, applies QBACKEND
 from .api import PreparedModel, calibrate, convert, prepare, quantize, quantize_dynamic
 from .config import ObserverSpec, QuantConfig
 from .dispatch import cpu_features
+from .explain import explain
+from .nn.model import QuantizedModel
+from .serialization import load, save
 
 __version__ = "0.1.0"
-__all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "PreparedModel", "QuantConfig",
-           "ObserverSpec", "cpu_features", "__version__"]
+__all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "PreparedModel", "QuantizedModel",
+           "QuantConfig", "ObserverSpec", "save", "load", "explain", "cpu_features", "__version__"]

@@ -22,6 +22,7 @@ from .lowering.capture import CaptureError
 from .lowering.convert import convert_graph
 from .lowering.module_swap import SwappedModel, convert_swapped, swap_modules
 from .lowering.prepare import PreparedGraph, prepare_graph
+from .nn.model import QuantizedModel
 
 BACKENDS = ("x86",)
 
@@ -129,14 +130,14 @@ def prepare(model: nn.Module, example_inputs, backend: str = "x86", config: Quan
 
 
 def convert(prepared: PreparedModel) -> nn.Module:
-    """The int8 model of a calibrated PreparedModel (an ordinary nn.Module: eager, torch.compile and
-    torch.export all run it). `qmodel.qbackend_layers` describes each quantized layer."""
+    """The int8 model of a calibrated PreparedModel: a QuantizedModel, an ordinary nn.Module (eager,
+    torch.compile and torch.export all run it). `qmodel.qbackend_layers` describes each quantized
+    layer, `qmodel.layer(name)` returns its module."""
     if not isinstance(prepared, PreparedModel):
         raise TypeError(f"convert takes the model qbackend.prepare returned, got {type(prepared).__name__}")
     if isinstance(prepared._prepared, PreparedGraph):
-        gm, layers = convert_graph(prepared._prepared)
-        gm.qbackend_layers = layers
-        return gm
+        (gm, in_spec, out_spec), layers, activations = convert_graph(prepared._prepared)
+        return QuantizedModel(gm, layers, activations, in_spec, out_spec)
     return convert_swapped(prepared._prepared)
 
 

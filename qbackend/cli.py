@@ -1,4 +1,4 @@
-"""The `qbackend` command line (also `python -m qbackend`): `info` and `demo`."""
+"""The `qbackend` command line (also `python -m qbackend`): `info`, `explain` and `demo`."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +50,25 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    import warnings
+
+    import qbackend
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        qmodel = qbackend.load(args.path)
+    saved = getattr(qmodel, "qbackend_saved_on", None) or {}
+    f = qbackend.cpu_features()
+    print(f"{args.path}: saved on {saved.get('model') or '?'} ({saved.get('isa_class', '?')}); "
+          f"routed here for {f.model_name or '?'} ({f.isa_class})")
+    for w in caught:
+        if type(w.message).__module__.startswith("qbackend"):
+            print(f"note: {w.message}")
+    print(qbackend.explain(qmodel).to_markdown())
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from qbackend.kernel_demo import run
 
@@ -60,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qbackend", description="x86 INT8 quantization backend for PyTorch")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="probed CPU features, ISA override, and the provider each op kind would use")
+    e = sub.add_parser("explain", help="per layer of a saved model (qbackend.save): op, shapes, provider, why")
+    e.add_argument("path", help="a file written by qbackend.save")
     d = sub.add_parser("demo", help="quantize a Linear layer and compare INT8 (both providers) with FP32")
     d.add_argument("--batch", type=int, default=64)
     d.add_argument("--features", type=int, default=768)
@@ -69,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"info": cmd_info, "demo": cmd_demo}[args.command](args)
-    except (ValueError, TypeError) as exc:
+        return {"info": cmd_info, "explain": cmd_explain, "demo": cmd_demo}[args.command](args)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"qbackend {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -28,6 +28,7 @@ OBSERVERS: Mapping[str, type[Observer]] = MappingProxyType({
     "mse": MSEObserver,
 })
 MODES = ("static", "dynamic", "weight_only")
+PROVIDER_NAMES = ("fbgemm", "onednn", "reference")  # qbackend.ops.providers.PROVIDERS
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,13 @@ class QuantConfig:
     weight: ObserverSpec = field(default_factory=_default_weight)
     by_type: Mapping[type, "QuantConfig | None"] = field(default_factory=dict)
     by_name: Mapping[str, "QuantConfig | None"] = field(default_factory=dict)
+    # Force this kernel provider (else the dispatcher decides per layer). Per layer: by_name={"fc":
+    # QuantConfig(provider="onednn")}; for all layers: QuantConfig(provider=...) or QBACKEND_PROVIDER.
+    provider: str | None = None
 
     def __post_init__(self):
+        if self.provider is not None and self.provider not in PROVIDER_NAMES:
+            raise ValueError(f"provider must be one of {', '.join(PROVIDER_NAMES)} or None, got {self.provider!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         for what, spec in (("activation", self.activation), ("weight", self.weight)):

@@ -131,10 +131,10 @@ def test_quantize_dynamic_and_weight_only():
     torch.manual_seed(1)
     model = MLP().eval()
     q = qbackend.quantize_dynamic(model)
-    assert all(isinstance(q.get_submodule(n), DynamicQuantizedLinear) for n in ("fc1", "fc2", "fc3", "shared"))
+    assert all(isinstance(q.layer(n), DynamicQuantizedLinear) for n in ("fc1", "fc2", "fc3", "shared"))
     assert isinstance(model.fc1, nn.Linear)
     w = qbackend.quantize_dynamic(model, config=qbackend.QuantConfig(mode="weight_only"))
-    assert isinstance(w.fc1, WeightOnlyLinear)
+    assert isinstance(w.layer("fc1"), WeightOnlyLinear)
     x = _x(7, 4)
     with torch.no_grad():
         assert sqnr(model(x), q(x)) > 25

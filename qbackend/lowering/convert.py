@@ -25,6 +25,7 @@ from torch import fx
 
 from ..observers import QParams
 from ..ops import reference
+from ..nn.quant import Dequantize, Quantize
 from .layers import build_layer
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
 from .plan import is_transparent
@@ -44,8 +45,10 @@ class FP32FallbackWarning(UserWarning):
 
 
 class _Rewriter:
-    def __init__(self, gm: fx.GraphModule, prepared: PreparedGraph, qparams: dict):
+    def __init__(self, gm: fx.GraphModule, prepared: PreparedGraph, qparams: dict, value_ids: dict):
         self.gm, self.graph, self.prepared, self.qparams = gm, gm.graph, prepared, qparams
+        self.value_ids = value_ids  # id(QParams) -> the activation value's name
+        self.borders = 0
         self.qmap: dict[fx.Node, tuple[fx.Node, QParams]] = {}
         self.layers: dict[str, dict] = {}
         self.dequantized: dict[fx.Node, fx.Node] = {}  # dequantize node -> the int8 output's original node
@@ -90,14 +93,18 @@ class _Rewriter:
         return self._quantize(self.replaced.get(value, value), qp)
 
     def _quantize(self, src: fx.Node, qp: QParams) -> fx.Node:
-        """A quantize node (and the 7-bit clamp) right after the float value src."""
+        """A Quantize module call right after the float value src."""
+        top = reference.QRANGE[qp.dtype][1]
+        module = Quantize(qp.scale, qp.zero_point, qp.dtype, qp.qmax if qp.qmax < top else None,
+                          value=self.value_ids[id(qp)])
         with self._after(src):
-            node = self.graph.call_function(ops_ns.quantize_per_tensor.default,
-                                            (src, float(qp.scale), int(qp.zero_point), qp.dtype))
-        if qp.qmax < reference.QRANGE[qp.dtype][1]:  # 7-bit activations: the op saturates at 255
-            with self.graph.inserting_after(node):
-                node = self.graph.call_function(aten.clamp_max.default, (node, qp.qmax))
-        return node
+            return self.graph.call_module(self._add_border("quantize", module), (src,))
+
+    def _add_border(self, kind: str, module) -> str:
+        name = f"qbackend_{kind}_{self.borders}"
+        self.borders += 1
+        self.gm.add_submodule(name, module)
+        return name
 
     def rewrite(self, op) -> None:
         plan = self.prepared.plan
@@ -113,19 +120,26 @@ class _Rewriter:
             args = (self.replaced.get(op.x, op.x),)
         out_qp = self.qparams[op.output] if op.output in plan.int8_outputs else None
         module, why = build_layer(op.layer_spec(self.gm), x_qp, out_qp, acc_qp)
+        if static:
+            module.x_value = self.value_ids[id(x_qp)]
+            module.out_value = self.value_ids[id(out_qp)] if out_qp is not None else None
+            module.accum_value = self.value_ids[id(acc_qp)] if acc_qp is not None else None
         target = "qlayer_" + op.name.replace(".", "_").replace("@", "_call")
         self.gm.add_submodule(target, module)
         with self.graph.inserting_after(op.output):
             call = self.graph.call_module(target, args)
         call.meta["qbackend_layer"] = op.name
+        spec = op.layer_spec(self.gm)
         self.layers[op.name] = {"kind": op.kind, "mode": op.config.mode, "module": target, "why": why,
                                 "post_op": op.post_op, "residual": op.accum is not None,
-                                "output": "int8" if out_qp is not None else "float32"}
+                                "output": "int8" if out_qp is not None else "float32",
+                                "shape": spec.shape_key(), "x_shape": list(spec.x_shape),
+                                "forced": op.config.provider}
         if out_qp is not None:
             self.qmap[op.output] = (call, out_qp)
+            deq_mod = Dequantize(out_qp.scale, out_qp.zero_point, out_qp.dtype, value=self.value_ids[id(out_qp)])
             with self.graph.inserting_after(call):
-                deq = self.graph.call_function(ops_ns.dequantize_per_tensor.default,
-                                               (call, float(out_qp.scale), int(out_qp.zero_point)))
+                deq = self.graph.call_module(self._add_border("dequantize", deq_mod), (call,))
             op.output.replace_all_uses_with(deq)
             self.dequantized[deq] = op.output
             self.replaced[op.output] = deq
@@ -134,20 +148,30 @@ class _Rewriter:
             self.replaced[op.output] = call
 
 
-def _compute_qparams(prepared: PreparedGraph) -> dict:
+def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict]:
+    """(node -> QParams, id(QParams) -> value name, the activation table: value name -> the float
+    range and quantization settings its qparams came from)."""
     by_name = {}
     for m in prepared.gm.modules():
         if isinstance(m, ActivationObserver):
             by_name[m.observer.name] = m.observer
-    qparams = {node: by_name[name].compute_qparams() for node, name in prepared.plan.observed.items()}
+    qparams, value_ids, table = {}, {}, {}
+    for node, name in prepared.plan.observed.items():
+        obs = by_name[name]
+        qp = obs.compute_qparams()
+        lo, hi = obs.chosen_range()
+        qparams[node], value_ids[id(qp)] = qp, name
+        table[name] = {"range": [float(lo), float(hi)], "dtype": str(qp.dtype).replace("torch.", ""),
+                       "symmetric": obs.symmetric, "qmin": qp.qmin, "qmax": qp.qmax, "eps": obs.eps}
     for node, cat in prepared.plan.aliases.items():  # layer outputs that only feed an int8 cat
         qparams[node] = qparams[cat]
-    return qparams
+    return qparams, value_ids, table
 
 
-def convert_graph(prepared: PreparedGraph, warn: bool = True) -> tuple[fx.GraphModule, dict]:
-    """(the int8 GraphModule, per-layer info: kind, mode, module, why its provider, ...)."""
-    qparams = _compute_qparams(prepared)  # raises ObserverError naming the layer if one saw no data
+def convert_graph(prepared: PreparedGraph, warn: bool = True):
+    """((the int8 GraphModule over flat inputs, input spec, output spec), per-layer info: kind, mode,
+    module path, why its provider, ..., the activation table)."""
+    qparams, value_ids, activations = _compute_qparams(prepared)  # ObserverError naming a layer without data
     src = prepared.gm
     memo = {id(t): t for t in list(src.parameters()) + list(src.buffers())}
     gm = copy.deepcopy(src, memo)
@@ -158,7 +182,7 @@ def convert_graph(prepared: PreparedGraph, warn: bool = True) -> tuple[fx.GraphM
     plan.aliases = {node_map[k]: node_map[v] for k, v in prepared.plan.aliases.items()}
     plan.int8_cats = {node_map[n] for n in prepared.plan.int8_cats}
     plan.int8_outputs = {node_map[n] for n in prepared.plan.int8_outputs}
-    rw = _Rewriter(gm, _Prepared(plan), qparams)
+    rw = _Rewriter(gm, _Prepared(plan), qparams, value_ids)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for op in sorted(ops, key=lambda o: order[o.output]):
         rw.rewrite(op)
@@ -168,6 +192,9 @@ def convert_graph(prepared: PreparedGraph, warn: bool = True) -> tuple[fx.GraphM
     for name, m in list(gm.named_children()):
         if isinstance(m, ActivationObserver):
             delattr(gm, name)
+    for node in list(gm.graph.nodes):  # export's input guards: shapes are checked by the kernels
+        if node.op == "call_module" and node.target == "_guards_fn":
+            gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
     _drop_unused_attributes(gm)
     _name_layers_by_path(gm, rw.layers)
@@ -175,7 +202,27 @@ def convert_graph(prepared: PreparedGraph, warn: bool = True) -> tuple[fx.GraphM
     gm.recompile()
     if warn:
         _warn_fp32(gm, prepared.skipped)
-    return gm, rw.layers
+    return _plain(gm), rw.layers, activations
+
+
+def _plain(gm: fx.GraphModule) -> tuple[fx.GraphModule, object, object]:
+    """(a plain GraphModule over flat inputs and outputs, the input and output pytree specs).
+
+    The GraphModule torch.export gives is a stateful subclass with hooks that do not pickle; this
+    one pickles (as its code plus its modules) and re-traces when loaded."""
+    graph = copy.deepcopy(gm.graph)
+    in_spec, out_spec = gm._in_spec, gm._out_spec
+    graph._codegen = fx.graph.CodeGen()
+    graph._tracer_cls, graph._tracer_extras = None, {}
+    root = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            root[node.target] = gm.get_submodule(node.target)
+        elif node.op == "get_attr":
+            owner, _, attr = node.target.rpartition(".")
+            root[node.target] = getattr(gm.get_submodule(owner) if owner else gm, attr)
+    plain = fx.GraphModule(root, graph, class_name="QuantizedGraph")
+    return plain, in_spec, out_spec
 
 
 def _drop_unused_attributes(gm: fx.GraphModule) -> None:
@@ -245,7 +292,7 @@ def _remap(op, node_map):
     return new
 
 
-_NOT_COMPUTE = {ops_ns.quantize_per_tensor.default, ops_ns.dequantize_per_tensor.default}
+_NOT_COMPUTE = {ops_ns.quantize_per_tensor.default, ops_ns.dequantize_per_tensor.default, aten.clamp_max.default}
 
 
 def fp32_ops(gm: fx.GraphModule) -> Counter:

@@ -69,16 +69,19 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
         return WeightOnlyConv2d(q, scales, spec.bias, g["stride"], g["padding"], g["dilation"], g["groups"]), \
             "weight-only (FP32 compute)"
     if mode == "dynamic":
-        r = route("linear", spec.shape_key(), eight_bit_input=False)  # linear_dynamic picks 7/8 bits per provider
+        r = route("linear", spec.shape_key(), eight_bit_input=False,  # linear_dynamic picks 7/8 bits per provider
+                  force=spec.config.provider)
         return DynamicQuantizedLinear(_pack(spec, q, scales, r.provider, None), post_op=spec.post_op), r.why
     if x_qp is None:
         raise ValueError(f"{spec.name}: static quantization needs the input's qparams")
     eight = _is_8bit(x_qp)
-    r = route(spec.kind, spec.shape_key(), eight_bit_input=eight)
+    r = route(spec.kind, spec.shape_key(), eight_bit_input=eight, force=spec.config.provider)
     x_qparams = (float(x_qp.scale), int(x_qp.zero_point))
     try:
         packed, why = _pack(spec, q, scales, r.provider, x_qparams), r.why
     except ValueError as exc:  # a geometry this provider refuses (e.g. oneDNN's depthwise bugs)
+        if spec.config.provider is not None:
+            raise ValueError(f"{spec.name}: the forced provider {spec.config.provider!r} refused it: {exc}") from exc
         other = "fbgemm" if r.provider == "onednn" else "onednn"
         route(spec.kind, spec.shape_key(), eight, force=other)  # raises if the other one is not exact either
         packed, why = _pack(spec, q, scales, other, x_qparams), f"{r.provider} refused it ({exc}); {other} instead"

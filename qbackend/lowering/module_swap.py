@@ -17,9 +17,10 @@ from torch import nn
 
 from ..config import QuantConfig
 from ..observers import Observer
+from ..nn.model import QuantizedModel
+from ..nn.quant import Quantize
 from .layers import LayerSpec, build_layer
 
-ops_ns = torch.ops.qbackend
 ASSUMED_M = 64  # the rows routing assumes for a dynamic Linear whose input was never seen
 
 
@@ -42,19 +43,15 @@ class ObservedLayer(nn.Module):
 
 
 class FloatBoundary(nn.Module):
-    """float32 in -> quantize -> a static int8 layer with float32 output."""
+    """float32 in -> Quantize -> a static int8 layer with float32 output."""
 
-    def __init__(self, layer: nn.Module, x_qmax: int | None = None):
-        """x_qmax: the input's largest level when below the dtype's (7-bit activations)."""
+    def __init__(self, quantize: Quantize, layer: nn.Module):
         super().__init__()
+        self.quantize = quantize
         self.layer = layer
-        self.x_qmax = x_qmax
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xq = ops_ns.quantize_per_tensor(x, self.layer.x_scale, self.layer.x_zero_point, self.layer.x_dtype)
-        if self.x_qmax is not None:
-            xq = torch.clamp_max(xq, self.x_qmax)
-        return self.layer(xq)
+        return self.layer(self.quantize(x))
 
 
 class SwappedModel:
@@ -122,27 +119,39 @@ def _spec(name: str, wrapper: ObservedLayer) -> LayerSpec:
     return LayerSpec("conv2d", name, m.weight, m.bias, tuple(wrapper.x_shape), wrapper.config, geometry)
 
 
-def convert_swapped(swapped: SwappedModel) -> nn.Module:
+def convert_swapped(swapped: SwappedModel) -> QuantizedModel:
     model = swapped.model
-    info = {}
+    info, activations = {}, {}
     for name, wrapper in swapped.layers.items():
         cfg = wrapper.config
+        path = name
         if isinstance(wrapper.module, nn.LSTM):
             from ..nn.lstm import DynamicQuantizedLSTM
 
             new = DynamicQuantizedLSTM.from_float(wrapper.module, weight_observer=cfg.weight.create(),
                                                   example_shape=wrapper.x_shape)
             why = "dynamic LSTM (providers: " + ", ".join(f"{k} {v}" for k, v in new.providers.items()) + ")"
+            shape, x_shape = {}, list(wrapper.x_shape) if wrapper.x_shape else None
         else:
-            x_qp = wrapper.observer.compute_qparams() if wrapper.observer is not None else None
-            layer, why = build_layer(_spec(name, wrapper), x_qp)
+            spec = _spec(name, wrapper)
+            shape, x_shape = spec.shape_key(), list(spec.x_shape)
             if cfg.mode == "static":
-                new = FloatBoundary(layer, x_qp.qmax if x_qp.qmax < (255 if x_qp.dtype == torch.uint8 else 127)
-                                    else None)
+                obs = wrapper.observer
+                x_qp = obs.compute_qparams()
+                lo, hi = obs.chosen_range()
+                value = f"{name}.input"
+                activations[value] = {"range": [float(lo), float(hi)], "dtype": str(x_qp.dtype).replace("torch.", ""),
+                                      "symmetric": obs.symmetric, "qmin": x_qp.qmin, "qmax": x_qp.qmax, "eps": obs.eps}
+                layer, why = build_layer(spec, x_qp)
+                layer.x_value = value
+                top = 255 if x_qp.dtype == torch.uint8 else 127
+                new = FloatBoundary(Quantize(x_qp.scale, x_qp.zero_point, x_qp.dtype,
+                                             x_qp.qmax if x_qp.qmax < top else None, value=value), layer)
+                path = name + ".layer"
             else:
-                new = layer
-        info[name] = {"kind": type(wrapper.module).__name__.lower(), "mode": cfg.mode, "module": name, "why": why,
-                      "post_op": "none", "residual": False, "output": "float32"}
+                new, why = build_layer(spec)
+        info[name] = {"kind": type(wrapper.module).__name__.lower(), "mode": cfg.mode,
+                      "module": path, "why": why, "post_op": "none", "residual": False, "output": "float32",
+                      "shape": shape, "x_shape": x_shape, "forced": cfg.provider}
         model.set_submodule(name, new)
-    model.qbackend_layers = info
-    return model
+    return QuantizedModel(model, info, activations)

@@ -36,3 +36,29 @@ def relu6_bound(out_dtype: torch.dtype, out_scale: float, out_zp: int) -> float 
     hi = 255 if out_dtype == torch.uint8 else 127
     q6 = round(6.0 / out_scale) + out_zp
     return None if q6 >= hi else int(q6)
+
+
+class StaticQParamsMixin:
+    """What QuantizedLinear and QuantizedConv2d share: the activation values they read and write
+    (`x_value`, `out_value`, `accum_value`: keys of the model's activation table, set by the
+    lowering) and setters that keep the derived clamp right when qparams change (a model
+    requantized for another CPU)."""
+
+    x_value: str | None = None
+    out_value: str | None = None
+    accum_value: str | None = None
+
+    def set_input_qparams(self, scale: float, zero_point: int) -> None:
+        self.x_scale, self.x_zero_point = check_qparams(scale, zero_point, self.x_dtype, "input")
+
+    def set_output_qparams(self, scale: float, zero_point: int, qmax: int | None = None) -> None:
+        if self.out_dtype == torch.float32:
+            raise ValueError("this layer writes float32: it has no output qparams")
+        self.out_scale, self.out_zero_point = check_qparams(scale, zero_point, self.out_dtype, "output")
+        self.out_qmax = qmax
+        self._clamp_max = output_clamp(self.post_op, self.out_dtype, self.out_scale, self.out_zero_point, qmax)
+
+    def set_accum_qparams(self, scale: float, zero_point: int) -> None:
+        if not getattr(self, "has_accum", False):
+            raise ValueError("this layer has no residual input")
+        self.accum_scale, self.accum_zero_point = check_qparams(scale, zero_point, self.accum_dtype, "accum")

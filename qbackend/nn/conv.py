@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 from ..ops import PackedConv2dWeight
-from ._activation import OUT_DTYPES, QDTYPES, check_qparams, output_clamp
+from ._activation import OUT_DTYPES, QDTYPES, StaticQParamsMixin, check_qparams, output_clamp
 from ._weights import quantize_weight
 from .linear import POST_OPS
 
 
-class QuantizedConv2d(nn.Module):
+class QuantizedConv2d(StaticQParamsMixin, nn.Module):
     """y = post_op(conv(dequant(x), dequant(W)) + b [+ dequant(accum)]), quantized with out qparams or float32."""
 
     def __init__(self, packed: PackedConv2dWeight, x_qparams: tuple[float, int], x_dtype: torch.dtype = torch.uint8,

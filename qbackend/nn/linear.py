@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..ops import PackedLinearWeight
-from ._activation import OUT_DTYPES, QDTYPES, check_qparams, output_clamp
+from ._activation import OUT_DTYPES, QDTYPES, StaticQParamsMixin, check_qparams, output_clamp
 from ._weights import quantize_weight
 
 POST_OPS = ("none", "relu", "relu6", "gelu")
@@ -23,7 +23,7 @@ def _post_op(post_op: str) -> str:
     return post_op
 
 
-class QuantizedLinear(nn.Module):
+class QuantizedLinear(StaticQParamsMixin, nn.Module):
     """y = post_op(dequant(x) @ dequant(W).T + b), output quantized with (out_scale, out_zp) or float32."""
 
     def __init__(self, packed: PackedLinearWeight, x_qparams: tuple[float, int], x_dtype: torch.dtype = torch.uint8,

@@ -8,6 +8,7 @@ import torch
 
 import qbackend
 from qbackend.nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear
+from qbackend.nn.quant import Dequantize, Quantize
 
 from .layer_reference import check_layers
 from .toy_models import MLP, InvertedResidual, ResidualCNN, init_bn, sqnr
@@ -28,8 +29,9 @@ def _quantize(model, make, n_calib=4):
     return qbackend.convert(prepared)
 
 
-def _count(gm, target):
-    return sum(1 for n in gm.graph.nodes if n.target == target)
+def _count(q, kind):
+    """How many Quantize / Dequantize borders the converted graph has."""
+    return sum(1 for m in q.modules() if type(m) is kind)
 
 
 @pytest.fixture(scope="module")
@@ -48,18 +50,18 @@ def test_residual_cnn_fuses_and_stays_int8(residual_cnn):
     assert layers["b2c2"]["residual"] and layers["b2c2"]["output"] == "float32"  # avgpool reads it in FP32
     assert layers["down.0"]["output"] == "int8"  # read as b2c2's residual
     # BatchNorm folded away, the layers sit at their module paths
-    assert isinstance(q.get_submodule("b1c2"), QuantizedConv2d) and isinstance(q.get_submodule("fc"), QuantizedLinear)
+    assert isinstance(q.layer("b1c2"), QuantizedConv2d) and isinstance(q.layer("fc"), QuantizedLinear)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in q.modules())
     # int8 from the stem to b2c2: one quantize for the input, one before fc; no dequantize at all
-    assert _count(q, OPS.quantize_per_tensor.default) == 2
-    assert _count(q, OPS.dequantize_per_tensor.default) == 0
-    pool = [n for n in q.graph.nodes if n.target is OPS.max_pool2d.default]
+    assert _count(q, Quantize) == 2
+    assert _count(q, Dequantize) == 0
+    pool = [n for n in q.graph_module.graph.nodes if n.target is OPS.max_pool2d.default]
     assert len(pool) == 1
     x = _images(3, 7)
     assert q(x).dtype == torch.float32
     # the max pool ran on uint8
     seen = []
-    h = q.get_submodule("b1c1").register_forward_hook(lambda m, a, o: seen.append(a[0].dtype))
+    h = q.layer("b1c1").register_forward_hook(lambda m, a, o: seen.append(a[0].dtype))
     q(x)
     h.remove()
     assert seen == [torch.uint8]
@@ -92,7 +94,7 @@ def test_inverted_residual_relu6_depthwise_add():
         assert sqnr(model(x), q(x)) > 25
     # relu6's bound holds on the int8 outputs of the fused layers
     outs = []
-    m = q.get_submodule("block.0")
+    m = q.layer("block.0")
     h = m.register_forward_hook(lambda mod, a, o: outs.append(o))
     q(x)
     h.remove()
@@ -125,7 +127,7 @@ def test_config_keeps_layers_in_fp32_and_mixes_modes():
     prepared(make(1))
     q = qbackend.convert(prepared)
     assert "fc2" not in q.qbackend_layers
-    assert isinstance(q.get_submodule("fc3"), DynamicQuantizedLinear)
+    assert isinstance(q.layer("fc3"), DynamicQuantizedLinear)
     assert q.qbackend_layers["fc1"]["output"] == "float32"  # fc2 (FP32) reads it
     x = make(5)
     with torch.no_grad():
@@ -140,14 +142,14 @@ def test_cat_runs_in_int8_with_shared_qparams():
     q = _quantize(model, lambda s: _images(4, s))
     layers = q.qbackend_layers
     assert layers["left"]["output"] == "int8" and layers["right"]["output"] == "int8"
-    left, right, merge = (q.get_submodule(n) for n in ("left", "right", "merge"))
+    left, right, merge = (q.layer(n) for n in ("left", "right", "merge"))
     # both branches write the cat's qparams, which the merge conv reads: no requantize anywhere
     assert (left.out_scale, left.out_zero_point) == (right.out_scale, right.out_zero_point) \
         == (merge.x_scale, merge.x_zero_point)
-    cats = [n for n in q.graph.nodes if n.target is torch.ops.aten.cat.default]
+    cats = [n for n in q.graph_module.graph.nodes if n.target is torch.ops.aten.cat.default]
     assert len(cats) == 1
-    assert _count(q, OPS.quantize_per_tensor.default) == 2  # the input, and the head's input
-    assert _count(q, OPS.dequantize_per_tensor.default) == 0
+    assert _count(q, Quantize) == 2  # the input, and the head's input
+    assert _count(q, Dequantize) == 0
     x = _images(3, 12)
     check_layers(q, x)
     with torch.no_grad():

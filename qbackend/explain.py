@@ -1,0 +1,62 @@
+"""`qbackend.explain(qmodel)`: per quantized layer, what it is, what it runs on, and why.
+
+Returns an `Explanation` (a list of rows, one per layer, in graph order) with `.to_markdown()`;
+`qbackend explain FILE` prints it for a model saved with `qbackend.save`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .nn.model import QuantizedModel
+
+
+def _provider(module) -> str:
+    packed = getattr(module, "packed", None)
+    if packed is not None:
+        return packed.provider_name
+    providers = getattr(module, "providers", None)  # the LSTM: one per packed weight
+    if providers:
+        return "/".join(sorted({p for ps in providers.values() for p in ps}))
+    return "fp32 compute"
+
+
+def _shape(info: dict) -> str:
+    s = info.get("shape") or {}
+    if info["kind"] == "linear" and s:
+        return f"M={s['m']} K={s['k']} N={s['n']}"
+    if info["kind"] == "conv2d" and s:
+        k = "x".join(map(str, s["kernel"]))
+        st = s["stride"][0] if isinstance(s["stride"], (list, tuple)) else s["stride"]
+        g = f" g={s['groups']}" if s["groups"] > 1 else ""
+        return f"{s['n']}x{s['c_in']}x{s['h']}x{s['w']} -> {s['c_out']} {k}/s{st}{g}"
+    return "x " + "x".join(map(str, info.get("x_shape") or [])) if info.get("x_shape") else "-"
+
+
+@dataclass
+class Explanation:
+    rows: list[dict]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def to_markdown(self) -> str:
+        head = "| layer | op | mode | shape (example) | fused | output | provider | why |\n|---|---|---|---|---|---|---|---|"
+        lines = [f"| {r['layer']} | {r['op']} | {r['mode']} | {r['shape']} | {r['fused']} | {r['output']} | "
+                 f"{r['provider']} | {r['why']} |" for r in self.rows]
+        return "\n".join([head, *lines])
+
+
+def explain(qmodel: QuantizedModel) -> Explanation:
+    if not isinstance(qmodel, QuantizedModel):
+        raise TypeError(f"explain takes a model from qbackend.convert / quantize / load, got {type(qmodel).__name__}")
+    rows = []
+    for name, info in qmodel.qbackend_layers.items():
+        fused = [p for p in (("+residual" if info.get("residual") else ""),
+                             (info["post_op"] if info.get("post_op", "none") != "none" else "")) if p]
+        rows.append({"layer": name, "op": info["kind"], "mode": info["mode"], "shape": _shape(info),
+                     "fused": " ".join(fused) or "-", "output": info.get("output", "float32"),
+                     "provider": _provider(qmodel.layer(name)), "why": info["why"]})
+    return Explanation(rows)

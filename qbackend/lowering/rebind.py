@@ -1,0 +1,107 @@
+"""Rebinding a converted model to the machine it runs on (after `qbackend.load`, or after changing
+QBACKEND_ISA): activations requantized where the CPU needs 7-bit ones, and every layer routed
+again by this machine's rules.
+
+* Activations: a model converted on a CPU with VNNI uses the full uint8 range; CPUs without VNNI
+  saturate u8 x s8 products, so there each uint8 value's qparams are recomputed for [0, 127]
+  from the float range saved with the model (`qbackend_activations`, the observer's chosen range;
+  the range was chosen for 256 levels, the 7-bit model uses it with 128). Every Quantize,
+  Dequantize and quantized layer reading or writing the value is updated.
+* Routes: each static / dynamic layer goes through qbackend.dispatch.route with its recorded
+  example shape (a forced provider stays forced); a layer whose provider changes is repacked.
+  The LSTM keeps its providers (its dynamic activations are exact on every provider).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..dispatch import route
+from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear
+from ..nn._activation import StaticQParamsMixin
+from ..nn.quant import Dequantize, Quantize
+from ..observers import choose_qparams, default_reduce_range
+from ..ops import PackedConv2dWeight
+
+
+class RequantizedWarning(UserWarning):
+    """A loaded model's 8-bit activations were requantized to 7 bits for this CPU."""
+
+
+def requantize_activations(qmodel, seven_bit: bool) -> list[str]:
+    """Make every uint8 activation 7-bit (seven_bit=True) where it is 8-bit; returns the values changed."""
+    if not seven_bit:
+        return []
+    new = {}
+    for name, rec in qmodel.qbackend_activations.items():
+        if rec["dtype"] != "uint8" or rec["qmax"] <= 127:
+            continue
+        lo, hi = rec["range"]
+        new[name] = choose_qparams(lo, hi, torch.uint8, rec["symmetric"], rec["qmin"], 127, reduce_range=False,
+                                   eps=rec["eps"])
+        rec["qmax"] = 127
+    if not new:
+        return []
+    for m in qmodel.modules():
+        if isinstance(m, (Quantize, Dequantize)) and m.value in new:
+            qp = new[m.value]
+            m.set_qparams(qp.scale, qp.zero_point, qp.qmax)
+        elif isinstance(m, StaticQParamsMixin):
+            if m.x_value in new:
+                m.set_input_qparams(new[m.x_value].scale, new[m.x_value].zero_point)
+            if m.out_value in new:
+                qp = new[m.out_value]
+                m.set_output_qparams(qp.scale, qp.zero_point, qp.qmax)
+            if m.accum_value in new:
+                m.set_accum_qparams(new[m.accum_value].scale, new[m.accum_value].zero_point)
+    return sorted(new)
+
+
+def _eight_bit(m: StaticQParamsMixin, activations: dict) -> bool:
+    if m.x_dtype == torch.int8:
+        return True
+    rec = activations.get(m.x_value)
+    return rec is None or rec["qmax"] > 127
+
+
+def _repack(m, provider: str):
+    state = m.packed.__getstate__()
+    if isinstance(m.packed, PackedConv2dWeight):  # oneDNN picks its weight format for these qparams
+        state["x_qparams"] = (m.x_scale, m.x_zero_point)
+    return type(m.packed).from_state(state, provider)
+
+
+def reroute(qmodel) -> dict[str, tuple[str, str]]:
+    """Route every layer again on this machine; returns {layer: (old provider, new provider)} of the changed."""
+    changed = {}
+    for name, info in qmodel.qbackend_layers.items():
+        m = qmodel.layer(name)
+        if isinstance(m, (QuantizedLinear, QuantizedConv2d)):
+            r = route(info["kind"], info["shape"], eight_bit_input=_eight_bit(m, qmodel.qbackend_activations),
+                      force=info.get("forced"))
+            stale_hint = (isinstance(m.packed, PackedConv2dWeight) and m.packed.x_qparams is not None
+                          and tuple(m.packed.x_qparams) != (m.x_scale, m.x_zero_point))
+        elif isinstance(m, DynamicQuantizedLinear):
+            r = route("linear", info["shape"], eight_bit_input=False, force=info.get("forced"))
+            stale_hint = False
+        else:
+            continue
+        old = m.packed.provider_name
+        if r.provider != old or stale_hint:
+            m.packed = _repack(m, r.provider)
+            info["why"] = r.why if r.provider == old else f"re-routed on this machine ({old} before): {r.why}"
+            if r.provider != old:
+                changed[name] = (old, r.provider)
+    return changed
+
+
+def rebind(qmodel) -> dict:
+    """Requantize (if this CPU needs 7-bit activations) and re-route; returns what changed."""
+    seven = default_reduce_range(torch.uint8)
+    values = requantize_activations(qmodel, seven)
+    if values:
+        warnings.warn(f"qbackend: this model has 8-bit activations but this CPU (or QBACKEND_ISA) has no VNNI; "
+                      f"{len(values)} activation values were requantized to 7 bits from their saved ranges",
+                      RequantizedWarning, stacklevel=3)
+    return {"requantized": values, "rerouted": reroute(qmodel)}
