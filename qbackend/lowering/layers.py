@@ -4,17 +4,19 @@ weight, and wrap it in the qbackend.nn module for its mode. Used by the graph lo
 module-swap fallback alike (a `LayerSpec` says all it needs)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from ..config import QuantConfig
 from ..dispatch import route
+from ..dispatch.router import KERNEL_PROVIDERS
 from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear, WeightOnlyConv2d, WeightOnlyLinear
 from ..nn._weights import quantize_weight
 from ..observers import QParams
-from ..ops import PackedConv2dWeight, PackedLinearWeight
+from ..ops import PackedConv2dWeight, PackedLinearWeight, get_provider
 
 
 @dataclass
@@ -56,9 +58,93 @@ def _pack(spec: LayerSpec, q: torch.Tensor, scales: torch.Tensor, provider: str,
                               provider=provider, x_shape=list(spec.x_shape), x_qparams=x_qparams)
 
 
+@dataclass
+class TuneOptions:
+    """Tune mode: time each candidate provider on the layer's shapes instead of trusting the rules.
+
+    batch_sizes: the batch sizes to time (None: the example's); the provider with the best
+    geometric mean of its time relative to the fastest, over them, wins. cache: a TuneCache
+    (None: the default on-disk cache)."""
+
+    batch_sizes: tuple[int, ...] | None = None
+    cache: object | None = None
+
+
+def _module(spec: LayerSpec, q, scales, provider: str, x_qp: QParams | None, out_qp: QParams | None,
+            accum_qp: QParams | None) -> nn.Module:
+    """The quantized module of spec on `provider` (packing may raise ValueError for a geometry the
+    provider refuses)."""
+    if spec.config.mode == "dynamic":
+        return DynamicQuantizedLinear(_pack(spec, q, scales, provider, None), post_op=spec.post_op)
+    x_qparams = (float(x_qp.scale), int(x_qp.zero_point))
+    packed = _pack(spec, q, scales, provider, x_qparams)
+    out_dtype = out_qp.dtype if out_qp is not None else torch.float32
+    out_qparams = (float(out_qp.scale), int(out_qp.zero_point)) if out_qp is not None else None
+    out_qmax = out_qp.qmax if out_qp is not None else None
+    if spec.kind == "linear":
+        return QuantizedLinear(packed, x_qparams, x_qp.dtype, out_qparams, out_dtype, spec.post_op, out_qmax=out_qmax)
+    accum = (float(accum_qp.scale), int(accum_qp.zero_point)) if accum_qp is not None else None
+    return QuantizedConv2d(packed, x_qparams, x_qp.dtype, out_qparams, out_dtype, spec.post_op, accum,
+                           accum_qp.dtype if accum_qp is not None else torch.uint8, out_qmax=out_qmax)
+
+
+def _example_inputs(spec: LayerSpec, module: nn.Module, x_qp, accum_qp) -> tuple:
+    """Representative inputs for timing: random activations in the layer's quantized range."""
+    g = torch.Generator().manual_seed(0)
+    if spec.config.mode == "dynamic":
+        return (torch.randn(spec.x_shape, generator=g),)
+    lo, hi = x_qp.qmin, x_qp.qmax
+    x = torch.randint(lo, hi + 1, spec.x_shape, generator=g).to(x_qp.dtype)
+    if spec.kind == "conv2d":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if accum_qp is None:
+        return (x,)
+    with torch.no_grad():
+        shape = module(x).shape
+    acc = torch.randint(accum_qp.qmin, accum_qp.qmax + 1, tuple(shape), generator=g).to(accum_qp.dtype)
+    return x, acc.contiguous(memory_format=torch.channels_last)
+
+
+def _tuned(spec: LayerSpec, q, scales, candidates, x_qp, out_qp, accum_qp, options: TuneOptions):
+    """(provider, why) from timing the candidates (or the cache) at each batch size."""
+    from ..dispatch.tuner import TuneCache, TuneKey, tune
+
+    cache = options.cache if options.cache is not None else TuneCache()
+    batches = options.batch_sizes or (spec.x_shape[0],)
+    results = []
+    for b in batches:
+        s = replace(spec, x_shape=(int(b),) + tuple(spec.x_shape[1:]))
+        key = TuneKey.make(spec.kind if spec.config.mode == "static" else "linear_dynamic", s.shape_key(),
+                           x_bits=(8 if x_qp is not None and _is_8bit(x_qp) else 7) if x_qp is not None else 0,
+                           out=str(out_qp.dtype if out_qp is not None else torch.float32).replace("torch.", ""),
+                           post_op=spec.post_op, residual=accum_qp is not None)
+
+        def builder(p, s=s):
+            module = _module(s, q, scales, p, x_qp, out_qp, accum_qp)
+            inputs = _example_inputs(s, module, x_qp, accum_qp)
+
+            def run():
+                with torch.no_grad():
+                    return module(*inputs)
+            return run
+        res, hit = tune(key, {p: (lambda p=p: builder(p)) for p in candidates}, cache)
+        results.append((b, res, hit))
+    scores = {}
+    for p in candidates:
+        ratios = [r.times_us[p] / min(r.times_us.values()) for _, r, _ in results if p in r.times_us]
+        if len(ratios) == len(results):
+            scores[p] = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
+    if not scores:
+        raise ValueError(f"{spec.name}: no provider could run it")
+    best = min(scores, key=scores.get)
+    detail = "; ".join(f"batch {b}: {r.why()}" + (" (cached)" if hit else "") for b, r, hit in results)
+    return best, f"tuned: {detail}"
+
+
 def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | None = None,
-                accum_qp: QParams | None = None) -> tuple[nn.Module, str]:
-    """(the quantized module, why its provider was chosen). x_qp is required in static mode."""
+                accum_qp: QParams | None = None, tune: TuneOptions | None = None) -> tuple[nn.Module, str]:
+    """(the quantized module, why its provider was chosen). x_qp is required in static mode.
+    With `tune`, the providers are timed on this layer (unless one is forced)."""
     mode = spec.config.mode
     w_obs = spec.config.weight.create(f"{spec.name}.weight")
     q, scales = quantize_weight(spec.weight, w_obs, spec.name)
@@ -68,29 +154,23 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
         g = spec.geometry
         return WeightOnlyConv2d(q, scales, spec.bias, g["stride"], g["padding"], g["dilation"], g["groups"]), \
             "weight-only (FP32 compute)"
-    if mode == "dynamic":
-        r = route("linear", spec.shape_key(), eight_bit_input=False,  # linear_dynamic picks 7/8 bits per provider
-                  force=spec.config.provider)
-        return DynamicQuantizedLinear(_pack(spec, q, scales, r.provider, None), post_op=spec.post_op), r.why
-    if x_qp is None:
+    if mode == "static" and x_qp is None:
         raise ValueError(f"{spec.name}: static quantization needs the input's qparams")
-    eight = _is_8bit(x_qp)
-    r = route(spec.kind, spec.shape_key(), eight_bit_input=eight, force=spec.config.provider)
-    x_qparams = (float(x_qp.scale), int(x_qp.zero_point))
+    # dynamic: linear_dynamic picks 7 or 8 bits per provider, so every provider is exact
+    eight = mode == "static" and _is_8bit(x_qp)
+    kind = spec.kind if mode == "static" else "linear"
+    r = route(kind, spec.shape_key(), eight_bit_input=eight, force=spec.config.provider)
+    provider, why = r.provider, r.why
+    if tune is not None and spec.config.provider is None:
+        candidates = [p for p in KERNEL_PROVIDERS if not eight or get_provider(p).exact_8bit()]
+        if len(candidates) > 1:
+            provider, why = _tuned(spec, q, scales, candidates, x_qp, out_qp, accum_qp, tune)
     try:
-        packed, why = _pack(spec, q, scales, r.provider, x_qparams), r.why
+        return _module(spec, q, scales, provider, x_qp, out_qp, accum_qp), why
     except ValueError as exc:  # a geometry this provider refuses (e.g. oneDNN's depthwise bugs)
         if spec.config.provider is not None:
             raise ValueError(f"{spec.name}: the forced provider {spec.config.provider!r} refused it: {exc}") from exc
-        other = "fbgemm" if r.provider == "onednn" else "onednn"
-        route(spec.kind, spec.shape_key(), eight, force=other)  # raises if the other one is not exact either
-        packed, why = _pack(spec, q, scales, other, x_qparams), f"{r.provider} refused it ({exc}); {other} instead"
-    out_dtype = out_qp.dtype if out_qp is not None else torch.float32
-    out_qparams = (float(out_qp.scale), int(out_qp.zero_point)) if out_qp is not None else None
-    if spec.kind == "linear":
-        return QuantizedLinear(packed, x_qparams, x_qp.dtype, out_qparams, out_dtype, spec.post_op,
-                               out_qmax=out_qp.qmax if out_qp is not None else None), why
-    accum = (float(accum_qp.scale), int(accum_qp.zero_point)) if accum_qp is not None else None
-    return QuantizedConv2d(packed, x_qparams, x_qp.dtype, out_qparams, out_dtype, spec.post_op, accum,
-                           accum_qp.dtype if accum_qp is not None else torch.uint8,
-                           out_qmax=out_qp.qmax if out_qp is not None else None), why
+        other = "fbgemm" if provider == "onednn" else "onednn"
+        route(kind, spec.shape_key(), eight, force=other)  # raises if the other one is not exact either
+        return (_module(spec, q, scales, other, x_qp, out_qp, accum_qp),
+                f"{provider} refused it ({exc}); {other} instead")
