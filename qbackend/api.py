@@ -129,16 +129,38 @@ def prepare(model: nn.Module, example_inputs, backend: str = "x86", config: Quan
     return PreparedModel(inner, prepared, config, backend)
 
 
-def convert(prepared: PreparedModel) -> nn.Module:
+def _tune_options(tune, tune_batch_sizes, tune_cache):
+    if not tune:
+        if tune_batch_sizes is not None or tune_cache is not None:
+            raise ValueError("tune_batch_sizes / tune_cache apply with tune=True")
+        return None
+    from .lowering.layers import TuneOptions
+
+    if tune_batch_sizes is not None:
+        sizes = tuple(int(b) for b in tune_batch_sizes)
+        if not sizes or any(b < 1 for b in sizes):
+            raise ValueError(f"tune_batch_sizes must be positive batch sizes, got {tune_batch_sizes!r}")
+    else:
+        sizes = None
+    return TuneOptions(batch_sizes=sizes, cache=tune_cache)
+
+
+def convert(prepared: PreparedModel, tune: bool = False, tune_batch_sizes=None, tune_cache=None) -> nn.Module:
     """The int8 model of a calibrated PreparedModel: a QuantizedModel, an ordinary nn.Module (eager,
     torch.compile and torch.export all run it). `qmodel.qbackend_layers` describes each quantized
-    layer, `qmodel.layer(name)` returns its module."""
+    layer, `qmodel.layer(name)` returns its module.
+
+    tune=True times each candidate provider on every layer (at the example inputs' batch size, or
+    at each of `tune_batch_sizes`) and keeps the fastest, instead of the rule table's choice;
+    results are cached on disk (qbackend.dispatch.tuner.default_cache_path(), or the TuneCache
+    given as tune_cache), so converting the same model again does no timing."""
+    options = _tune_options(tune, tune_batch_sizes, tune_cache)
     if not isinstance(prepared, PreparedModel):
         raise TypeError(f"convert takes the model qbackend.prepare returned, got {type(prepared).__name__}")
     if isinstance(prepared._prepared, PreparedGraph):
-        (gm, in_spec, out_spec), layers, activations = convert_graph(prepared._prepared)
+        (gm, in_spec, out_spec), layers, activations = convert_graph(prepared._prepared, tune=options)
         return QuantizedModel(gm, layers, activations, in_spec, out_spec)
-    return convert_swapped(prepared._prepared)
+    return convert_swapped(prepared._prepared, tune=options)
 
 
 def _batches(calibration_data: Iterable) -> Iterable[tuple[tuple, dict]]:
@@ -165,13 +187,14 @@ def calibrate(prepared: PreparedModel, calibration_data: Iterable) -> int:
 
 
 def quantize(model: nn.Module, example_inputs, calibration_data: Iterable, config: QuantConfig | None = None,
-             backend: str = "x86", example_kwargs: dict | None = None) -> nn.Module:
-    """prepare + calibrate + convert in one call."""
+             backend: str = "x86", example_kwargs: dict | None = None, tune: bool = False,
+             tune_batch_sizes=None, tune_cache=None) -> nn.Module:
+    """prepare + calibrate + convert in one call (tune*: see convert)."""
     prepared = prepare(model, example_inputs, backend=backend, config=config, example_kwargs=example_kwargs)
     config = prepared.config
     if config.mode == "static" and calibrate(prepared, calibration_data) == 0:
         raise ValueError("calibration_data gave no batches; static quantization needs at least one")
-    return convert(prepared)
+    return convert(prepared, tune=tune, tune_batch_sizes=tune_batch_sizes, tune_cache=tune_cache)
 
 
 def quantize_dynamic(model: nn.Module, config: QuantConfig | None = None, backend: str = "x86") -> nn.Module:

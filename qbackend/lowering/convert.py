@@ -45,8 +45,9 @@ class FP32FallbackWarning(UserWarning):
 
 
 class _Rewriter:
-    def __init__(self, gm: fx.GraphModule, prepared: PreparedGraph, qparams: dict, value_ids: dict):
+    def __init__(self, gm: fx.GraphModule, prepared: PreparedGraph, qparams: dict, value_ids: dict, tune=None):
         self.gm, self.graph, self.prepared, self.qparams = gm, gm.graph, prepared, qparams
+        self.tune = tune
         self.value_ids = value_ids  # id(QParams) -> the activation value's name
         self.borders = 0
         self.qmap: dict[fx.Node, tuple[fx.Node, QParams]] = {}
@@ -119,7 +120,7 @@ class _Rewriter:
         else:
             args = (self.replaced.get(op.x, op.x),)
         out_qp = self.qparams[op.output] if op.output in plan.int8_outputs else None
-        module, why = build_layer(op.layer_spec(self.gm), x_qp, out_qp, acc_qp)
+        module, why = build_layer(op.layer_spec(self.gm), x_qp, out_qp, acc_qp, tune=self.tune)
         if static:
             module.x_value = self.value_ids[id(x_qp)]
             module.out_value = self.value_ids[id(out_qp)] if out_qp is not None else None
@@ -168,7 +169,7 @@ def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict]:
     return qparams, value_ids, table
 
 
-def convert_graph(prepared: PreparedGraph, warn: bool = True):
+def convert_graph(prepared: PreparedGraph, warn: bool = True, tune=None):
     """((the int8 GraphModule over flat inputs, input spec, output spec), per-layer info: kind, mode,
     module path, why its provider, ..., the activation table)."""
     qparams, value_ids, activations = _compute_qparams(prepared)  # ObserverError naming a layer without data
@@ -182,7 +183,7 @@ def convert_graph(prepared: PreparedGraph, warn: bool = True):
     plan.aliases = {node_map[k]: node_map[v] for k, v in prepared.plan.aliases.items()}
     plan.int8_cats = {node_map[n] for n in prepared.plan.int8_cats}
     plan.int8_outputs = {node_map[n] for n in prepared.plan.int8_outputs}
-    rw = _Rewriter(gm, _Prepared(plan), qparams, value_ids)
+    rw = _Rewriter(gm, _Prepared(plan), qparams, value_ids, tune)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for op in sorted(ops, key=lambda o: order[o.output]):
         rw.rewrite(op)

@@ -17,6 +17,7 @@ from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear, Weigh
 from ..nn._weights import quantize_weight
 from ..observers import QParams
 from ..ops import PackedConv2dWeight, PackedLinearWeight, get_provider
+from ..ops.conv import conv2d_output_hw
 
 
 @dataclass
@@ -99,9 +100,11 @@ def _example_inputs(spec: LayerSpec, module: nn.Module, x_qp, accum_qp) -> tuple
         x = x.contiguous(memory_format=torch.channels_last)
     if accum_qp is None:
         return (x,)
-    with torch.no_grad():
-        shape = module(x).shape
-    acc = torch.randint(accum_qp.qmin, accum_qp.qmax + 1, tuple(shape), generator=g).to(accum_qp.dtype)
+    geo = spec.geometry
+    oh, ow = conv2d_output_hw(x.shape[2], x.shape[3], tuple(spec.weight.shape[2:]), geo["stride"], geo["padding"],
+                              geo["dilation"])
+    shape = (x.shape[0], spec.weight.shape[0], oh, ow)
+    acc = torch.randint(accum_qp.qmin, accum_qp.qmax + 1, shape, generator=g).to(accum_qp.dtype)
     return x, acc.contiguous(memory_format=torch.channels_last)
 
 
@@ -137,7 +140,8 @@ def _tuned(spec: LayerSpec, q, scales, candidates, x_qp, out_qp, accum_qp, optio
     if not scores:
         raise ValueError(f"{spec.name}: no provider could run it")
     best = min(scores, key=scores.get)
-    detail = "; ".join(f"batch {b}: {r.why()}" + (" (cached)" if hit else "") for b, r, hit in results)
+    detail = "; ".join(f"batch {b}: {r.why().removeprefix('tuned: ')}" + (" (cached)" if hit else "")
+                       for b, r, hit in results)
     return best, f"tuned: {detail}"
 
 

@@ -119,7 +119,7 @@ def _spec(name: str, wrapper: ObservedLayer) -> LayerSpec:
     return LayerSpec("conv2d", name, m.weight, m.bias, tuple(wrapper.x_shape), wrapper.config, geometry)
 
 
-def convert_swapped(swapped: SwappedModel) -> QuantizedModel:
+def convert_swapped(swapped: SwappedModel, tune=None) -> QuantizedModel:
     model = swapped.model
     info, activations = {}, {}
     for name, wrapper in swapped.layers.items():
@@ -142,14 +142,14 @@ def convert_swapped(swapped: SwappedModel) -> QuantizedModel:
                 value = f"{name}.input"
                 activations[value] = {"range": [float(lo), float(hi)], "dtype": str(x_qp.dtype).replace("torch.", ""),
                                       "symmetric": obs.symmetric, "qmin": x_qp.qmin, "qmax": x_qp.qmax, "eps": obs.eps}
-                layer, why = build_layer(spec, x_qp)
+                layer, why = build_layer(spec, x_qp, tune=tune)
                 layer.x_value = value
                 top = 255 if x_qp.dtype == torch.uint8 else 127
                 new = FloatBoundary(Quantize(x_qp.scale, x_qp.zero_point, x_qp.dtype,
                                              x_qp.qmax if x_qp.qmax < top else None, value=value), layer)
                 path = name + ".layer"
             else:
-                new, why = build_layer(spec)
+                new, why = build_layer(spec, tune=tune)
         info[name] = {"kind": type(wrapper.module).__name__.lower(), "mode": cfg.mode,
                       "module": path, "why": why, "post_op": "none", "residual": False, "output": "float32",
                       "shape": shape, "x_shape": x_shape, "forced": cfg.provider}

@@ -1,0 +1,73 @@
+"""Tune mode end to end: convert(tune=True) times the providers of every layer through the tuner,
+stores the results, and a second convert of the same model reads them back without timing
+anything; batch sizes; forced providers are not tuned; argument errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qbackend
+from qbackend.dispatch import tuner
+from qbackend.dispatch.tuner import TuneCache
+
+from .toy_models import ResidualCNN, init_bn, sqnr
+
+pytestmark = pytest.mark.filterwarnings("ignore::qbackend.lowering.convert.FP32FallbackWarning")
+
+
+def _img(n, seed):
+    return torch.randn(n, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    model = init_bn(ResidualCNN())
+    p = qbackend.prepare(model, (_img(2, 0),))
+    p(_img(4, 1))
+    return model, p
+
+
+def test_tune_then_cached(prepared, tmp_path, monkeypatch):
+    model, p = prepared
+    path = tmp_path / "tune.json"
+    q = qbackend.convert(p, tune=True, tune_cache=TuneCache(path))
+    rows = qbackend.explain(q).rows
+    assert len(rows) == 7 and all(r["why"].startswith("tuned: batch 2:") for r in rows)
+    for r in rows:  # the fastest timed provider is the one chosen
+        assert r["why"].split("batch 2: ")[1].startswith(r["provider"])
+    assert path.exists() and path.stat().st_size > 0
+
+    def no_timing(*a, **k):
+        raise AssertionError("a cached convert must not time anything")
+
+    monkeypatch.setattr(tuner, "time_candidates", no_timing)
+    q2 = qbackend.convert(p, tune=True, tune_cache=TuneCache(path))
+    assert [r["provider"] for r in qbackend.explain(q2)] == [r["provider"] for r in rows]
+    assert all("(cached)" in r["why"] for r in qbackend.explain(q2))
+    x = _img(3, 5)
+    with torch.no_grad():
+        assert sqnr(model(x), q2(x)) > 25
+
+
+def test_tune_batch_sizes(prepared, tmp_path):
+    _, p = prepared
+    q = qbackend.convert(p, tune=True, tune_batch_sizes=[1, 4], tune_cache=TuneCache(tmp_path / "t.json"))
+    for r in qbackend.explain(q):
+        assert "batch 1:" in r["why"] and "batch 4:" in r["why"]
+
+
+def test_forced_provider_is_not_tuned(tmp_path):
+    model = init_bn(ResidualCNN())
+    p = qbackend.prepare(model, (_img(2, 0),), config=qbackend.QuantConfig(provider="onednn"))
+    p(_img(4, 1))
+    q = qbackend.convert(p, tune=True, tune_cache=TuneCache(tmp_path / "t.json"))
+    assert {r["provider"] for r in qbackend.explain(q)} == {"onednn"}
+    assert all("forced" in r["why"] for r in qbackend.explain(q))
+
+
+def test_tune_argument_errors(prepared):
+    _, p = prepared
+    with pytest.raises(ValueError, match="apply with tune=True"):
+        qbackend.convert(p, tune_batch_sizes=[1])
+    with pytest.raises(ValueError, match="positive batch sizes"):
+        qbackend.convert(p, tune=True, tune_batch_sizes=[0])
