@@ -1,4 +1,4 @@
-"""The `qbackend` command line (also `python -m qbackend`): `info`, `explain` and `demo`."""
+"""The `qbackend` command line (also `python -m qbackend`): `info`, `explain` and `demo` (qbackend.demo)."""
 from __future__ import annotations
 
 import argparse
@@ -70,9 +70,29 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from qbackend.kernel_demo import run
+    import json
 
-    return run(batch=args.batch, features=args.features)
+    from qbackend.demo import format_demo, run_demo
+
+    batch_sizes = _int_list(args.batch, "--batch")
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else None
+    result = run_demo(batch_sizes=batch_sizes, threads=args.threads, rounds=args.rounds, epochs=args.epochs, log=log)
+    print(format_demo(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{option} takes comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{option} takes positive integers, got {text!r}")
+    return values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,9 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="probed CPU features, ISA override, and the provider each op kind would use")
     e = sub.add_parser("explain", help="per layer of a saved model (qbackend.save): op, shapes, provider, why")
     e.add_argument("path", help="a file written by qbackend.save")
-    d = sub.add_parser("demo", help="quantize a Linear layer and compare INT8 (both providers) with FP32")
-    d.add_argument("--batch", type=int, default=64)
-    d.add_argument("--features", type=int, default=768)
+    d = sub.add_parser("demo", help="train a small CNN on scikit-learn's digits, quantize it, and compare FP32 "
+                                    "with INT8: top-1, latency, size, where each layer runs")
+    d.add_argument("--batch", default="1,32", help="batch sizes to time, comma-separated (default 1,32)")
+    d.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    d.add_argument("--rounds", type=int, default=40, help="interleaved timing rounds per batch size (default 40)")
+    d.add_argument("--epochs", type=int, default=15, help="training epochs (default 15)")
+    d.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    d.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
 
 

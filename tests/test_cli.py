@@ -1,4 +1,5 @@
 """The `qbackend` command line, run as a user would: in a child process."""
+import json
 import sys
 
 from tests.subprocess_utils import run_py
@@ -33,14 +34,28 @@ def test_python_dash_m_entry_point():
     assert proc.returncode == 0 and "Routes on this CPU class" in proc.stdout
 
 
-def test_demo_reports_int8_accuracy_and_speed():
-    proc = _cli("demo", "--batch", "8", "--features", "64")
+def test_demo_prints_accuracy_latency_size_and_layers(tmp_path):
+    out = tmp_path / "demo.json"
+    proc = _cli("demo", "--batch", "1,4", "--rounds", "3", "--epochs", "2", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
-    rows = [l for l in proc.stdout.splitlines() if l.startswith("| INT8")]
-    assert {r.split("|")[1].strip() for r in rows} == {"INT8 fbgemm", "INT8 onednn"}
-    for r in rows:
-        sqnr = float(r.split("|")[4])
-        assert 25 < sqnr < 80, r  # 8-bit (or 7-bit) quantization of a random layer: ~30-45 dB
+    lines = proc.stdout.splitlines()
+    assert "training the digits CNN" in proc.stderr  # progress lines go to stderr
+    top1 = next(l for l in lines if l.startswith("| test top-1 (%) |")).split("|")
+    assert 50 < float(top1[2]) <= 100 and 50 < float(top1[3]) <= 100
+    assert [l.split("|")[1].strip() for l in lines if l.startswith("| latency")] == \
+        ["latency, batch 1 (ms)", "latency, batch 4 (ms)"]
+    assert any(l.startswith("| model size (bytes) |") for l in lines)
+    assert sum(l.strip().split(" ")[0] in ("conv1", "conv2", "fc") for l in lines) == 3
+    assert f"wrote {out}" in lines
+    result = json.loads(out.read_text())
+    assert [r["batch"] for r in result["latency"]] == [1, 4]
+    assert result["size"]["int8_saved_bytes"] < result["size"]["fp32_state_dict_bytes"]
+
+
+def test_demo_bad_option_is_one_line():
+    proc = _cli("demo", "--batch", "1,x", "--quiet")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "qbackend demo: error: --batch takes comma-separated integers, got '1,x'"
 
 
 def test_bad_arguments_exit_nonzero():
