@@ -20,10 +20,14 @@ setup(
     packages=find_packages(include=["qbackend", "qbackend.*"]),
     python_requires=">=3.10",
     # scikit-learn: the digits dataset the built-in model zoo trains on (qbackend.models, the demo).
-    install_requires=["torch==2.13.0", "numpy", "scikit-learn>=1.5"],
+    # tqdm: the progress bars of `qbackend compare`.
+    install_requires=["torch==2.13.0", "numpy", "scikit-learn>=1.5", "tqdm"],
     extras_require={
         # transformers: the BERT encoder of the model zoo (tests and benchmarks build it from a config).
-        "test": ["pytest", "hypothesis", "transformers>=5.0"],
+        # rich and matplotlib: the CLI's tables and `qbackend compare --plot`, tested too.
+        "test": ["pytest", "hypothesis", "transformers>=5.0", "rich", "matplotlib"],
+        # `qbackend compare`: rich tables (markdown without it), --plot (matplotlib).
+        "cli": ["rich", "matplotlib"],
         "models": ["transformers>=5.0"],
         "bench": ["numpy"],
         "embeddings": ["fbgemm-gpu-cpu==1.8.0"],
