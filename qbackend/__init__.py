@@ -14,8 +14,9 @@ from .config import ObserverSpec, QuantConfig
 from .dispatch import cpu_features
 from .explain import explain
 from .nn.model import QuantizedModel
+from .report import compare
 from .serialization import load, save
 
 __version__ = "0.1.0"
 __all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "PreparedModel", "QuantizedModel",
-           "QuantConfig", "ObserverSpec", "save", "load", "explain", "cpu_features", "__version__"]
+           "QuantConfig", "ObserverSpec", "save", "load", "explain", "compare", "cpu_features", "__version__"]

@@ -188,8 +188,23 @@ def calibrate(prepared: PreparedModel, calibration_data: Iterable) -> int:
 
 def quantize(model: nn.Module, example_inputs, calibration_data: Iterable, config: QuantConfig | None = None,
              backend: str = "x86", example_kwargs: dict | None = None, tune: bool = False,
-             tune_batch_sizes=None, tune_cache=None) -> nn.Module:
-    """prepare + calibrate + convert in one call (tune*: see convert)."""
+             tune_batch_sizes=None, tune_cache=None, eval_fn=None, max_drop: float | None = None) -> nn.Module:
+    """prepare + calibrate + convert in one call (tune*: see convert).
+
+    With eval_fn (model -> metric, higher is better) and max_drop, the accuracy-budgeted fallback
+    keeps the most sensitive layers in FP32 until eval_fn(qmodel) >= eval_fn(model) - max_drop
+    (qbackend.report.fallback); `qmodel.qbackend_fallback` says what it did."""
+    if (eval_fn is None) != (max_drop is None):
+        raise ValueError("give both eval_fn and max_drop (the accuracy-budgeted fallback), or neither")
+    if eval_fn is not None:
+        from .report.fallback import quantize_within_budget
+
+        calibration = list(calibration_data)
+        return quantize_within_budget(
+            model, _as_args(example_inputs), calibration, _check_config(config),
+            lambda cfg: quantize(model, example_inputs, calibration, cfg, backend, example_kwargs, tune,
+                                 tune_batch_sizes, tune_cache),
+            eval_fn, max_drop, example_kwargs)
     prepared = prepare(model, example_inputs, backend=backend, config=config, example_kwargs=example_kwargs)
     config = prepared.config
     if config.mode == "static" and calibrate(prepared, calibration_data) == 0:

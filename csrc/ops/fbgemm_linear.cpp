@@ -10,6 +10,9 @@
 // as uint8 with zero point + 128 and shifted back (exact). gelu and bf16 output are not FBGEMM
 // epilogues: they run after the fp32 output (unfused, documented in the dispatcher's table).
 #include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <cstring>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -28,6 +31,10 @@ struct FbgemmLinearWeight {
   int64_t N = 0, K = 0;
   std::vector<int32_t> col_offsets;  // sum_k w[n, k]
   std::vector<int32_t> w_zero_points;  // all 0 (symmetric weights), FBGEMM wants the array
+  // The packed buffer, ours and zero-filled before FBGEMM packs into it: FBGEMM leaves the padding
+  // of its panels unwritten, so with its own (uninitialised) buffer two packs of one weight differed
+  // in those bytes; zeroed, the handle's bytes depend on the weight only.
+  std::unique_ptr<int8_t, void (*)(void*)> buffer{nullptr, std::free};
   std::unique_ptr<fbgemm::PackBMatrix<int8_t>> packed;
 };
 
@@ -52,12 +59,16 @@ at::Tensor fbgemm_linear_prepack(const at::Tensor& weight) {
     h->col_offsets[n] = s;
   }
   h->w_zero_points.assign(h->N, 0);
+  const int64_t nbytes =
+      fbgemm::PackBMatrix<int8_t>::packedBufferSize(static_cast<int>(h->K), static_cast<int>(h->N));
+  const size_t alloc = (static_cast<size_t>(nbytes) + 63) / 64 * 64;
+  h->buffer.reset(static_cast<int8_t*>(std::aligned_alloc(64, alloc)));
+  TORCH_CHECK(h->buffer != nullptr, "fbgemm_linear_prepack: out of memory (", alloc, " bytes)");
+  std::memset(h->buffer.get(), 0, alloc);
   // B is K x N; the int8 weight is N x K row-major, i.e. B transposed with leading dimension K.
   h->packed = std::make_unique<fbgemm::PackBMatrix<int8_t>>(
       fbgemm::matrix_op_t::Transpose, static_cast<int32_t>(h->K), static_cast<int32_t>(h->N), wp,
-      static_cast<int32_t>(h->K), nullptr, 1);
-  const int64_t nbytes =
-      fbgemm::PackBMatrix<int8_t>::packedBufferSize(static_cast<int>(h->K), static_cast<int>(h->N));
+      static_cast<int32_t>(h->K), h->buffer.get(), 1);
   void* buf = h->packed->getBuf();
   return wrap_opaque(std::move(h), buf, {nbytes});
 }

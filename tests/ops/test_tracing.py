@@ -11,13 +11,12 @@ What works, and what does not (strict xfails, with the exact error):
   test_schema              pass                 xfail (a)        pass                xfail (c)
   test_autograd_registr.   pass                 pass             pass                xfail (c)
   test_faketensor          pass                 xfail (a)        xfail (d)           xfail (c)
-  test_aot_dispatch_*      linear: xfail (b),   xfail (a)        xfail (e)           pass
-                           conv2d: pass
+  test_aot_dispatch_*      pass (b)             xfail (a)        xfail (e)           pass
   (a) opcheck runs the op on copies of its inputs, and a copy of an FBGEMM handle is not live:
       ValueError "w_packed is not a live FBGEMM ... weight" (by design: the handle owns a C++ object).
-  (b) "Outputs of the operator are different in eager-mode PyTorch vs AOTDispatcher tracing": the
-      handle's bytes are FBGEMM's packed buffer, whose padding is never written, so two packs of
-      one weight differ in those bytes (and compute the same).
+  (b) the linear handle's bytes are FBGEMM's packed buffer; FBGEMM never writes its padding, so the
+      prepack zero-fills the buffer first (before, two packs of one weight differed in those bytes
+      and this sub-test failed or passed depending on what the allocator returned).
   (c) "Cannot access data pointer of Tensor that doesn't have storage": opcheck inspects the
       storage of every tensor argument; an mkldnn tensor (the oneDNN packed weight) has none.
   (d) "found mismatched tensor metadata: Stride mismatch!": mkldnn tensors have no strides.
@@ -172,7 +171,6 @@ OPCHECK_UTILS = ["test_schema", "test_autograd_registration", "test_faketensor",
                  "test_aot_dispatch_dynamic"]
 NOT_LIVE = "is not a live FBGEMM"
 NO_STORAGE = "Cannot access data pointer of Tensor that doesn't have storage"
-BYTES_DIFFER = "Outputs of the operator are different in eager-mode PyTorch vs AOTDispatcher tracing"
 NO_STRIDES = "found mismatched tensor metadata: Stride mismatch!"
 MKLDNN_OUT = "Unsupported tensor layout torch._mkldnn"
 
@@ -184,7 +182,7 @@ def opcheck_limitation(op_name: str, util: str) -> str | None:
     aot = util.startswith("test_aot_dispatch")
     if provider == "fbgemm":
         if prepack:
-            return BYTES_DIFFER if aot and kind == "linear_prepack" else None
+            return None
         return None if util == "test_autograd_registration" else NOT_LIVE
     if prepack:
         return NO_STRIDES if util == "test_faketensor" else MKLDNN_OUT if aot else None
