@@ -267,18 +267,24 @@ def _fmt_db(x) -> str:
     return "inf" if x == float("inf") else f"{x:.1f}"
 
 
-def _layer_rows(result, kept: list[str]) -> list[dict]:
+def _layer_rows(result, kept: list[str], model=None) -> list[dict]:
     """One row per layer in graph order; rank 1 = most sensitive; FP32-kept layers marked (and
-    added, without SQNR, if the result does not list them)."""
+    added, without SQNR, if the result does not list them, at their place in the model's module
+    order)."""
     rank = {l.name: i for i, l in enumerate(result.ranked(), start=1)}
     rows = []
     for l in result.layers:
         rows.append({"layer": l.name, "kind": l.kind, "provider": l.provider, "sqnr_db": l.sqnr_db,
                      "local_sqnr_db": l.local_sqnr_db, "rank": rank.get(l.name), "kept_fp32": l.name in kept})
     listed = {r["layer"] for r in rows}
-    rows += [{"layer": n, "kind": "-", "provider": "fp32", "sqnr_db": None, "local_sqnr_db": None, "rank": None,
+    extra = [{"layer": n, "kind": "-", "provider": "fp32", "sqnr_db": None, "local_sqnr_db": None, "rank": None,
               "kept_fp32": True} for n in kept if n not in listed]
-    return rows
+    if not extra:
+        return rows
+    order = {n: i for i, (n, _) in enumerate(model.named_modules())} if model is not None else {}
+    if not all(r["layer"].split("@")[0] in order for r in rows + extra):
+        return rows + extra
+    return sorted(rows + extra, key=lambda r: order[r["layer"].split("@")[0]])  # stable: calls of one module
 
 
 def _print_rich(result, rows: list[dict], title: str) -> None:
@@ -286,11 +292,11 @@ def _print_rich(result, rows: list[dict], title: str) -> None:
     from rich.table import Table
 
     console = Console(width=max(100, Console().width), highlight=False)
-    console.print(f"[bold]{title}[/bold]: INT8 vs FP32 per layer (SQNR in dB, higher is better; rank 1 = most "
-                  "sensitive)")
+    console.print(f"[bold]{title}[/bold]: INT8 vs FP32 per layer, graph order (dB, higher is better; rank 1 = "
+                  "most sensitive)", soft_wrap=True)
     t = Table()
-    for col, kw in (("layer", {}), ("kind", {}), ("provider", {}), ("SQNR (dB)", {"justify": "right"}),
-                    ("local SQNR (dB)", {"justify": "right"}), ("rank", {"justify": "right"})):
+    for col, kw in (("layer", {}), ("op", {}), ("provider", {}), ("SQNR vs FP32", {"justify": "right"}),
+                    ("layer's own SQNR", {"justify": "right"}), ("rank", {"justify": "right"})):
         t.add_column(col, **kw)
     for r in rows:
         t.add_row(r["layer"] + (" (kept FP32)" if r["kept_fp32"] else ""), r["kind"], r["provider"],
@@ -331,11 +337,11 @@ def _plot(result, rows: list[dict], path: str, title: str) -> None:
             continue
         s = r["sqnr_db"]
         ax.barh(i, top if s is None or float(s) == float("inf") else float(s), color="tab:blue",
-                label="SQNR at the layer's output" if "SQNR at the layer's output" not in
+                label="SQNR vs FP32 at the layer" if "SQNR vs FP32 at the layer" not in
                 ax.get_legend_handles_labels()[1] else None)
         if r["local_sqnr_db"] is not None and float(r["local_sqnr_db"]) != float("inf"):
             ax.plot(float(r["local_sqnr_db"]), i, "o", color="tab:orange", markersize=4,
-                    label="local SQNR (layer alone)" if "local SQNR (layer alone)" not in
+                    label="the layer's own SQNR" if "the layer's own SQNR" not in
                     ax.get_legend_handles_labels()[1] else None)
     ax.set_yticks(y, names, fontsize=8 if len(rows) < 40 else 6)
     ax.invert_yaxis()
@@ -349,8 +355,27 @@ def _plot(result, rows: list[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
+def _print_warnings(caught, fallback_mode: bool) -> None:
+    """The warnings of quantize, one line each on stderr, each message once. With --max-drop, the
+    budget warning and the lists of ops left in FP32 by the fallback's conversions are left out:
+    the result line says both (without --max-drop, the list names the ops with no INT8 kernel)."""
+    from qbackend.lowering.convert import FP32FallbackWarning
+    from qbackend.report import BudgetWarning
+
+    seen = set()
+    for w in caught:
+        if fallback_mode and issubclass(w.category, (BudgetWarning, FP32FallbackWarning)):
+            continue
+        text = str(w.message)
+        if text not in seen:
+            seen.add(text)
+            print(f"warning: {text}", file=sys.stderr)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
+    import dataclasses
     import json
+    import warnings
 
     if args.plot:
         try:
@@ -377,13 +402,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     kwargs = {"eval_fn": metric, "max_drop": args.max_drop} if args.max_drop is not None else {}
     try:
-        with quiet_torch():
+        with quiet_torch(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)  # torch's, not ours
             qmodel = qbackend.quantize(model, example_inputs, _Progress(calibration, "calibrating", progress),
                                        **kwargs)
     except (CliError, KeyboardInterrupt):
         raise
     except Exception as exc:
         raise CliError(f"quantizing failed: {_describe(exc)}{TRACEBACK_HINT}") from exc
+    _print_warnings(caught, fallback_mode=args.max_drop is not None)
     fallback = getattr(qmodel, "qbackend_fallback", None) if args.max_drop is not None else None
     kept = list(fallback.kept_fp32) if fallback is not None else []
 
@@ -393,7 +421,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except Exception as exc:
         raise CliError(f"comparing failed: {_describe(exc)}{TRACEBACK_HINT}") from exc
 
-    rows = _layer_rows(result, kept)
+    rows = _layer_rows(result, kept, model)
     if args.markdown:
         print(result.to_markdown())
     else:
@@ -401,22 +429,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
             _print_rich(result, rows, args.function)
         except ImportError:
             print(result.to_markdown())
-    ranked = [l for l in result.ranked() if l.name not in kept][:3]
+    ranked = [l for l in result.ranked() if l.local_sqnr_db is not None][:3]
     if ranked:
-        print("most sensitive: " + ", ".join(f"{l.name} ({_fmt_db(l.sqnr_db)} dB)" for l in ranked))
+        print("most sensitive (the layer's own SQNR): " +
+              ", ".join(f"{l.name} ({_fmt_db(l.local_sqnr_db)} dB)" for l in ranked))
+    for note in getattr(result, "notes", None) or []:
+        print(f"note: {note}")
     status = 0
     if fallback is not None:
         print(f"fallback (--max-drop {args.max_drop:g}): metric FP32 {fallback.fp32_metric:.4g}, INT8 "
-              f"{fallback.int8_metric:.4g} (drop {fallback.fp32_metric - fallback.int8_metric:.4g}); "
-              f"kept in FP32: {', '.join(kept) if kept else 'none'}; budget {'met' if fallback.met else 'NOT met'}")
+              f"{fallback.int8_metric:.4g} (drop {fallback.fp32_metric - fallback.int8_metric:.4g}) with "
+              f"{len(kept)} layer{'s' if len(kept) != 1 else ''} kept in FP32{': ' + ', '.join(kept) if kept else ''}; "
+              f"budget {'met' if fallback.met else 'NOT met (the best model found is reported)'}")
+        lat = getattr(fallback, "latency_ms", None) or {}
+        if "fp32" in lat and "returned" in lat:
+            print(f"latency on the example inputs: FP32 {lat['fp32']:.3f} ms, returned model {lat['returned']:.3f} ms "
+                  f"({lat['fp32'] / lat['returned']:.2f}x)")
         status = 0 if fallback.met else 3
 
     if args.json:
         payload = json.loads(result.to_json())
         if fallback is not None:
-            payload["fallback"] = {"max_drop": args.max_drop, "kept_fp32": kept, "fp32_metric": fallback.fp32_metric,
-                                   "int8_metric": fallback.int8_metric, "met": bool(fallback.met),
-                                   "steps": list(fallback.steps)}
+            payload["fallback"] = dataclasses.asdict(fallback)
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=2, default=str)
         print(f"wrote {args.json}")
