@@ -1,0 +1,24 @@
+"""The README's example script (CI also runs it), in a child process as a user would."""
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_quantize_and_compare_script():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "quantize_and_compare.py")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("| layer | op | mode |")  # explain
+    assert any(l.startswith("Output over 17 batches: SQNR ") for l in lines)  # compare
+    assert any(l.startswith("Metric: FP32 ") for l in lines)
+    rows = [l.split("|") for l in lines if l.startswith(("| conv1 |", "| conv2 |", "| fc |"))
+            and len(l.split("|")) == 8]  # compare's 6 columns (explain's rows have 8)
+    assert [r[1].strip() for r in rows] == ["conv1", "conv2", "fc"]
+    assert all(float(r[4]) > 25 for r in rows)  # SQNR vs FP32 (dB) of each layer
+    last = lines[-1]
+    assert last.startswith("most sensitive layer: ") and "top-1 FP32 " in last
