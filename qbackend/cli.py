@@ -381,8 +381,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise CliError("--plot needs matplotlib: pip install matplotlib (or pip install 'qbackend[cli]')") \
-                from None
+            raise CliError("--plot needs matplotlib: pip install matplotlib (or install qbackend with its 'cli' "
+                           "extra)") from None
     if args.max_drop is not None and not args.max_drop >= 0:
         raise CliError(f"--max-drop must be >= 0 (metric points the INT8 model may lose), got {args.max_drop}")
     if args.threads is not None:

@@ -22,3 +22,10 @@ def test_quantize_and_compare_script():
     assert all(float(r[4]) > 25 for r in rows)  # SQNR vs FP32 (dB) of each layer
     last = lines[-1]
     assert last.startswith("most sensitive layer: ") and "top-1 FP32 " in last
+
+
+def test_readme_shows_the_script_as_it_is():
+    code = open(os.path.join(REPO, "examples", "quantize_and_compare.py")).read()
+    body = code.split('"""', 2)[2].strip("\n")
+    readme = open(os.path.join(REPO, "README.md")).read()
+    assert f"```python\n{body}\n```" in readme, "README's Example section differs from examples/quantize_and_compare.py"
