@@ -486,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-drop", type=float, default=None, metavar="X",
                    help="accuracy budget: keep the most sensitive layers in FP32 until the metric drops by at "
                         "most X (needs a metric); exit code 3 if it cannot be met")
-    c.add_argument("--json", metavar="FILE", help="write the result (qbackend.compare(...).to_json()) to FILE")
+    c.add_argument("--json", metavar="FILE", help="write the result to FILE (qbackend.compare(...).to_json(); with --max-drop "
+                                                    "also the fallback's report under \"fallback\")")
     c.add_argument("--plot", metavar="FILE.png", help="draw the per-layer SQNR (needs matplotlib)")
     c.add_argument("--markdown", action="store_true", help="print markdown tables (the default is rich's, "
                                                            "when rich is installed)")
