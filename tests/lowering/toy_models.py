@@ -51,12 +51,15 @@ class InvertedResidual(nn.Module):
 
 
 class MLP(nn.Module):
-    """linear+relu, linear+gelu -> linear (int8 chained), and one Linear called twice."""
+    """linear+relu, linear+gelu -> linear (int8 chained), and one Linear called twice. Its weights
+    depend on `seed` only (not on the global RNG), so tests are reproducible in any order."""
 
-    def __init__(self, d: int = 32):
+    def __init__(self, d: int = 32, seed: int = 0):
         super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(d, 64), nn.Linear(64, 64), nn.Linear(64, d)
-        self.shared = nn.Linear(d, d)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.fc1, self.fc2, self.fc3 = nn.Linear(d, 64), nn.Linear(64, 64), nn.Linear(64, d)
+            self.shared = nn.Linear(d, d)
 
     def forward(self, x):
         h = torch.nn.functional.gelu(self.fc2(torch.relu(self.fc1(x))))
