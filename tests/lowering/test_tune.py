@@ -21,6 +21,7 @@ def _img(n, seed):
 
 @pytest.fixture(scope="module")
 def prepared():
+    torch.manual_seed(0)
     model = init_bn(ResidualCNN())
     p = qbackend.prepare(model, (_img(2, 0),))
     p(_img(4, 1))
