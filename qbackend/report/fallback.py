@@ -48,15 +48,19 @@ class FallbackReport:
         return "\n".join(lines)
 
 
-def _latency_ms(model: nn.Module, args: tuple, kwargs: dict, runs: int = 7) -> float:
-    times = []
+def _latencies_ms(models: dict[str, nn.Module], args: tuple, kwargs: dict, rounds: int = 15) -> dict[str, float]:
+    """Median latency of each model, the models interleaved round by round (a shared machine's
+    load then hits them alike); a rough figure, not a benchmark."""
+    times = {k: [] for k in models}
     with torch.no_grad():
-        model(*args, **kwargs)
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            model(*args, **kwargs)
-            times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        for m in models.values():
+            m(*args, **kwargs)
+        for _ in range(rounds):
+            for k, m in models.items():
+                t0 = time.perf_counter()
+                m(*args, **kwargs)
+                times[k].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
 def quantize_within_budget(model: nn.Module, example_inputs: tuple, calibration: list, config,
@@ -120,7 +124,7 @@ def quantize_within_budget(model: nn.Module, example_inputs: tuple, calibration:
     report = FallbackReport(kept_fp32=list(best_step["layers"]), fp32_metric=base, int8_metric=best_step["metric"],
                             max_drop=max_drop, met=met, steps=sorted(steps, key=lambda s: s["kept"]))
     args, kwargs = example_inputs, dict(example_kwargs or {})
-    report.latency_ms = {"fp32": _latency_ms(model, args, kwargs), "returned": _latency_ms(best, args, kwargs)}
+    report.latency_ms = _latencies_ms({"fp32": model, "returned": best}, args, kwargs)
     if not met:
         warnings.warn(f"qbackend: the accuracy budget (drop <= {max_drop}) could not be met; returning the best model "
                       f"found (drop {best_step['drop']:.4f} with {len(best_step['layers'])} layers in FP32)",
