@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import Timing, measure  # noqa: E402
+from _timing import Timing, fmt_us, measure  # noqa: E402
 from kernels import Report, git_state, load_average, onednn_reorders  # noqa: E402
 
 import qbackend  # noqa: E402
@@ -116,7 +116,7 @@ class Settings:
 
 
 FULL = Settings(calibration_batches=2, layer_blocks=21, layer_block_s=0.001, ref_blocks=11, retries=3,
-                confirm_blocks=30, model_blocks=61, model_block_s=0.001, model_budget_s=15.0, model_min_blocks=9,
+                confirm_blocks=30, model_blocks=61, model_block_s=0.001, model_budget_s=25.0, model_min_blocks=9,
                 tune_again=True)
 QUICK = Settings(calibration_batches=1, layer_blocks=7, layer_block_s=0.001, ref_blocks=0, retries=0,
                  confirm_blocks=0, model_blocks=5, model_block_s=0.005, model_budget_s=1.0, model_min_blocks=3,
@@ -369,8 +369,10 @@ def fr(r: float) -> str:
 
 
 def layer_table(rep: Report, rows: list[LayerRow], has_real: bool, reorders: bool) -> None:
-    header = ["#", "layer", "op", "shape (real input)", "fused -> out", "fbgemm us", "onednn us", "fastest",
-              "rules", "rules/best", "tuned", "tuned/best", "tuner fb/dn", "tuned 2nd run"]
+    one = any(r.t1 for r in rows)
+    header = ["#", "layer", "op", "shape (real input)", "fused -> out", "fbgemm us", "onednn us"]
+    header += ["1 thread: fbgemm / onednn (min)"] if one else []
+    header += ["fastest", "rules", "rules/best", "tuned", "tuned/best", "tuner fb/dn", "tuned 2nd run"]
     if has_real:
         header += ["tuned@real", "@real/best"]
     header += ["rule @ real shape"]
@@ -391,9 +393,11 @@ def layer_table(rep: Report, rows: list[LayerRow], has_real: bool, reorders: boo
         flags = (" †" if r.confirmed else "") + (" ‡" if r.contended else "")
         cells = [str(i + 1), r.name + flags, r.kind, r.shape, r.fused,
                  str(r.t["fbgemm"]) if "fbgemm" in r.t else "refused",
-                 str(r.t["onednn"]) if "onednn" in r.t else "refused",
-                 f"{r.best} ({fr(max(r.ratio(p) for p in r.t))}x)" if len(r.t) > 1 else r.best,
-                 rp, rr, tp, tr, tuner, second if second not in (tp, "-") else ("same" if second == tp else "-")]
+                 str(r.t["onednn"]) if "onednn" in r.t else "refused"]
+        if one:
+            cells += [" / ".join(fmt_us(r.t1[p].min_us) if r.t1 and p in r.t1 else "-" for p in PROVIDERS)]
+        cells += [f"{r.best} ({fr(max(r.ratio(p) for p in r.t))}x)" if len(r.t) > 1 else r.best,
+                  rp, rr, tp, tr, tuner, second if second not in (tp, "-") else ("same" if second == tp else "-")]
         if has_real:
             cells += list(mark("tuned@real", TUNE_TARGET))
         cells += [r.rule_real if r.rule_real != rp else "same"]
@@ -635,7 +639,8 @@ def final_summary(rep: Report, results: list[CaseResult]) -> list[str]:
         m = c.model
         out(f"| {c.label} | {c.threads} | {c.n_layers} | {fr(ru.worst)} | {ru.geo:.3f} | {len(ru.over)} "
             f"({ru.med_over}) | {fr(tu.worst)} | {tu.geo:.3f} | {len(tu.over)} ({tu.med_over}) | {trs} | "
-            f"{len(c.flips) if c.flips is not None else '-'} | {c.contended} | {m.on_min['rules']:.3f} ({m.paired['rules']:.3f}) | "
+            f"{len(c.flips) if c.flips is not None else '-'} | {c.contended} | "
+            f"{m.on_min['rules']:.3f} ({m.paired['rules']:.3f}) | "
             f"{m.on_min['tuned']:.3f} ({m.paired['tuned']:.3f}) | {m.on_min['all-onednn']:.3f} | "
             f"{m.on_min['all-fbgemm']:.3f} | {m.on_min['fp32 eager']:.2f} |")
     out("")
