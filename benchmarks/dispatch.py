@@ -24,7 +24,9 @@ encoder at 1 x 128 and 8 x 128 tokens):
    provider's (minima: the least disturbed blocks); medians are printed too.
 3. Whole model: rule-table, tuned, all-oneDNN, all-FBGEMM and the FP32 eager model, interleaved,
    one call per block, on the held-out batch; ratios to min(all-oneDNN, all-FBGEMM) on minima, on
-   medians, and paired within each round.
+   medians, and paired within each round. With several threads, the int8 models again at 1 thread
+   on process CPU time (insensitive to being descheduled), and the per-layer summaries also on the
+   1-thread minima.
 
 The issue's targets: rule-table choice within 1.10x of the fastest provider on every layer, tuned
 choice within 1.05x, whole-model latency of both at most min(all-oneDNN, all-FBGEMM). Nothing is
@@ -433,6 +435,22 @@ def summarize(rows: list[LayerRow], variant: str, target: float) -> LayerSummary
                         sum(1 for r in judged if r.med_ratio(r.choices[variant]) > target))
 
 
+def summarize_1thread(rows: list[LayerRow], variant: str, target: float) -> LayerSummary | None:
+    """The same on the 1-thread minima (every layer judged; no medians: the reference is short)."""
+    judged = [r for r in rows if variant in r.choices and r.t1 and r.choices[variant] in r.t1]
+    if not judged:
+        return None
+
+    def ratio(r):
+        return r.t1[r.choices[variant]].min_us / min(t.min_us for t in r.t1.values())
+    ratios = [(r, ratio(r)) for r in judged]
+    worst_row, worst = max(ratios, key=lambda rr: rr[1])
+    chosen = sum(r.t1[r.choices[variant]].min_us for r in judged)
+    fastest = sum(min(t.min_us for t in r.t1.values()) for r in judged)
+    return LayerSummary(f"{variant}, 1 thread", target, worst, worst_row.name, geomean(x for _, x in ratios),
+                        [(r, x) for r, x in ratios if x > target], chosen / fastest, len(judged), -1)
+
+
 # ---------------------------------------------------------------------------------------------
 # whole model
 
@@ -440,8 +458,10 @@ MODEL_VARIANTS = ("rules", "tuned", "all-onednn", "all-fbgemm")
 
 
 def bench_models(conv: Converted, fp32_model, inputs: tuple, cfg: Settings) -> dict[str, Timing]:
+    """The whole models, interleaved (fp32_model None: the int8 ones only)."""
     cands = {v: (lambda q=conv.models[v]: q(*inputs)) for v in MODEL_VARIANTS}
-    cands["fp32 eager"] = lambda: fp32_model(*inputs)
+    if fp32_model is not None:
+        cands["fp32 eager"] = lambda: fp32_model(*inputs)
     return measure(cands, blocks=cfg.model_blocks, block_s=cfg.model_block_s, warmup_s=0.2, min_warmup=2,
                    budget_s=cfg.model_budget_s, min_blocks=cfg.model_min_blocks)
 
@@ -453,6 +473,11 @@ def paired_ratio(t: dict[str, Timing], variant: str) -> float:
     return statistics.median(a[i] / min(d[i], f[i]) for i in range(n))
 
 
+def cpu_view(t: dict[str, Timing]) -> dict[str, Timing]:
+    """The same timings with process CPU time in place of wall time."""
+    return {v: Timing(tm.cpu_samples, tm.cpu_samples, tm.reps) for v, tm in t.items()}
+
+
 @dataclass
 class ModelRatios:
     on_min: dict[str, float]
@@ -460,12 +485,14 @@ class ModelRatios:
     paired: dict[str, float]
 
 
-def model_table(rep: Report, t: dict[str, Timing], layer_sum_us: dict[str, float]) -> ModelRatios:
+def model_table(rep: Report, t: dict[str, Timing], layer_sum_us: dict[str, float],
+                differ: dict[str, str]) -> ModelRatios:
     base_min = min(t["all-onednn"].min_us, t["all-fbgemm"].min_us)
     base_med = min(t["all-onednn"].median_us, t["all-fbgemm"].median_us)
     rep("| model | ms (min / median) | blocks | / min(all-oneDNN, all-FBGEMM) on minima | on medians | "
-        "paired per round | its layers' sum, ms (share of the model's min) |")
-    rep("|---|---|---|---|---|---|---|")
+        "paired per round | layers on another provider than rules | its judged layers' sum, ms (share of the "
+        "model's min) |")
+    rep("|---|---|---|---|---|---|---|---|")
     out = ModelRatios({}, {}, {})
     for v, tm in t.items():
         out.on_min[v] = tm.min_us / base_min
@@ -475,7 +502,8 @@ def model_table(rep: Report, t: dict[str, Timing], layer_sum_us: dict[str, float
         ls = layer_sum_us.get(v)
         share = f"{ls / 1e3:.2f} ({ls / tm.min_us:.0%})" if ls is not None else "-"
         rep(f"| {v} | {tm.min_us / 1e3:.2f} / {tm.median_us / 1e3:.2f} | {tm.blocks} | {fr(out.on_min[v])} | "
-            f"{fr(out.on_median[v])} | {fr(out.paired[v]) if v in out.paired else '-'} | {share} |")
+            f"{fr(out.on_median[v])} | {fr(out.paired[v]) if v in out.paired else '-'} | {differ.get(v, '-')} | "
+            f"{share} |")
     rep()
     return out
 
@@ -490,6 +518,7 @@ class CaseResult:
     summaries: dict[str, LayerSummary]
     flips: list | None
     model: ModelRatios
+    model1: ModelRatios | None  # 1 thread, process CPU time
     rule_real_diff: list
     hint_batch: int
     batch: int
@@ -511,6 +540,11 @@ def run_case(rep: Report, spec: ModelSpec, batch: int, threads: int, cfg: Settin
         rows = bench_layers(conv, captured, cfg, isa_class, threads, reorders)
         progress(f"{label}: whole models")
         t = bench_models(conv, case.model, inputs, cfg)
+        t1m = None
+        if threads > 1 and cfg.ref_blocks:
+            progress(f"{label}: whole int8 models at 1 thread")
+            with num_threads(1):
+                t1m = cpu_view(bench_models(conv, None, inputs, cfg))
     has_real = "tuned@real" in conv.models
 
     rep(f"### {label}, {threads} thread{'s' if threads > 1 else ''}")
@@ -528,22 +562,33 @@ def run_case(rep: Report, spec: ModelSpec, batch: int, threads: int, cfg: Settin
     summaries = {v: summarize(rows, v, lim) for v, lim in (("rules", RULE_TARGET), ("tuned", TUNE_TARGET))}
     if has_real:
         summaries["tuned@real"] = summarize(rows, "tuned@real", TUNE_TARGET)
+    for v, lim in (("rules", RULE_TARGET), ("tuned", TUNE_TARGET)):
+        s1 = summarize_1thread(rows, v, lim)
+        if s1 is not None:
+            summaries[s1.variant] = s1
     n_cont = sum(1 for r in rows if r.contended)
     rep("| choice | target | worst (layer) | geometric mean | layers over target (on medians) | sum of its layers / "
         "sum of the fastest |")
     rep("|---|---|---|---|---|---|")
     for s in summaries.values():
+        med = f" ({s.med_over})" if s.med_over >= 0 else ""
         rep(f"| {s.variant} | {s.target:.2f} | {fr(s.worst)} ({s.worst_layer}) | {s.geo:.3f} | "
-            f"{len(s.over)} of {s.judged} ({s.med_over}) | {s.time_ratio:.3f} |")
+            f"{len(s.over)} of {s.judged}{med} | {s.time_ratio:.3f} |")
     rep()
     if n_cont:
         rep(f"- ‡ {n_cont} layer(s) still disturbed by other processes after {cfg.retries} re-measurements "
             "(a provider's best block over 1.5x its 1-thread best): not judged")
     for s in summaries.values():
-        if s.over:
+        v = s.variant.split(",")[0]
+        if s.over and s.med_over >= 0:
             rep(f"- {s.variant} over {s.target:.2f}: " + "; ".join(
-                f"{r.name} ({r.shape}): {r.choices[s.variant]} {x:.2f}x (fbgemm {r.t.get('fbgemm', '-')} / onednn "
-                f"{r.t.get('onednn', '-')} us min / median; {r.med_ratio(r.choices[s.variant]):.2f}x on medians)"
+                f"{r.name} ({r.shape}): {r.choices[v]} {x:.2f}x (fbgemm {r.t.get('fbgemm', '-')} / onednn "
+                f"{r.t.get('onednn', '-')} us min / median; {r.med_ratio(r.choices[v]):.2f}x on medians)"
+                for r, x in s.over))
+        elif s.over:
+            rep(f"- {s.variant} over {s.target:.2f}: " + "; ".join(
+                f"{r.name} ({r.shape}): {r.choices[v]} {x:.2f}x (fbgemm / onednn "
+                + " / ".join(fmt_us(r.t1[p].min_us) if p in r.t1 else "-" for p in PROVIDERS) + " us)"
                 for r, x in s.over))
     flips = None
     if "tuned (2nd run)" in conv.models:
@@ -556,13 +601,36 @@ def run_case(rep: Report, spec: ModelSpec, batch: int, threads: int, cfg: Settin
         rep(f"- layers where the rule table would choose otherwise at the real shape: {len(rule_diff)} ("
             + ", ".join(f"{r.name} -> {r.rule_real} {r.ratio(r.rule_real):.2f}x" for r in rule_diff) + ")")
     rep()
-    layer_sum = {v: sum(r.tmin(r.choices[v]) for r in rows) for v in ("rules", "tuned")}
+    judged = [r for r in rows if not r.contended]
+    layer_sum = {v: sum(r.tmin(r.choices[v]) for r in judged) for v in ("rules", "tuned")}
+    differ = {"rules": "0", "tuned": str(sum(1 for r in rows if r.choices["tuned"] != r.choices["rules"]))}
     for p in PROVIDERS:
-        layer_sum[f"all-{p}"] = sum(r.tmin(p) if p in r.t else r.tmin(r.best) for r in rows)
-    ratios = model_table(rep, t, layer_sum)
+        layer_sum[f"all-{p}"] = sum(r.tmin(p) if p in r.t else r.tmin(r.best) for r in judged)
+        differ[f"all-{p}"] = str(sum(1 for r in rows if r.choices["rules"] != p))
+    if n_cont:
+        rep(f"(Layer sums leave out the {n_cont} layer(s) marked ‡. Where a model runs the same providers as "
+            "'rules' on every layer, its ratio to 'rules' shows this run's noise.)")
+    else:
+        rep("(Where a model runs the same providers as 'rules' on every layer, its ratio to 'rules' shows this "
+            "run's noise.)")
+    rep()
+    ratios = model_table(rep, t, layer_sum, differ)
+    ratios1 = None
+    if t1m is not None:
+        rep("The int8 models again at 1 thread, on **process CPU time** (the time this process actually ran: "
+            "insensitive to being descheduled, the noise that dominates 2-thread wall times here; 'tuned' keeps "
+            "its 2-thread choices); layer sums from the 1-thread layer minima:")
+        rep()
+        sum1 = {v: sum(r.t1[r.choices[v]].min_us for r in rows if r.t1 and r.choices[v] in r.t1)
+                for v in ("rules", "tuned")}
+        for p in PROVIDERS:
+            sum1[f"all-{p}"] = sum(r.t1[p].min_us if p in r.t1 else min(x.min_us for x in r.t1.values())
+                                   for r in rows if r.t1)
+        ratios1 = model_table(rep, t1m, sum1, differ)
     rep(f"_{label}: {time.perf_counter() - t0:.0f} s_")
     rep()
-    res = CaseResult(label, threads, len(rows), summaries, flips, ratios, rule_diff, conv.hint_batch, batch, n_cont)
+    res = CaseResult(label, threads, len(rows), summaries, flips, ratios, ratios1, rule_diff, conv.hint_batch, batch,
+                     n_cont)
     del conv, captured, case
     gc.collect()
     return res
@@ -611,7 +679,8 @@ def header(rep: Report, threads: list[int], quick: bool, cfg: Settings, specs: l
     rep(f"- whole model: rule-table, tuned, all-oneDNN, all-FBGEMM and FP32 eager, interleaved on the same batch, "
         f"{cfg.model_blocks} blocks of >= {cfg.model_block_s * 1e3:g} ms (at least one call; a candidate stops "
         f"at {cfg.model_min_blocks} blocks once it has spent {cfg.model_budget_s:g} s); ratios on minima, on "
-        "medians, and 'paired per round' (median over rounds of the ratio within the round). "
+        "medians, and 'paired per round' (median over rounds of the ratio within the round); with several "
+        "threads the int8 models are timed again at 1 thread on process CPU time. "
         "Run under `torch.inference_mode()`. Nothing is asserted; the machine is shared: trust ratios within a "
         "row more than absolute times." + (" **--quick: tiny sizes and few iterations, a smoke test only.**"
                                            if quick else ""))
@@ -626,35 +695,49 @@ def final_summary(rep: Report, results: list[CaseResult]) -> list[str]:
     out("")
     out(f"Per case: the worst and geometric-mean per-layer ratio of the rule table's and of tune mode's choice to "
         f"the fastest provider (minima), the layers over the target ({RULE_TARGET:.2f} / {TUNE_TARGET:.2f}; on "
-        "medians in brackets), tuned choices that flipped between two tune runs, and each model's latency over "
-        "min(all-oneDNN, all-FBGEMM) (minima; paired per round in brackets).")
+        "medians in brackets), tuned choices that flipped between two tune runs, layers not judged (‡), and each "
+        "model's latency over min(all-oneDNN, all-FBGEMM): paired per round (on minima in brackets), and at 1 "
+        "thread on process CPU time, paired per round.")
     out("")
     out("| case | threads | layers | rules worst | rules geomean | rules over 1.10 | tuned worst | tuned geomean | "
-        "tuned over 1.05 | tuned@real over 1.05 | tune flips | not judged | model: rules | tuned | all-oneDNN | "
-        "all-FBGEMM | FP32 eager |")
-    out("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "tuned over 1.05 | tuned@real over 1.05 | tune flips | not judged | 1 thread: rules over 1.10 (worst) | "
+        "tuned over 1.05 (worst) | model: rules | tuned | all-oneDNN | all-FBGEMM | FP32 eager | "
+        "1 thread CPU: rules | tuned | all-oneDNN | all-FBGEMM |")
+    out("|" + "---|" * 23)
     for c in results:
         ru, tu, tr = c.summaries["rules"], c.summaries["tuned"], c.summaries.get("tuned@real")
         trs = f"{len(tr.over)} ({tr.med_over}), worst {fr(tr.worst)}" if tr else "-"
-        m = c.model
+        m, m1 = c.model, c.model1
+        one = " | ".join(f"{m1.paired[v]:.3f}" for v in MODEL_VARIANTS) if m1 else " | ".join("-" * 4)
+        r1, t1 = c.summaries.get("rules, 1 thread"), c.summaries.get("tuned, 1 thread")
+        lay1 = " | ".join(f"{len(x.over)} ({fr(x.worst)})" if x else "-" for x in (r1, t1))
         out(f"| {c.label} | {c.threads} | {c.n_layers} | {fr(ru.worst)} | {ru.geo:.3f} | {len(ru.over)} "
             f"({ru.med_over}) | {fr(tu.worst)} | {tu.geo:.3f} | {len(tu.over)} ({tu.med_over}) | {trs} | "
-            f"{len(c.flips) if c.flips is not None else '-'} | {c.contended} | "
-            f"{m.on_min['rules']:.3f} ({m.paired['rules']:.3f}) | "
-            f"{m.on_min['tuned']:.3f} ({m.paired['tuned']:.3f}) | {m.on_min['all-onednn']:.3f} | "
-            f"{m.on_min['all-fbgemm']:.3f} | {m.on_min['fp32 eager']:.2f} |")
+            f"{len(c.flips) if c.flips is not None else '-'} | {c.contended} | {lay1} | "
+            + " | ".join(f"{m.paired[v]:.3f} ({m.on_min[v]:.3f})" for v in MODEL_VARIANTS)
+            + f" | {m.on_min['fp32 eager']:.2f} | {one} |")
     out("")
     n_rules = sum(len(c.summaries["rules"].over) for c in results)
     n_tuned = sum(len(c.summaries["tuned"].over) for c in results)
-    worst_model = max(max(c.model.on_min["rules"], c.model.on_min["tuned"]) for c in results)
     out(f"- rule-table choice within {RULE_TARGET:.2f}x of the fastest provider on every judged layer: "
         + ("yes" if n_rules == 0 else f"no, {n_rules} layer(s) over (listed per case)"))
     out(f"- tuned choice within {TUNE_TARGET:.2f}x on every judged layer: "
         + ("yes" if n_tuned == 0 else f"no, {n_tuned} layer(s) over (listed per case)"))
-    out(f"- whole model at most min(all-oneDNN, all-FBGEMM): worst ratio (rules or tuned, minima) "
-        f"{worst_model:.3f}" + (" (yes)" if worst_model <= 1.0 else
-                                 " (over 1.00 somewhere: see the per-case tables; a few percent is within this "
-                                 "machine's run-to-run noise)"))
+    one = [c for c in results if "rules, 1 thread" in c.summaries]
+    if one:
+        n1 = sum(len(c.summaries["rules, 1 thread"].over) for c in one)
+        t1 = sum(len(c.summaries["tuned, 1 thread"].over) for c in one)
+        out(f"- the same on the 1-thread layer minima: rule table {n1} layer(s) over {RULE_TARGET:.2f}, tuned "
+            f"{t1} over {TUNE_TARGET:.2f} (tuned at the run's thread count)")
+    for what, get in (("paired per round, threads as run", lambda c: c.model.paired),
+                      ("on minima, threads as run", lambda c: c.model.on_min),
+                      ("1 thread, process CPU time, paired per round",
+                       lambda c: c.model1.paired if c.model1 else None)):
+        vals = [(c.label, v, get(c)[v]) for c in results if get(c) for v in ("rules", "tuned")]
+        if vals:
+            label, v, worst = max(vals, key=lambda x: x[2])
+            out(f"- whole model at most min(all-oneDNN, all-FBGEMM), {what}: worst {worst:.3f} ({v}, {label})"
+                + (" (yes)" if worst <= 1.0 else ""))
     out("")
     for line in lines:
         rep(line)
