@@ -24,7 +24,10 @@ thread), OpenVINO INFERENCE_NUM_THREADS = threads (latency hint, 1 stream). Indu
 switched on for the whole process (torchao's PT2E int8 lowering needs it, and it is the recommended
 CPU inference setting), so it applies to every compiled flow. torch.compile uses dynamic=False:
 each batch size gets its own specialised graph (OpenVINO likewise compiles one static-shape model
-per batch size; ONNX Runtime runs one dynamic-batch session).
+per batch size; ONNX Runtime runs one dynamic-batch session). Thread pools wait passively
+(OMP_WAIT_POLICY=PASSIVE for torch's OpenMP, ONNX Runtime allow_spinning=0; --spin-wait keeps the
+busy-waiting defaults): on a shared 2-core machine busy-waiting makes every flow's time a measure of
+the scheduler (see the comment above `import torch`).
 
 Measurement: each flow is built (export / quantize / compile, each timed: "export" = torch.export
 or ONNX export or OpenVINO conversion or qbackend's capture, "quantize" = prepare + calibrate +
@@ -59,7 +62,6 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,6 +75,16 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+
+# Busy-waiting thread pools (libgomp's default, ONNX Runtime's default) collapse on a shared 2-core
+# machine: a thread spinning at a barrier holds the core that its straggling partner, preempted by
+# another process, needs. Measured here under load 6: qbackend ResNet-18 batch 1, median 58-89 ms
+# with libgomp's default policy, 6-12 ms with OMP_WAIT_POLICY=PASSIVE; ONNX Runtime 33 ms spinning,
+# 12 ms not. So by default the run switches spinning off where a knob exists (libgomp reads the
+# variable when torch loads it, hence before the import); --spin-wait keeps the libraries' defaults.
+SPIN_WAIT = __name__ != "__main__" or "--spin-wait" in sys.argv[1:]
+if not SPIN_WAIT:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -99,6 +111,9 @@ FLOWS: list[tuple[str, str, tuple[str, ...], str]] = [
     ("qbackend", "qbackend INT8 eager", (), ""),
     ("qbackend_compile", "qbackend INT8 torch.compile", (), ""),
 ]
+SHORT = {"fp32": "FP32 eager", "fp32_compile": "FP32 compile", "bf16": "BF16", "torch_ao": "torch.ao FX",
+         "pt2e": "PT2E", "onnxruntime": "ORT", "openvino": "OpenVINO", "qbackend": "qbackend eager",
+         "qbackend_compile": "qbackend compile"}
 LABEL = {k: label for k, label, _, _ in FLOWS}
 QBACKEND_FLOWS = ("qbackend", "qbackend_compile")
 INT8_PEERS = ("torch_ao", "pt2e", "onnxruntime", "openvino")
@@ -114,8 +129,8 @@ class Sizes:
     batch_sizes: dict = field(default_factory=lambda: {"bert_base": (1, 8)})
     default_batches: tuple = (1, 32)
     # timing (benchmarks/_timing.measure)
-    blocks: int = 15
-    block_s: float = 0.3
+    blocks: int = 25
+    block_s: float = 0.1
     warmup_s: float = 1.0
     budget_s: float = 40.0
     min_blocks: int = 7
@@ -154,7 +169,9 @@ class Bench:
     inputs: dict[int, tuple]  # batch size -> the timed inputs
     threads: int
     tmpdir: str
+    spin_wait: bool = True
     shared: dict = field(default_factory=dict)
+    load: dict = field(default_factory=dict)  # batch -> (1-min load average before, after timing)
 
     @property
     def example(self) -> tuple:
@@ -207,7 +224,7 @@ def build_bench(name: str, sizes: Sizes, threads: int, tmpdir: str, seed: int = 
         model = case.model
         g = generator(seed + 4)
         inputs = {b: (synthetic_images(b, sizes.image_size, g),) for b in sizes.batches(name)}
-    return Bench(name, model, case.calibration, inputs, threads, tmpdir)
+    return Bench(name, model, case.calibration, inputs, threads, tmpdir, SPIN_WAIT)
 
 
 def _timed(fn, *args):
@@ -269,9 +286,10 @@ def flow_onnxruntime(bench: Bench) -> Built:
     int8_path = os.path.join(bench.tmpdir, f"{bench.name}.int8.onnx")
     _, export_s = _timed(ortp.export_onnx, bench.fresh_model(), bench.example, fp32_path)
     info, quantize_s = _timed(ortp.quantize_onnx, fp32_path, int8_path, bench.calibration)
-    sess, compile_s = _timed(ortp.session, int8_path, bench.threads)
+    sess, compile_s = _timed(ortp.session, int8_path, bench.threads, bench.spin_wait)
     return Built(run=ortp.runner(sess), export_s=export_s, quantize_s=quantize_s, compile_s=compile_s,
-                 note=f"{ortp.version()}; {info}; intra_op_num_threads={bench.threads}")
+                 note=f"{ortp.version()}; {info}; intra_op_num_threads={bench.threads}, "
+                      f"allow_spinning={int(bench.spin_wait)}")
 
 
 def flow_openvino(bench: Bench) -> Built:
@@ -393,12 +411,14 @@ def time_rows(bench: Bench, rows: list[Row], sizes: Sizes) -> None:
         candidates = {r.flow: (lambda run=r.built.run: run(*inputs)) for r in rows
                       if r.built is not None and b not in r.failed_at}
         t0 = time.perf_counter()
+        load0 = os.getloadavg()[0]
         res = measure(candidates, blocks=sizes.blocks, block_s=sizes.block_s, warmup_s=sizes.warmup_s,
                       budget_s=sizes.budget_s, min_blocks=sizes.min_blocks)
         for r in rows:
             if r.flow in res:
                 r.times[b] = res[r.flow].median_us / 1e6
                 r.min_times[b] = res[r.flow].min_us / 1e6
+        bench.load[b] = (load0, os.getloadavg()[0])
         blocks = {f: t.blocks for f, t in res.items()}
         print(f"  batch {b}: timed in {time.perf_counter() - t0:.1f} s (blocks per flow: "
               f"{min(blocks.values()) if blocks else 0}-{max(blocks.values()) if blocks else 0})", flush=True)
@@ -432,15 +452,16 @@ def profiles(bench: Bench, rows: list[Row], sizes: Sizes, always: bool) -> list[
     out = []
     by_flow = {r.flow: r for r in rows}
     for b in sorted(bench.inputs):
-        best_peer = _best(rows, b, exclude=QBACKEND_FLOWS)
-        best_q = _best(rows, b, include=QBACKEND_FLOWS)
-        if best_q is None:
+        why = []
+        for stat, what in (("times", "median"), ("min_times", "min")):
+            best_peer = _best(rows, b, exclude=QBACKEND_FLOWS, stat=stat)
+            best_q = _best(rows, b, include=QBACKEND_FLOWS, stat=stat)
+            if best_q is not None and best_peer is not None and getattr(best_peer, stat)[b] < getattr(best_q, stat)[b]:
+                why.append(f"by {what}, qbackend's best ({LABEL[best_q.flow]}, {getattr(best_q, stat)[b] * 1e3:.2f} ms "
+                           f"per batch) is behind {LABEL[best_peer.flow]} ({getattr(best_peer, stat)[b] * 1e3:.2f} ms)")
+        if not why and not always:
             continue
-        behind = best_peer is not None and best_peer.times[b] < best_q.times[b]
-        if not (behind or always):
-            continue
-        why = (f"qbackend's best ({LABEL[best_q.flow]}, {best_q.times[b] * 1e3:.2f} ms per batch) is behind "
-               f"{LABEL[best_peer.flow]} ({best_peer.times[b] * 1e3:.2f} ms)" if behind else "requested (--profile)")
+        why = "; ".join(why) or "requested (--profile)"
         out.append(f"#### {bench.name}, batch {b}: where qbackend's time goes\n\n{why}.")
         for flow in QBACKEND_FLOWS:
             r = by_flow.get(flow)
@@ -456,9 +477,10 @@ def profiles(bench: Bench, rows: list[Row], sizes: Sizes, always: bool) -> list[
 
 # ---- report ----
 
-def _best(rows: list[Row], b: int, include=None, exclude=()) -> Row | None:
+def _best(rows: list[Row], b: int, include=None, exclude=(), stat: str = "times") -> Row | None:
+    """The fastest row at batch b by median ("times") or least disturbed block ("min_times")."""
     cands = [r for r in rows if b in r.times and r.flow not in exclude and (include is None or r.flow in include)]
-    return min(cands, key=lambda r: r.times[b]) if cands else None
+    return min(cands, key=lambda r: getattr(r, stat)[b]) if cands else None
 
 
 def _fmt_time(seconds: float, b: int) -> str:
@@ -483,7 +505,7 @@ def model_table(bench: Bench, rows: list[Row]) -> str:
     head = ["flow"]
     for b in batches:
         what = "latency ms, median (min)" if b == 1 else "items/s, median (best)"
-        head += [f"batch {b}: {what}", "vs FP32 eager", "vs best peer"]
+        head += [f"batch {b}: {what}", "vs FP32 eager", "vs best peer", "vs best peer, min"]
     head += [f"SQNR vs FP32 (dB, batch {bench.sqnr_batch})", "export (s)", "quantize (s)", "compile (s)", "notes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -492,11 +514,14 @@ def model_table(bench: Bench, rows: list[Row]) -> str:
             if b in r.times:
                 t = r.times[b]
                 best_peer = _best(rows, b, exclude=QBACKEND_FLOWS)
+                best_peer_min = _best(rows, b, exclude=QBACKEND_FLOWS, stat="min_times")
                 vs_fp32 = f"{fp32.times[b] / t:.2f}x" if fp32 is not None and b in fp32.times else "-"
                 vs_peer = f"{best_peer.times[b] / t:.2f}x" if best_peer is not None else "-"
-                cells += [_fmt_cell(t, r.min_times[b], b), vs_fp32, vs_peer]
+                vs_peer_min = (f"{best_peer_min.min_times[b] / r.min_times[b]:.2f}x" if best_peer_min is not None
+                               else "-")
+                cells += [_fmt_cell(t, r.min_times[b], b), vs_fp32, vs_peer, vs_peer_min]
             else:
-                cells += ["failed" if b in r.failed_at else "-", "-", "-"]
+                cells += ["failed" if b in r.failed_at else "-", "-", "-", "-"]
         sqnr = "-" if r.sqnr is None else ("exact" if math.isinf(r.sqnr) else f"{r.sqnr:.1f}")
         if r.flow == "fp32":
             sqnr = "reference"
@@ -509,24 +534,28 @@ def model_table(bench: Bench, rows: list[Row]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     summary = []
     for b in batches:
-        best_peer = _best(rows, b, exclude=QBACKEND_FLOWS)
-        best_q = _best(rows, b, include=QBACKEND_FLOWS)
-        if best_peer and best_q:
-            ratio = best_peer.times[b] / best_q.times[b]
-            summary.append(f"batch {b}: best peer {LABEL[best_peer.flow]}; qbackend's best ({LABEL[best_q.flow]}) "
-                           f"is {ratio:.2f}x its speed ({'faster' if ratio > 1 else 'slower'})")
+        for stat, what in (("times", "median"), ("min_times", "least disturbed block")):
+            best_peer = _best(rows, b, exclude=QBACKEND_FLOWS, stat=stat)
+            best_q = _best(rows, b, include=QBACKEND_FLOWS, stat=stat)
+            if best_peer and best_q:
+                ratio = getattr(best_peer, stat)[b] / getattr(best_q, stat)[b]
+                summary.append(f"batch {b} ({what}): best peer {LABEL[best_peer.flow]}, qbackend's best "
+                               f"({LABEL[best_q.flow]}) at {ratio:.2f}x its speed")
+        if b in bench.load:
+            summary.append(f"batch {b}: 1-minute load average {bench.load[b][0]:.1f} before timing, "
+                           f"{bench.load[b][1]:.1f} after")
     int8 = [r for r in rows if r.flow in INT8_PEERS and r.sqnr is not None]
     q = [r for r in rows if r.flow in QBACKEND_FLOWS and r.sqnr is not None]
     if int8 and q:
         bp = max(int8, key=lambda r: r.sqnr)
         summary.append(f"SQNR: qbackend {max(r.sqnr for r in q):.1f} dB, best INT8 peer {bp.sqnr:.1f} dB "
                        f"({LABEL[bp.flow]})")
-    return "\n".join(lines) + ("\n\n" + "; ".join(summary) + "." if summary else "")
+    return "\n".join(lines) + ("\n\n" + "".join(f"- {x}.\n" for x in summary) if summary else "")
 
 
 def headline(results: list[tuple[Bench, list[Row]]]) -> str:
     peers = [k for k, _, _, _ in FLOWS if k not in QBACKEND_FLOWS]
-    head = ["model", "batch", "qbackend's best (time)"] + [f"vs {LABEL[p]}" for p in peers]
+    head = ["model", "batch", "qbackend's best, median"] + [f"vs {SHORT[p]}" for p in peers]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for bench, rows in results:
         by = {r.flow: r for r in rows}
@@ -536,12 +565,15 @@ def headline(results: list[tuple[Bench, list[Row]]]) -> str:
                 continue
             cells = [bench.name, str(b), f"{'compiled' if best_q.flow == 'qbackend_compile' else 'eager'} "
                                          f"({_fmt_time(best_q.times[b], b)})"]
+            q_min = min(by[f].min_times[b] for f in QBACKEND_FLOWS if f in by and b in by[f].min_times)
             for p in peers:
                 r = by.get(p)
-                cells.append(f"{r.times[b] / best_q.times[b]:.2f}x" if r is not None and b in r.times else "n/a")
+                cells.append(f"{r.times[b] / best_q.times[b]:.2f}x ({r.min_times[b] / q_min:.2f}x)"
+                             if r is not None and b in r.times else "n/a")
             lines.append("| " + " | ".join(cells) + " |")
-    return ("qbackend's faster variant (eager or torch.compile) against each flow: the flow's time divided by "
-            "qbackend's (> 1: qbackend is faster).\n\n" + "\n".join(lines))
+    return ("qbackend's faster variant (eager or torch.compile) against each flow: the flow's median time "
+            "divided by qbackend's (> 1: qbackend is faster); in parentheses the same ratio of the least disturbed "
+            "blocks (each side's minimum).\n\n" + "\n".join(lines))
 
 
 def _pkg_version(mod: str) -> str:
@@ -594,7 +626,11 @@ def header(args, sizes: Sizes, names: list[str], flows: list[str], load: list[fl
     return "\n".join([
         f"- CPU: {cpu}, {os.cpu_count()} logical CPUs; ISA flags: {isa}. AMX: {amx} "
         f"(qbackend's CPU class: {f.level_name}, VNNI: {f.has_vnni}).",
-        f"- Threads: {args.threads} (torch.set_num_threads, ONNX Runtime intra-op, OpenVINO INFERENCE_NUM_THREADS).",
+        f"- Threads: {args.threads} (torch.set_num_threads, ONNX Runtime intra-op, OpenVINO INFERENCE_NUM_THREADS). "
+        f"Busy-waiting: {'the libraries defaults (--spin-wait)' if SPIN_WAIT else 'off where a knob exists'}: "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset (libgomp spins)')} for torch's OpenMP pool "
+        f"(every torch flow, qbackend's included), ONNX Runtime session.intra_op.allow_spinning={int(SPIN_WAIT)}; "
+        "OpenVINO's TBB pool at its default (no knob).",
         f"- Packages: {versions}; qbackend {qbackend.__version__} (commit {git_commit()}); Python "
         f"{platform.python_version()}.",
         f"- Run: {'--quick' if args.quick else 'full'}; {datetime.datetime.now().isoformat(timespec='minutes')}; "
@@ -630,6 +666,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run: small sizes, few timing rounds")
     p.add_argument("--blocks", type=int, default=None, help="timing rounds (default 15; --quick 3)")
     p.add_argument("--profile", action="store_true", help="profile qbackend's models even where it is fastest")
+    p.add_argument("--spin-wait", action="store_true",
+                   help="keep the thread pools' default busy-waiting (OpenMP, ONNX Runtime); default: passive waiting")
     p.add_argument("--cold-compile-cache", action="store_true",
                    help="a fresh Inductor cache directory, so compile times include code generation")
     p.add_argument("--out", default=None, help="write the markdown report here (rewritten after each model)")

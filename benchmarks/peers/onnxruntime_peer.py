@@ -10,7 +10,7 @@
   calibration over the calibration batches, every op type ORT can quantize (its default).
 - ``session(path, threads)``: an ``InferenceSession`` on the CPU execution provider with
   ``intra_op_num_threads = threads``, one inter-op thread, sequential execution, all graph
-  optimisations; ``runner(sess)`` returns a function of torch tensors -> the first output as a
+  optimisations (``spinning=False``: passive waiting between ops); ``runner(sess)`` returns a function of torch tensors -> the first output as a
   torch tensor (zero-copy both ways).
 """
 from __future__ import annotations
@@ -80,10 +80,13 @@ def quantize_onnx(fp32_path: str, int8_path: str, calibration: list[tuple]) -> s
             "calibration batches, after quant_pre_process")
 
 
-def session(path: str, threads: int):
+def session(path: str, threads: int, spinning: bool = True):
+    """spinning=False: intra-op threads wait passively (session.intra_op.allow_spinning=0) instead of
+    busy-waiting between ops (ONNX Runtime's default)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
