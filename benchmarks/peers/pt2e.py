@@ -7,6 +7,7 @@ The flow of the PyTorch "PT2E quantization with X86 backend through Inductor" tu
   batch dimension, ``.module()``. Strict (TorchDynamo) export because with the default non-strict
   export the quantizer's annotation fails on models that call ONE nn.ReLU module at several sites
   (torchvision's ResNet blocks do): "ValueError: Input partition has more than one output node".
+  Dead code is removed from the graph (see export_model).
 - ``quantize_exported(gm, calibration)``: ``prepare_pt2e`` with ``X86InductorQuantizer`` and
   ``get_default_x86_inductor_quantization_config()`` (static, per-channel int8 weights, u8
   activations with HistogramObserver), one forward per calibration batch, ``convert_pt2e``,
@@ -62,7 +63,13 @@ def export_model(model: nn.Module, example_inputs: tuple) -> torch.fx.GraphModul
     """The model captured by strict torch.export with a dynamic batch dimension (a GraphModule)."""
     ep = torch.export.export(model.eval(), tuple(example_inputs), dynamic_shapes=dynamic_batch_shapes(example_inputs),
                              strict=True)
-    return ep.module()
+    gm = ep.module()
+    # Unused outputs stay in the exported graph (BERT's pooler, Linear + Tanh, when only
+    # last_hidden_state is returned); the quantizer then fails on a Linear+unary partition with no
+    # output node ("IndexError: list index out of range" in _get_output_nodes_of_partitions).
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
 
 
 @torch.no_grad()
