@@ -615,7 +615,8 @@ def git_commit() -> str:
         return "unknown"
 
 
-def header(args, sizes: Sizes, names: list[str], flows: list[str], load: list[float], elapsed: float) -> str:
+def header(args, sizes: Sizes, names: list[str], flows: list[str], load: list[float], elapsed: float,
+           started: str, commit: str) -> str:
     cpu, isa = _cpu_info()
     f = qbackend.cpu_features()
     versions = ", ".join(f"{p} {_pkg_version(p)}" for p in
@@ -631,9 +632,9 @@ def header(args, sizes: Sizes, names: list[str], flows: list[str], load: list[fl
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset (libgomp spins)')} for torch's OpenMP pool "
         f"(every torch flow, qbackend's included), ONNX Runtime session.intra_op.allow_spinning={int(SPIN_WAIT)}; "
         "OpenVINO's TBB pool at its default (no knob).",
-        f"- Packages: {versions}; qbackend {qbackend.__version__} (commit {git_commit()}); Python "
+        f"- Packages: {versions}; qbackend {qbackend.__version__} (commit {commit} at the start); Python "
         f"{platform.python_version()}.",
-        f"- Run: {'--quick' if args.quick else 'full'}; {datetime.datetime.now().isoformat(timespec='minutes')}; "
+        f"- Run: {'--quick' if args.quick else 'full'}; started {started}; "
         f"{elapsed / 60:.1f} min; 1-minute load average before / after: {load[0]:.2f} / {load[1]:.2f} (a shared "
         "machine: compare flows within a table, not across runs).",
         f"- Models: {', '.join(names)}; images {sizes.image_size}x{sizes.image_size}; BERT-base "
@@ -708,11 +709,13 @@ def main(argv=None) -> int:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmpdir, "inductor")
     load = [os.getloadavg()[0]]
     start = time.perf_counter()
+    started, commit = datetime.datetime.now().isoformat(timespec="minutes"), git_commit()
     results: list[tuple[Bench, list[Row]]] = []
     sections: list[str] = []
 
     def report() -> str:
-        head = header(args, sizes, names, flows, load + [os.getloadavg()[0]], time.perf_counter() - start)
+        head = header(args, sizes, names, flows, load + [os.getloadavg()[0]], time.perf_counter() - start, started,
+                      commit)
         return "\n\n".join(["# Whole-model INT8 benchmarks: qbackend and its peers", head, "## Headline",
                             headline(results)] + sections)
 
