@@ -29,7 +29,10 @@ setup(
         # `qbackend compare`: rich tables (markdown without it), --plot (matplotlib).
         "cli": ["rich", "matplotlib"],
         "models": ["transformers>=5.0"],
-        "bench": ["numpy"],
+        # The peers of benchmarks/models.py (each optional: a missing one is a row saying so), versions
+        # that install beside torch 2.13.0 without replacing it and work with it (checked 2026-11).
+        "bench": ["numpy", "transformers>=5.0", "torchao==0.18.0", "onnx==1.23.2", "onnxscript==0.7.2",
+                  "onnxruntime==1.32.0", "openvino==2026.4.1", "nncf==3.4.0"],
         "embeddings": ["fbgemm-gpu-cpu==1.8.0"],
     },
     ext_modules=[
