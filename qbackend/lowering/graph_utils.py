@@ -16,12 +16,40 @@ def hint(size) -> int:
     return int(size)
 
 
+EXAMPLE_SHAPE = "qbackend_example_shape"
+
+
 def example_shape(node) -> tuple[int, ...] | None:
-    """The shape the node's value had with the example inputs, or None if not a tensor."""
+    """The shape the node's value had with the user's example inputs, or None if not a tensor.
+
+    That is the shape recorded by `record_example_shapes` when the capture ran on other inputs
+    (a batch of one is captured as two), else the export's hint."""
+    if isinstance(node, fx.Node) and EXAMPLE_SHAPE in node.meta:
+        return node.meta[EXAMPLE_SHAPE]
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return None
     return tuple(hint(s) for s in val.shape)
+
+
+class _ShapeRecorder(fx.Interpreter):
+    def run_node(self, n: fx.Node):
+        result = super().run_node(n)
+        if isinstance(result, torch.Tensor):
+            n.meta[EXAMPLE_SHAPE] = tuple(int(s) for s in result.shape)
+        return result
+
+
+def record_example_shapes(gm: fx.GraphModule, args: tuple, kwargs: dict | None = None) -> None:
+    """Run the captured graph once on (args, kwargs) and record each tensor value's shape in its
+    node (read back by `example_shape`). For when the capture used other example inputs than
+    the ones the model will be routed and tuned for: torch.export gives a size-1 dimension the
+    hint 2, so a batch-1 example is captured as a batch of two."""
+    from torch.fx._pytree import tree_flatten_spec
+
+    flat = tree_flatten_spec((tuple(args), dict(kwargs or {})), gm._in_spec)
+    with torch.no_grad():
+        _ShapeRecorder(gm).run(*flat)
 
 
 def is_float_tensor(node) -> bool:

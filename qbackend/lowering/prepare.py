@@ -3,12 +3,15 @@ an observer on every value the plan observes. The result (`PreparedGraph`) runs 
 FP32 and records activation ranges as calibration batches go through it."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import fx, nn
 
 from ..config import QuantConfig
 from ..observers import Observer
 from .capture import capture
+from .graph_utils import record_example_shapes
 from .fold import fold_batchnorm
 from .patterns import QuantizableOp, match
 from .plan import Plan, make_plan
@@ -52,20 +55,32 @@ def _observer_spec_for(plan: Plan, node: fx.Node):
     raise AssertionError(f"no op observes {node}")
 
 
-def _batchable(example_inputs: tuple) -> tuple:
-    """Export specialises a size-1 dimension to 1; a batch of one is repeated to two for the
-    capture so the graph takes any batch size (the values do not matter, only the shapes)."""
-    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    if tensors and all(t.dim() > 0 and t.shape[0] == 1 for t in tensors):
-        return tuple(x.repeat(2, *([1] * (x.dim() - 1))) if isinstance(x, torch.Tensor) else x
-                     for x in example_inputs)
-    return tuple(example_inputs)
+def _batchable(example_inputs: tuple, example_kwargs: dict | None) -> tuple[tuple, dict, bool]:
+    """Export specialises a size-1 dimension to 1; a batch of one (every tensor input, positional
+    or keyword, has a leading 1) is repeated to two for the capture so the graph takes any batch
+    size (the values do not matter, only the shapes). Returns (args, kwargs, repeated)."""
+    kwargs = dict(example_kwargs or {})
+    tensors = [x for x in (*example_inputs, *kwargs.values()) if isinstance(x, torch.Tensor)]
+    if not (tensors and all(t.dim() > 0 and t.shape[0] == 1 for t in tensors)):
+        return tuple(example_inputs), kwargs, False
+
+    def two(x):
+        return x.repeat(2, *([1] * (x.dim() - 1))) if isinstance(x, torch.Tensor) else x
+
+    return tuple(two(x) for x in example_inputs), {k: two(v) for k, v in kwargs.items()}, True
 
 
 def prepare_graph(model: nn.Module, example_inputs: tuple, config: QuantConfig,
                   example_kwargs: dict | None = None) -> PreparedGraph:
     """Raises lowering.capture.CaptureError if the model cannot be captured."""
-    gm = capture(model, _batchable(example_inputs), example_kwargs)
+    args, kwargs, repeated = _batchable(tuple(example_inputs), example_kwargs)
+    gm = capture(model, args, kwargs)
+    if repeated:  # route, prepack and tune for the batch the user gave, not the capture's
+        try:
+            record_example_shapes(gm, tuple(example_inputs), example_kwargs)
+        except Exception as exc:  # noqa: BLE001  (the hints still give a valid, if less tuned, route)
+            warnings.warn(f"the captured graph did not run on the batch-1 example ({type(exc).__name__}: {exc}); "
+                          "layers are routed for a batch of 2", RuntimeWarning, stacklevel=3)
     folded = fold_batchnorm(gm)
     ops, skipped = match(gm, model, config)
     plan = make_plan(ops)

@@ -154,3 +154,42 @@ def test_cat_runs_in_int8_with_shared_qparams():
     check_layers(q, x)
     with torch.no_grad():
         assert sqnr(model(x), q(x)) > 25
+
+
+class _Masked(torch.nn.Module):
+    """A linear over tokens with a keyword mask: both inputs batch-1 in the example."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 16)
+
+    def forward(self, x, mask=None):
+        y = torch.relu(self.fc(x))
+        return y if mask is None else y * mask.unsqueeze(-1)
+
+
+def test_batch1_example_routes_for_batch1_and_runs_any_batch():
+    """torch.export hints a size-1 batch as 2 and qbackend captures a batch of one as two; the
+    layers must still be routed, prepacked and recorded for the batch the user gave."""
+    torch.manual_seed(0)
+    model = init_bn(ResidualCNN())
+    q = _quantize(model, lambda s: _images(1, s))
+    for info in q.qbackend_layers.values():
+        assert info["x_shape"][0] == 1
+        assert info["shape"]["n" if info["kind"] == "conv2d" else "m"] == 1
+    for n in (1, 3):
+        x = _images(n, 7)
+        with torch.no_grad():
+            assert sqnr(model(x), q(x)) > 25
+
+    masked = _Masked().eval()
+    x, mask = torch.randn(1, 5, 8), torch.ones(1, 5)
+    p = qbackend.prepare(masked, (x,), example_kwargs={"mask": mask})
+    for i in range(4):
+        g = torch.Generator().manual_seed(i)
+        p(torch.randn(4, 6, 8, generator=g), mask=torch.ones(4, 6))
+    qm = qbackend.convert(p)
+    assert qm.qbackend_layers["fc"]["shape"]["m"] == 5  # 1 x 5 tokens, not 2 x 5
+    x3, m3 = torch.randn(3, 4, 8), torch.ones(3, 4)
+    with torch.no_grad():
+        assert sqnr(masked(x3, mask=m3), qm(x3, mask=m3)) > 25
