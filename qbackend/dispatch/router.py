@@ -24,6 +24,7 @@ ENV_PROVIDER = "QBACKEND_PROVIDER"
 class Route:
     provider: str
     why: str
+    forced: bool = False   # by the config or QBACKEND_PROVIDER: tune mode leaves it alone
 
 
 def forced_provider() -> str | None:
@@ -48,7 +49,7 @@ def route(op: str, shape: Mapping, eight_bit_input: bool = True, force: str | No
         if eight_bit_input and not p.exact_8bit():
             raise ValueError(f"provider {forced!r} (forced) saturates 8-bit activations on this CPU; calibrate "
                              "with 7-bit activations (reduce_range=True) or force another provider")
-        return Route(forced, "forced (" + (f"{ENV_PROVIDER}" if force is None else "config") + ")")
+        return Route(forced, "forced (" + (f"{ENV_PROVIDER}" if force is None else "config") + ")", forced=True)
     rule = choose(op, cpu_features().isa_class, shape)
     if not eight_bit_input or get_provider(rule.provider).exact_8bit():
         return Route(rule.provider, f"rule [{rule.condition}]: {rule.why}")

@@ -6,8 +6,14 @@ last rule of each op kind is its catch-all. Measured with `python benchmarks/ker
 (results in benchmarks/results/kernels.md); to regenerate, re-run it on a machine of each class
 (or with QBACKEND_ISA set) and edit the table: the rows below say which column they came from.
 
-Shape keys: linear: m (rows of x: batch x tokens), k, n. conv2d: n (batch), c_in, c_out, h, w,
-kernel (kh, kw), stride, groups.
+Shape keys: linear: m (rows of x: batch x tokens), k, n, gelu (1: GELU fused after it). conv2d:
+n (batch), c_in, c_out, h, w, kernel (kh, kw), stride, groups, int8_residual (1: a residual add
+fused into it, with an int8 output). The flags are read with .get(): models saved before they
+existed route as without.
+
+The AVX512-VNNI conv and linear rows below were refined from `python benchmarks/dispatch.py`
+(benchmarks/results/dispatch.md: every layer of ResNet-50, MobileNetV2 and BERT-base timed on
+both providers at batch 1 and 32); the kernel benchmark gives the isolated shapes.
 """
 from __future__ import annotations
 
@@ -22,9 +28,17 @@ def _channels_per_group(s: Mapping) -> int:
     return s["c_in"] // s["groups"]
 
 
-def _out_pixels(s: Mapping) -> int:
+def _is_1x1(s: Mapping) -> bool:
+    return tuple(s["kernel"]) == (1, 1) and s["groups"] == 1
+
+
+def _stride(s: Mapping) -> int:
     stride = s.get("stride", 1)
-    stride = stride if isinstance(stride, int) else stride[0]
+    return stride if isinstance(stride, int) else stride[0]
+
+
+def _out_pixels(s: Mapping) -> int:
+    stride = _stride(s)
     return s["n"] * -(-s["h"] // stride) * -(-s["w"] // stride)
 
 
@@ -43,10 +57,16 @@ RULES: tuple[Rule, ...] = (
     Rule("linear", ("amx",), "fbgemm", "FBGEMM's VNNI GEMM has the lower per-call cost at M <= 4 "
          "(1.1-1.7x, kernel-facts)", when=lambda s: s["m"] <= 4, condition="m <= 4"),
     Rule("linear", ("amx",), "onednn", "oneDNN's AMX GEMM is 2-5x faster from M = 16 (kernel-facts)"),
-    Rule("linear", ("avx512_vnni",), "fbgemm", "FBGEMM wins M <= 64 up to K x N = 768 x 3072, and M <= 4 "
-         "on 4096 x 4096, 1 and 2 threads (benchmarks/results/kernels.md, AMD EPYC AVX512-VNNI)",
-         when=lambda s: s["m"] <= 4 or (s["m"] <= 64 and s["k"] * s["n"] <= 768 * 3072),
-         condition="m <= 4, or m <= 64 and k*n <= 768*3072"),
+    Rule("linear", ("avx512_vnni",), "fbgemm", "FBGEMM has the lower per-call cost at M <= 4 (1.2-3.4x, "
+         "benchmarks/results/kernels.md, AMD EPYC AVX512-VNNI)", when=lambda s: s["m"] <= 4, condition="m <= 4"),
+    Rule("linear", ("avx512_vnni",), "onednn", "oneDNN fuses GELU, FBGEMM runs it on fp32 after the GEMM: "
+         "BERT's FFN1 at M = 128 1.12x on oneDNN (benchmarks/results/dispatch.md)",
+         when=lambda s: s.get("gelu", 0) and s["m"] > 16, condition="gelu and m > 16"),
+    Rule("linear", ("avx512_vnni",), "fbgemm", "FBGEMM wins M <= 64 up to K x N = 768 x 3072 "
+         "(benchmarks/results/kernels.md) and BERT's M = 128 projections by 1.04-1.09x "
+         "(benchmarks/results/dispatch.md)",
+         when=lambda s: s["m"] <= 128 and s["k"] * s["n"] <= 768 * 3072,
+         condition="m <= 128 and k*n <= 768*3072"),
     Rule("linear", ("avx512_vnni",), "onednn", "oneDNN wins from M = 256 (M = 16 on 4096 x 4096) on "
          "AVX512-VNNI (benchmarks/results/kernels.md)"),
     Rule("linear", ("avx2_vnni",), "onednn", "oneDNN uses AVX-VNNI, FBGEMM does not: 1.3-1.9x (kernel-facts)"),
@@ -57,10 +77,24 @@ RULES: tuple[Rule, ...] = (
          "group (ResNeXt g=32: 2.3x, kernel-facts)",
          when=lambda s: 1 < s["groups"] < s["c_in"] and _channels_per_group(s) <= 8,
          condition="1 < groups < c_in and c_in/groups <= 8"),
+    Rule("conv2d", ("avx512_vnni",), "onednn", "oneDNN fuses the residual add (sum post-op), FBGEMM adds it "
+         "on fp32 after the conv: from 32k output values oneDNN is 1.15-3.4x faster at batch 1 and 7-33x at "
+         "batch 32 (ResNet-50, MobileNetV2; benchmarks/results/dispatch.md)",
+         when=lambda s: s.get("int8_residual", 0) and _out_pixels(s) * s["c_out"] > 32768,
+         condition="int8 residual, n*oh*ow*c_out > 32768"),
     Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins 1x1 convs over <= 784 output pixels (batch 1 at "
-         "28x28 and below: 1.1-1.9x), oneDNN the larger ones (benchmarks/results/kernels.md)",
-         when=lambda s: tuple(s["kernel"]) == (1, 1) and s["groups"] == 1 and _out_pixels(s) <= 784,
+         "28x28 and below: 1.1-1.9x), oneDNN the larger ones (benchmarks/results/kernels.md, dispatch.md)",
+         when=lambda s: _is_1x1(s) and _out_pixels(s) <= 784,
          condition="1x1, groups 1, n*oh*ow <= 784"),
+    Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins ResNet-50's stride-2 1x1 downsamples from 512 "
+         "input channels at batch 32 (1.04-1.10x; benchmarks/results/dispatch.md)",
+         when=lambda s: _is_1x1(s) and _stride(s) == 2 and s["c_in"] >= 512,
+         condition="1x1, groups 1, stride 2, c_in >= 512"),
+    Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins dense 3x3 convs over 196-784 output pixels "
+         "(ResNet-50 batch 1 at 28x28 and 14x14: up to 1.7x, worst case 1.05x the other way; "
+         "benchmarks/results/dispatch.md); oneDNN the larger (batch 32: 1.1-1.7x) and smaller ones",
+         when=lambda s: tuple(s["kernel"]) == (3, 3) and s["groups"] == 1 and 196 <= _out_pixels(s) <= 784,
+         condition="3x3, groups 1, 196 <= n*oh*ow <= 784"),
     Rule("conv2d", ALL, "onednn", "oneDNN wins dense, 1x1, stem and depthwise convs (1.1-8x, kernel-facts); "
          "FBGEMM's depthwise kernel also loses precision on 8-bit activations"),
 )

@@ -156,7 +156,7 @@ def _fmt_us(t: float) -> str:
 
 @dataclass(frozen=True)
 class TuneResult:
-    """The provider that was fastest, and the median time per call (microseconds) of each
+    """The provider that was fastest, and the time per call (microseconds, as tune measured it) of each
     candidate that ran. `times_us` is stored read-only."""
 
     provider: str

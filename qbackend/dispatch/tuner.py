@@ -8,8 +8,10 @@ same model again does no timing.
 
 `builders[p]()` returns a zero-argument callable that runs the layer once with provider p on a
 representative input. Timing (`time_candidates`) is interleaved: each round runs every candidate
-in turn, so drift on a shared machine (frequency, other processes) hits all candidates alike,
-and the result is the median over rounds of the time per call.
+in turn, so drift on a shared machine (frequency, other processes) hits all candidates alike.
+`tune` takes the minimum over 15 short rounds (TUNE_TIMING): a kernel's time is deterministic
+and other processes only ever add to it, so the least disturbed round is the best estimate (the
+median of multi-thread calls on a busy 2-core machine measured scheduler quanta).
 
 This module re-exports the cache's names, so `from qbackend.dispatch.tuner import ...` is enough.
 """
@@ -27,6 +29,9 @@ __all__ = ["TuneKey", "TuneResult", "TuneCache", "TuneCacheWarning", "default_ca
            "time_candidates", "tune"]
 
 MAX_CALLS_PER_ROUND = 1_000_000
+# How tune() times candidates unless told otherwise.
+TUNE_TIMING = {"warmup": 2, "rounds": 15, "min_round_s": 0.001, "statistic": "min"}
+_STATISTICS = {"median": statistics.median, "min": min}
 
 
 def _calls_per_round(fn: Callable[[], object], min_round_s: float, clock: Callable[[], float]) -> int:
@@ -47,8 +52,10 @@ def _calls_per_round(fn: Callable[[], object], min_round_s: float, clock: Callab
 
 
 def time_candidates(fns: Mapping[str, Callable[[], object]], *, warmup: int = 2, rounds: int = 7,
-                    min_round_s: float = 0.002, clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """The median time per call, in microseconds, of each zero-argument callable in `fns`.
+                    min_round_s: float = 0.002, clock: Callable[[], float] = time.perf_counter,
+                    statistic: str = "median") -> dict[str, float]:
+    """The time per call, in microseconds, of each zero-argument callable in `fns`: the median
+    (or, statistic="min", the minimum) over rounds.
 
     1. warmup: `warmup` calls of each candidate, round-robin (a, b, a, b, ...);
     2. calibration, per candidate: the number of calls n_p that lasts >= min_round_s (starting
@@ -57,12 +64,14 @@ def time_candidates(fns: Mapping[str, Callable[[], object]], *, warmup: int = 2,
        their order rotated by r (round 0: a, b, c; round 1: b, c, a; ...), so no candidate always
        runs right after the same one. A round's sample is its elapsed clock time / n_p.
 
-    The result is the median of each candidate's `rounds` samples, x 1e6. `clock` returns seconds
+    The result is the median (or min) of each candidate's `rounds` samples, x 1e6. `clock` returns seconds
     (time.perf_counter by default; tests inject a fake one). Exceptions from a candidate propagate.
     """
     names = list(fns)
     if not names:
         raise ValueError("time_candidates needs at least one candidate")
+    if statistic not in _STATISTICS:
+        raise ValueError(f"statistic must be one of {', '.join(_STATISTICS)}, got {statistic!r}")
     if warmup < 0 or rounds < 1 or not min_round_s >= 0:
         raise ValueError(f"need warmup >= 0, rounds >= 1, min_round_s >= 0 "
                          f"(got {warmup}, {rounds}, {min_round_s})")
@@ -79,7 +88,8 @@ def time_candidates(fns: Mapping[str, Callable[[], object]], *, warmup: int = 2,
             for _ in range(n):
                 fn()
             samples[name].append((clock() - t0) / n)
-    return {name: statistics.median(samples[name]) * 1e6 for name in names}
+    reduce = _STATISTICS[statistic]
+    return {name: reduce(samples[name]) * 1e6 for name in names}
 
 
 def tune(key: TuneKey, builders: Mapping[str, Callable[[], Callable[[], object]]], cache: TuneCache | None = None,
@@ -90,7 +100,7 @@ def tune(key: TuneKey, builders: Mapping[str, Callable[[], Callable[[], object]]
     is built or timed. Otherwise each builder is called; a builder that raises ValueError or
     RuntimeError, or whose runnable raises one on its first call, is not a candidate (a provider
     that refuses the geometry or the CPU). The remaining candidates are timed with
-    `time_candidates(**timing)` (rounded to 0.001 us); the fastest median wins (ties: the first in `builders` order).
+    `time_candidates(**{**TUNE_TIMING, **timing})` (rounded to 0.001 us); the fastest wins (ties: the first in `builders` order).
     The result is stored in the cache (if any). `cache=None` means no caching at all, not the
     default cache: pass `TuneCache()` for that. Raises ValueError if no provider can run, or if
     `builders` names a provider qbackend does not know.
@@ -116,7 +126,7 @@ def tune(key: TuneKey, builders: Mapping[str, Callable[[], Callable[[], object]]
     if not runnables:
         detail = "; ".join(f"{p}: {why}" for p, why in refused.items()) or "no builders given"
         raise ValueError(f"tune {key}: no provider can run it ({detail})")
-    times = {p: round(t, 3) for p, t in time_candidates(runnables, **timing).items()}  # ns: as stored
+    times = {p: round(t, 3) for p, t in time_candidates(runnables, **{**TUNE_TIMING, **timing}).items()}  # ns: as stored
     best = min(runnables, key=lambda p: times[p])
     result = TuneResult(best, times)
     if cache is not None:

@@ -120,7 +120,10 @@ class _Rewriter:
         else:
             args = (self.replaced.get(op.x, op.x),)
         out_qp = self.qparams[op.output] if op.output in plan.int8_outputs else None
-        module, why = build_layer(op.layer_spec(self.gm), x_qp, out_qp, acc_qp, tune=self.tune)
+        spec = op.layer_spec(self.gm)
+        if op.accum is not None:
+            spec.residual = "int8" if out_qp is not None else "float32"
+        module, why = build_layer(spec, x_qp, out_qp, acc_qp, tune=self.tune)
         if static:
             module.x_value = self.value_ids[id(x_qp)]
             module.out_value = self.value_ids[id(out_qp)] if out_qp is not None else None
@@ -130,7 +133,6 @@ class _Rewriter:
         with self.graph.inserting_after(op.output):
             call = self.graph.call_module(target, args)
         call.meta["qbackend_layer"] = op.name
-        spec = op.layer_spec(self.gm)
         self.layers[op.name] = {"kind": op.kind, "mode": op.config.mode, "module": target, "why": why,
                                 "post_op": op.post_op, "residual": op.accum is not None,
                                 "output": "int8" if out_qp is not None else "float32",

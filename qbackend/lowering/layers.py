@@ -30,18 +30,21 @@ class LayerSpec:
     config: QuantConfig
     geometry: dict = field(default_factory=dict)  # conv2d: stride, padding, dilation, groups (pairs / int)
     post_op: str = "none"
+    residual: str | None = None       # conv2d with a fused residual add: its output, "int8" | "float32"
 
     def shape_key(self) -> dict:
-        """The shape the dispatch rules look at."""
+        """The shape the dispatch rules look at, with the epilogue flags that change the ranking:
+        linear `gelu` (FBGEMM runs GELU unfused, on fp32), conv2d `int8_residual` (FBGEMM adds
+        the residual unfused, on fp32; oneDNN fuses it as a sum post-op)."""
         xs, ws = self.x_shape, tuple(self.weight.shape)
         if self.kind == "linear":
             m = 1
             for d in xs[:-1]:
                 m *= d
-            return {"m": m, "k": ws[1], "n": ws[0]}
+            return {"m": m, "k": ws[1], "n": ws[0], "gelu": int(self.post_op == "gelu")}
         g = self.geometry
         return {"n": xs[0], "c_in": xs[1], "c_out": ws[0], "h": xs[2], "w": xs[3], "kernel": tuple(ws[2:]),
-                "stride": tuple(g["stride"]), "groups": g["groups"]}
+                "stride": tuple(g["stride"]), "groups": g["groups"], "int8_residual": int(self.residual == "int8")}
 
 
 def _is_8bit(qp: QParams) -> bool:
@@ -108,8 +111,16 @@ def _example_inputs(spec: LayerSpec, module: nn.Module, x_qp, accum_qp) -> tuple
     return x, acc.contiguous(memory_format=torch.channels_last)
 
 
-def _tuned(spec: LayerSpec, q, scales, candidates, x_qp, out_qp, accum_qp, options: TuneOptions):
-    """(provider, why) from timing the candidates (or the cache) at each batch size."""
+# Tune mode keeps the rule table's provider unless another one is faster by more than this: the
+# rules are measured on many layers, one layer's timing on a busy machine is noisier than a few
+# per cent, and a near-tie costs nothing either way.
+TUNE_MARGIN = 1.03
+
+
+def _tuned(spec: LayerSpec, q, scales, candidates, x_qp, out_qp, accum_qp, options: TuneOptions,
+           rule_provider: str | None = None):
+    """(provider, why) from timing the candidates (or the cache) at each batch size; the rule's
+    provider is kept when it is within TUNE_MARGIN of the fastest."""
     from ..dispatch.tuner import TuneCache, TuneKey, tune
 
     cache = options.cache if options.cache is not None else TuneCache()
@@ -142,13 +153,16 @@ def _tuned(spec: LayerSpec, q, scales, candidates, x_qp, out_qp, accum_qp, optio
     best = min(scores, key=scores.get)
     detail = "; ".join(f"batch {b}: {r.why().removeprefix('tuned: ')}" + (" (cached)" if hit else "")
                        for b, r, hit in results)
+    if rule_provider in scores and rule_provider != best and scores[rule_provider] <= scores[best] * TUNE_MARGIN:
+        return rule_provider, f"tuned: {detail}; kept the rule's {rule_provider} (within {TUNE_MARGIN:.2f}x)"
     return best, f"tuned: {detail}"
 
 
 def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | None = None,
                 accum_qp: QParams | None = None, tune: TuneOptions | None = None) -> tuple[nn.Module, str]:
     """(the quantized module, why its provider was chosen). x_qp is required in static mode.
-    With `tune`, the providers are timed on this layer (unless one is forced)."""
+    With `tune`, the providers are timed on this layer (unless one is forced, by the config or
+    QBACKEND_PROVIDER)."""
     mode = spec.config.mode
     w_obs = spec.config.weight.create(f"{spec.name}.weight")
     q, scales = quantize_weight(spec.weight, w_obs, spec.name)
@@ -165,10 +179,10 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
     kind = spec.kind if mode == "static" else "linear"
     r = route(kind, spec.shape_key(), eight_bit_input=eight, force=spec.config.provider)
     provider, why = r.provider, r.why
-    if tune is not None and spec.config.provider is None:
+    if tune is not None and not r.forced:
         candidates = [p for p in KERNEL_PROVIDERS if not eight or get_provider(p).exact_8bit()]
         if len(candidates) > 1:
-            provider, why = _tuned(spec, q, scales, candidates, x_qp, out_qp, accum_qp, tune)
+            provider, why = _tuned(spec, q, scales, candidates, x_qp, out_qp, accum_qp, tune, r.provider)
     try:
         return _module(spec, q, scales, provider, x_qp, out_qp, accum_qp), why
     except ValueError as exc:  # a geometry this provider refuses (e.g. oneDNN's depthwise bugs)

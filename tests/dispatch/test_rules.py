@@ -44,3 +44,30 @@ def test_unknown_class_is_an_error():
         rules.choose("linear", "sse2", LINEAR)
     with pytest.raises(ValueError, match="no dispatch rule"):
         rules.choose("matmul", "avx2", LINEAR)
+
+
+def test_avx512_vnni_rules_from_the_dispatch_benchmark():
+    vnni = "avx512_vnni"
+    # A residual add with an int8 output: oneDNN fuses it; FBGEMM only wins the small ones.
+    res = dict(CONV, c_in=256, c_out=1024, h=14, w=14, kernel=(1, 1), int8_residual=1)
+    assert rules.choose("conv2d", vnni, res).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(res, int8_residual=0)).provider == "fbgemm"
+    assert rules.choose("conv2d", vnni, dict(res, c_in=384, c_out=64)).provider == "fbgemm"  # 12544 values
+    # Dense 3x3 over 196-784 output pixels: FBGEMM; larger and smaller: oneDNN.
+    assert rules.choose("conv2d", vnni, dict(CONV, c_in=128, c_out=128, h=28, w=28)).provider == "fbgemm"
+    assert rules.choose("conv2d", vnni, dict(CONV, c_in=128, c_out=128, h=28, w=28, n=32)).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(CONV, c_in=512, c_out=512, h=7, w=7)).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(CONV, c_in=256, c_out=256, h=28, w=28, stride=(2, 2))).provider \
+        == "fbgemm"
+    # Stride-2 1x1 downsample from >= 512 channels: FBGEMM even at batch 32.
+    down = dict(CONV, n=32, c_in=1024, c_out=2048, h=14, w=14, kernel=(1, 1), stride=(2, 2))
+    assert rules.choose("conv2d", vnni, down).provider == "fbgemm"
+    assert rules.choose("conv2d", vnni, dict(down, c_in=256, c_out=512, h=56, w=56)).provider == "onednn"
+    # Linear: a fused GELU goes to oneDNN past M = 16; BERT's M = 128 projections to FBGEMM.
+    assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 768}).provider == "fbgemm"
+    assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 3072, "gelu": 1}).provider == "onednn"
+    assert rules.choose("linear", vnni, {"m": 1, "k": 768, "n": 3072, "gelu": 1}).provider == "fbgemm"
+    # Shape records saved before the flags existed route as without them.
+    old = {k: v for k, v in res.items() if k != "int8_residual"}
+    assert rules.choose("conv2d", vnni, old).provider == "fbgemm"
+    assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 3072}).provider == "fbgemm"

@@ -3,12 +3,15 @@ stores the results, and a second convert of the same model reads them back witho
 anything; batch sizes; forced providers are not tuned; argument errors."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 import qbackend
 from qbackend.dispatch import tuner
 from qbackend.dispatch.tuner import TuneCache
+from qbackend.lowering.layers import TUNE_MARGIN
 
 from .toy_models import ResidualCNN, init_bn, sqnr
 
@@ -34,8 +37,13 @@ def test_tune_then_cached(prepared, tmp_path, monkeypatch):
     q = qbackend.convert(p, tune=True, tune_cache=TuneCache(path))
     rows = qbackend.explain(q).rows
     assert len(rows) == 7 and all(r["why"].startswith("tuned: batch 2:") for r in rows)
-    for r in rows:  # the fastest timed provider is the one chosen
-        assert r["why"].split("batch 2: ")[1].startswith(r["provider"])
+    for r in rows:  # the fastest timed provider is the one chosen, or the rule's within the margin
+        times = dict((p, float(t)) for p, t in re.findall(r"(fbgemm|onednn) ([0-9.]+) us", r["why"]))
+        assert set(times) == {"fbgemm", "onednn"}
+        if "kept the rule's" in r["why"]:
+            assert times[r["provider"]] <= min(times.values()) * TUNE_MARGIN
+        else:
+            assert times[r["provider"]] == min(times.values())
     assert path.exists() and path.stat().st_size > 0
 
     def no_timing(*a, **k):
@@ -64,6 +72,50 @@ def test_forced_provider_is_not_tuned(tmp_path):
     q = qbackend.convert(p, tune=True, tune_cache=TuneCache(tmp_path / "t.json"))
     assert {r["provider"] for r in qbackend.explain(q)} == {"onednn"}
     assert all("forced" in r["why"] for r in qbackend.explain(q))
+
+
+def test_forced_by_environment_is_not_tuned(prepared, tmp_path, monkeypatch):
+    _, p = prepared
+    monkeypatch.setenv("QBACKEND_PROVIDER", "fbgemm")
+
+    def no_timing(*a, **k):
+        raise AssertionError("a forced provider must not be timed")
+
+    monkeypatch.setattr(tuner, "time_candidates", no_timing)
+    q = qbackend.convert(p, tune=True, tune_cache=TuneCache(tmp_path / "t.json"))
+    assert {r["provider"] for r in qbackend.explain(q)} == {"fbgemm"}
+    assert all("forced (QBACKEND_PROVIDER)" in r["why"] for r in qbackend.explain(q))
+
+
+@pytest.mark.parametrize("slower", [1.02, 1.2])
+def test_tune_keeps_the_rule_within_the_margin(prepared, tmp_path, monkeypatch, slower):
+    _, p = prepared
+    rules_q = qbackend.convert(p)
+    rule = {r["layer"]: r["provider"] for r in qbackend.explain(rules_q)}
+    # every layer: the rule's provider `slower` x the other one
+    calls = []
+
+    def fake(fns, **timing):
+        calls.append(1)
+        layer_rule = current[0]
+        return {q: 100.0 * (slower if q == layer_rule else 1.0) for q in fns}
+
+    current = [None]
+    real_build = qbackend.lowering.layers._tuned
+
+    def tuned(spec, *args, **kwargs):
+        current[0] = rule[spec.name]
+        return real_build(spec, *args, **kwargs)
+
+    monkeypatch.setattr(tuner, "time_candidates", fake)
+    monkeypatch.setattr(qbackend.lowering.layers, "_tuned", tuned)
+    q = qbackend.convert(p, tune=True, tune_cache=TuneCache(tmp_path / "t.json"))
+    assert calls
+    for r in qbackend.explain(q):
+        if slower <= TUNE_MARGIN:
+            assert r["provider"] == rule[r["layer"]] and "kept the rule's" in r["why"]
+        else:
+            assert r["provider"] != rule[r["layer"]] and "kept" not in r["why"]
 
 
 def test_tune_argument_errors(prepared):
