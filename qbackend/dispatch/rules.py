@@ -90,11 +90,6 @@ RULES: tuple[Rule, ...] = (
          "input channels at batch 32 (1.04-1.10x; benchmarks/results/dispatch.md)",
          when=lambda s: _is_1x1(s) and _stride(s) == 2 and s["c_in"] >= 512,
          condition="1x1, groups 1, stride 2, c_in >= 512"),
-    Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins dense 3x3 convs over 196-784 output pixels "
-         "(ResNet-50 batch 1 at 28x28 and 14x14: up to 1.7x, worst case 1.05x the other way; "
-         "benchmarks/results/dispatch.md); oneDNN the larger (batch 32: 1.1-1.7x) and smaller ones",
-         when=lambda s: tuple(s["kernel"]) == (3, 3) and s["groups"] == 1 and 196 <= _out_pixels(s) <= 784,
-         condition="3x3, groups 1, 196 <= n*oh*ow <= 784"),
     Rule("conv2d", ALL, "onednn", "oneDNN wins dense, 1x1, stem and depthwise convs (1.1-8x, kernel-facts); "
          "FBGEMM's depthwise kernel also loses precision on 8-bit activations"),
 )
