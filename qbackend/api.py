@@ -12,11 +12,12 @@ capture error. The user's model is never modified.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 from torch import nn
 
+from ._batches import batches
 from .config import QuantConfig
 from .lowering.capture import CaptureError
 from .lowering.convert import convert_graph
@@ -163,24 +164,11 @@ def convert(prepared: PreparedModel, tune: bool = False, tune_batch_sizes=None, 
     return convert_swapped(prepared._prepared, tune=options)
 
 
-def _batches(calibration_data: Iterable) -> Iterable[tuple[tuple, dict]]:
-    for batch in calibration_data:
-        if isinstance(batch, torch.Tensor):
-            yield (batch,), {}
-        elif isinstance(batch, dict):
-            yield (), batch
-        elif isinstance(batch, (tuple, list)):
-            yield tuple(batch), {}
-        else:
-            raise TypeError(f"calibration batches must be tensors, tuples of inputs or dicts of keyword inputs, "
-                            f"got {type(batch).__name__}")
-
-
 def calibrate(prepared: PreparedModel, calibration_data: Iterable) -> int:
     """Run every batch through the prepared model (no grad); returns the number of batches."""
     n = 0
     with torch.no_grad():
-        for args, kwargs in _batches(calibration_data):
+        for args, kwargs in batches(calibration_data, "calibration batches"):
             prepared(*args, **kwargs)
             n += 1
     return n

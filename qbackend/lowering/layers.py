@@ -48,6 +48,8 @@ class LayerSpec:
 
 
 def _is_8bit(qp: QParams) -> bool:
+    """Whether activations with these qparams use the full 8-bit range (not the 7-bit one).
+    rebind._is_8bit_input answers the same for a converted layer, from the activation table."""
     return qp.dtype == torch.int8 or qp.qmax > 127
 
 

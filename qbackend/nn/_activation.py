@@ -38,15 +38,58 @@ def relu6_bound(out_dtype: torch.dtype, out_scale: float, out_zp: int) -> float 
     return None if q6 >= hi else int(q6)
 
 
+POST_OPS = ("none", "relu", "relu6", "gelu")
+
+
+def check_post_op(post_op: str) -> str:
+    if post_op not in POST_OPS:
+        raise ValueError(f"post_op must be one of {', '.join(POST_OPS)}, got {post_op!r}")
+    return post_op
+
+
 class StaticQParamsMixin:
-    """What QuantizedLinear and QuantizedConv2d share: the activation values they read and write
-    (`x_value`, `out_value`, `accum_value`: keys of the model's activation table, set by the
-    lowering) and setters that keep the derived clamp right when qparams change (a model
+    """What QuantizedLinear and QuantizedConv2d share: the packed weight and the activation
+    qparams they are built with (`_init_static`, checked once), the activation values they read
+    and write (`x_value`, `out_value`, `accum_value`: keys of the model's activation table, set by
+    the lowering), and setters that keep the derived clamp right when qparams change (a model
     requantized for another CPU)."""
 
     x_value: str | None = None
     out_value: str | None = None
     accum_value: str | None = None
+    has_accum: bool = False
+
+    def _init_static(self, packed, x_qparams: tuple[float, int], x_dtype: torch.dtype,
+                     out_qparams: tuple[float, int] | None, out_dtype: torch.dtype, post_op: str,
+                     out_qmax: int | None) -> None:
+        if x_dtype not in QDTYPES:
+            raise TypeError(f"x_dtype must be uint8 or int8, got {x_dtype}")
+        if out_dtype not in OUT_DTYPES:
+            raise TypeError(f"out_dtype must be uint8, int8 or float32, got {out_dtype}")
+        self.packed = packed
+        self.x_dtype = x_dtype
+        self.x_scale, self.x_zero_point = check_qparams(*x_qparams, x_dtype, "input")
+        self.out_dtype = out_dtype
+        if out_dtype == torch.float32:
+            self.out_scale, self.out_zero_point = 1.0, 0
+        else:
+            if out_qparams is None:
+                raise ValueError("an integer output needs out_qparams")
+            self.out_scale, self.out_zero_point = check_qparams(*out_qparams, out_dtype, "output")
+        self.post_op = check_post_op(post_op)
+        self._kernel_post_op = "relu" if post_op == "relu6" else post_op  # the clamp makes it ReLU6
+        self.out_qmax = out_qmax
+        self._clamp_max = output_clamp(post_op, out_dtype, self.out_scale, self.out_zero_point, out_qmax)
+
+    @property
+    def provider(self) -> str:
+        return self.packed.provider_name
+
+    def _qparams_repr(self) -> str:
+        out = ("float32" if self.out_dtype == torch.float32
+               else f"{self.out_dtype}(scale={self.out_scale:.4g}, zp={self.out_zero_point})")
+        return (f"provider={self.provider}, x={self.x_dtype}(scale={self.x_scale:.4g}, zp={self.x_zero_point}), "
+                f"out={out}, post_op={self.post_op}")
 
     def set_input_qparams(self, scale: float, zero_point: int) -> None:
         self.x_scale, self.x_zero_point = check_qparams(scale, zero_point, self.x_dtype, "input")

@@ -11,9 +11,8 @@ import torch
 from torch import nn
 
 from ..ops import PackedConv2dWeight
-from ._activation import OUT_DTYPES, QDTYPES, StaticQParamsMixin, check_qparams, output_clamp
+from ._activation import QDTYPES, StaticQParamsMixin, check_qparams
 from ._weights import quantize_weight
-from .linear import POST_OPS
 
 
 class QuantizedConv2d(StaticQParamsMixin, nn.Module):
@@ -25,34 +24,13 @@ class QuantizedConv2d(StaticQParamsMixin, nn.Module):
                  accum_dtype: torch.dtype = torch.uint8, out_qmax: int | None = None):
         """out_qmax: the output's largest level when below the dtype's (7-bit activations)."""
         super().__init__()
-        if x_dtype not in QDTYPES or accum_dtype not in QDTYPES:
-            raise TypeError(f"x_dtype and accum_dtype must be uint8 or int8, got {x_dtype}, {accum_dtype}")
-        if out_dtype not in OUT_DTYPES:
-            raise TypeError(f"out_dtype must be uint8, int8 or float32, got {out_dtype}")
-        if post_op not in POST_OPS:
-            raise ValueError(f"post_op must be one of {', '.join(POST_OPS)}, got {post_op!r}")
-        self.packed = packed
-        self.x_dtype = x_dtype
-        self.x_scale, self.x_zero_point = check_qparams(*x_qparams, x_dtype, "input")
-        self.out_dtype = out_dtype
-        if out_dtype == torch.float32:
-            self.out_scale, self.out_zero_point = 1.0, 0
-        else:
-            if out_qparams is None:
-                raise ValueError("an integer output needs out_qparams")
-            self.out_scale, self.out_zero_point = check_qparams(*out_qparams, out_dtype, "output")
+        if accum_dtype not in QDTYPES:
+            raise TypeError(f"accum_dtype must be uint8 or int8, got {accum_dtype}")
+        self._init_static(packed, x_qparams, x_dtype, out_qparams, out_dtype, post_op, out_qmax)
         self.has_accum = accum_qparams is not None
         self.accum_dtype = accum_dtype
         self.accum_scale, self.accum_zero_point = (check_qparams(*accum_qparams, accum_dtype, "accum")
                                                    if self.has_accum else (1.0, 0))
-        self.post_op = post_op
-        self._kernel_post_op = "relu" if post_op == "relu6" else post_op
-        self.out_qmax = out_qmax
-        self._clamp_max = output_clamp(post_op, out_dtype, self.out_scale, self.out_zero_point, out_qmax)
-
-    @property
-    def provider(self) -> str:
-        return self.packed.provider_name
 
     def forward(self, x: torch.Tensor, accum: torch.Tensor | None = None) -> torch.Tensor:
         if (accum is not None) != self.has_accum:
@@ -66,11 +44,8 @@ class QuantizedConv2d(StaticQParamsMixin, nn.Module):
 
     def extra_repr(self) -> str:
         p = self.packed
-        out = ("float32" if self.out_dtype == torch.float32
-               else f"{self.out_dtype}(scale={self.out_scale:.4g}, zp={self.out_zero_point})")
         s = (f"{p.in_channels}, {p.out_channels}, kernel_size={p.kernel_size}, stride={tuple(p.stride)}, "
-             f"padding={tuple(p.padding)}, groups={p.groups}, provider={self.provider}, "
-             f"x={self.x_dtype}(scale={self.x_scale:.4g}, zp={self.x_zero_point}), out={out}, post_op={self.post_op}")
+             f"padding={tuple(p.padding)}, groups={p.groups}, {self._qparams_repr()}")
         if self.has_accum:
             s += f", accum={self.accum_dtype}(scale={self.accum_scale:.4g}, zp={self.accum_zero_point})"
         return s

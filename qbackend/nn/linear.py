@@ -11,44 +11,14 @@ import torch
 from torch import nn
 
 from ..ops import PackedLinearWeight
-from ._activation import OUT_DTYPES, QDTYPES, StaticQParamsMixin, check_qparams, output_clamp
+from ._activation import POST_OPS, StaticQParamsMixin, check_post_op
 from ._weights import quantize_weight
 
-POST_OPS = ("none", "relu", "relu6", "gelu")
+__all__ = ["POST_OPS", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear"]
 
 
-def _post_op(post_op: str) -> str:
-    if post_op not in POST_OPS:
-        raise ValueError(f"post_op must be one of {', '.join(POST_OPS)}, got {post_op!r}")
-    return post_op
-
-
-class QuantizedLinear(StaticQParamsMixin, nn.Module):
-    """y = post_op(dequant(x) @ dequant(W).T + b), output quantized with (out_scale, out_zp) or float32."""
-
-    def __init__(self, packed: PackedLinearWeight, x_qparams: tuple[float, int], x_dtype: torch.dtype = torch.uint8,
-                 out_qparams: tuple[float, int] | None = None, out_dtype: torch.dtype = torch.float32,
-                 post_op: str = "none", out_qmax: int | None = None):
-        """out_qmax: the output's largest level when below the dtype's (7-bit activations)."""
-        super().__init__()
-        if x_dtype not in QDTYPES:
-            raise TypeError(f"x_dtype must be uint8 or int8, got {x_dtype}")
-        if out_dtype not in OUT_DTYPES:
-            raise TypeError(f"out_dtype must be uint8, int8 or float32, got {out_dtype}")
-        self.packed = packed
-        self.x_dtype = x_dtype
-        self.x_scale, self.x_zero_point = check_qparams(*x_qparams, x_dtype, "input")
-        self.out_dtype = out_dtype
-        if out_dtype == torch.float32:
-            self.out_scale, self.out_zero_point = 1.0, 0
-        else:
-            if out_qparams is None:
-                raise ValueError("an integer output needs out_qparams")
-            self.out_scale, self.out_zero_point = check_qparams(*out_qparams, out_dtype, "output")
-        self.post_op = _post_op(post_op)
-        self._kernel_post_op = "relu" if post_op == "relu6" else post_op
-        self.out_qmax = out_qmax
-        self._clamp_max = output_clamp(post_op, out_dtype, self.out_scale, self.out_zero_point, out_qmax)
+class _PackedLinearShape:
+    """in_features / out_features / provider of a module around a PackedLinearWeight (`packed`)."""
 
     @property
     def in_features(self) -> int:
@@ -61,6 +31,17 @@ class QuantizedLinear(StaticQParamsMixin, nn.Module):
     @property
     def provider(self) -> str:
         return self.packed.provider_name
+
+
+class QuantizedLinear(_PackedLinearShape, StaticQParamsMixin, nn.Module):
+    """y = post_op(dequant(x) @ dequant(W).T + b), output quantized with (out_scale, out_zp) or float32."""
+
+    def __init__(self, packed: PackedLinearWeight, x_qparams: tuple[float, int], x_dtype: torch.dtype = torch.uint8,
+                 out_qparams: tuple[float, int] | None = None, out_dtype: torch.dtype = torch.float32,
+                 post_op: str = "none", out_qmax: int | None = None):
+        """out_qmax: the output's largest level when below the dtype's (7-bit activations)."""
+        super().__init__()
+        self._init_static(packed, x_qparams, x_dtype, out_qparams, out_dtype, post_op, out_qmax)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.packed.linear(x, self.x_scale, self.x_zero_point, self.out_scale, self.out_zero_point,
@@ -70,20 +51,16 @@ class QuantizedLinear(StaticQParamsMixin, nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        out = ("float32" if self.out_dtype == torch.float32
-               else f"{self.out_dtype}(scale={self.out_scale:.4g}, zp={self.out_zero_point})")
-        return (f"in_features={self.in_features}, out_features={self.out_features}, provider={self.provider}, "
-                f"x={self.x_dtype}(scale={self.x_scale:.4g}, zp={self.x_zero_point}), out={out}, "
-                f"post_op={self.post_op}")
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self._qparams_repr()}"
 
 
-class DynamicQuantizedLinear(nn.Module):
+class DynamicQuantizedLinear(_PackedLinearShape, nn.Module):
     """Float in, float out: x quantized per call to uint8 over its own range; int8 weight."""
 
     def __init__(self, packed: PackedLinearWeight, post_op: str = "none"):
         super().__init__()
         self.packed = packed
-        self.post_op = _post_op(post_op)
+        self.post_op = check_post_op(post_op)
         if post_op == "relu6":
             raise ValueError("DynamicQuantizedLinear fuses relu and gelu, not relu6")
 
@@ -92,18 +69,6 @@ class DynamicQuantizedLinear(nn.Module):
                    x_shape=None) -> "DynamicQuantizedLinear":
         q, scales = quantize_weight(linear.weight, weight_observer, name)
         return cls(PackedLinearWeight(q, scales, linear.bias, provider=provider, x_shape=x_shape))
-
-    @property
-    def in_features(self) -> int:
-        return self.packed.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.packed.out_features
-
-    @property
-    def provider(self) -> str:
-        return self.packed.provider_name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:

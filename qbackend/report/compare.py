@@ -29,6 +29,7 @@ from torch import fx, nn
 from torch.fx._pytree import tree_flatten_spec
 from torch.utils import _pytree as pytree
 
+from .._batches import batches as iter_batches
 from ..nn import QuantizedConv2d, QuantizedLinear, WeightOnlyConv2d, WeightOnlyLinear
 from ..nn.model import QuantizedModel
 
@@ -113,18 +114,6 @@ class _Acc:
         if self.err == 0.0:
             return math.inf
         return 10 * math.log10(max(self.ref, 1e-300) / self.err)
-
-
-def _batches(data: Iterable):
-    for batch in data:
-        if isinstance(batch, torch.Tensor):
-            yield (batch,), {}
-        elif isinstance(batch, dict):
-            yield (), batch
-        elif isinstance(batch, (tuple, list)):
-            yield tuple(batch), {}
-        else:
-            raise TypeError(f"data batches must be tensors, tuples of inputs or dicts, got {type(batch).__name__}")
 
 
 def _float_leaves(out) -> list[torch.Tensor]:
@@ -216,7 +205,7 @@ def compare(fp32_model: nn.Module, qmodel: QuantizedModel, data: Iterable, metri
         raise TypeError(f"fp32_model must be an nn.Module, got {type(fp32_model).__name__}")
     if metric is not None and not callable(metric):
         raise TypeError("metric must be a function model -> float")
-    batches = list(_batches(data))
+    batches = list(iter_batches(data, "data batches"))
     if not batches:
         raise ValueError("compare needs at least one batch of data")
     first = batches[0]

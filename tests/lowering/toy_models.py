@@ -100,3 +100,24 @@ class CatCNN(nn.Module):
         x = torch.relu(self.stem(x))
         y = torch.cat([torch.relu(self.left(x)), self.right(x)], dim=1)
         return self.head(torch.relu(self.merge(y)).mean((2, 3)))
+
+
+class Outlier(nn.Module):
+    """One layer that quantizes badly: fc2's input has one channel ~1000x the others (fc1's
+    channel 0 scaled 1000x, fc2's weights scaled back so the FP32 function is unchanged), so
+    per-tensor INT8 crushes every other channel of that input to zero. Seeded by construction."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 64), nn.Linear(64, 64), nn.Linear(64, 8)
+        for fc in (self.fc1, self.fc2, self.fc3):
+            nn.init.normal_(fc.weight, std=0.3, generator=g)
+            nn.init.normal_(fc.bias, std=0.1, generator=g)
+        with torch.no_grad():
+            self.fc1.weight[0] *= 1000
+            self.fc1.bias[0] = 1000 * self.fc1.bias[0].abs()
+            self.fc2.weight[:, 0] /= 1000
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))

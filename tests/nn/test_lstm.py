@@ -48,14 +48,7 @@ ATOL = 4e-6
 SQNR_MIN_DB = 30.0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALL_THREADS = torch.get_num_threads()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny shapes: one intra-op thread avoids waiting for a second one on a busy machine."""
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(ALL_THREADS)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_lstm(seed: int, input_size: int, hidden_size: int, **kw) -> nn.LSTM:

@@ -3,7 +3,6 @@ one-thread fixture, the test-data generators, and the acceptance rule (error_met
 test_linear.py's and test_conv2d.py's docstrings)."""
 from __future__ import annotations
 
-import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -16,16 +15,6 @@ OUT_DTYPES = [torch.uint8, torch.int8, torch.float32, torch.bfloat16]
 POST_OPS = ["none", "relu", "gelu"]
 ALL_THREADS = torch.get_num_threads()
 HSET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread for this module's (mostly tiny) cases: on busy cores, every parallel
-    region of a tiny op otherwise waits for a second thread to be scheduled. The *_multithreaded
-    tests run with all threads."""
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(ALL_THREADS)
 
 
 class all_threads:

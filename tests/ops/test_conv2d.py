@@ -40,9 +40,12 @@ from hypothesis import strategies as st
 from qbackend.ops import PackedConv2dWeight
 from qbackend.ops import reference as R
 
-from tests.ops.numerics import (FAST, HSET, OUT_DTYPES, POST_OPS, activations, all_threads,  # noqa: F401 (one_thread: autouse)
-                                  assert_rule, error_metrics, exact_8bit, log_uniform, one_thread,
+from tests.ops.numerics import (FAST, HSET, OUT_DTYPES, POST_OPS, activations, all_threads,
+                                  assert_rule, error_metrics, exact_8bit, log_uniform,
                                   output_scale_for, weights, zero_points)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SLOW_HSET = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -12,16 +12,9 @@ import torch
 import qbackend
 from qbackend.models import MODELS
 
-pytestmark = pytest.mark.filterwarnings("ignore::qbackend.lowering.convert.FP32FallbackWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::qbackend.lowering.convert.FP32FallbackWarning"),
+              pytest.mark.usefixtures("one_thread")]
 TINY_BERT = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128, vocab_size=1000)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _sqnr(refs, outs):

@@ -7,27 +7,11 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
 
 import qbackend
 from qbackend.report import BudgetWarning
 
-
-class Outlier(nn.Module):
-    def __init__(self):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 64), nn.Linear(64, 64), nn.Linear(64, 8)
-        for fc in (self.fc1, self.fc2, self.fc3):
-            nn.init.normal_(fc.weight, std=0.3, generator=g)
-            nn.init.normal_(fc.bias, std=0.1, generator=g)
-        with torch.no_grad():
-            self.fc1.weight[0] *= 1000
-            self.fc1.bias[0] = 1000 * self.fc1.bias[0].abs()
-            self.fc2.weight[:, 0] /= 1000
-
-    def forward(self, x):
-        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+from tests.lowering.toy_models import Outlier
 
 
 X = torch.randn(512, 16, generator=torch.Generator().manual_seed(1))
