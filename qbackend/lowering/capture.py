@@ -25,6 +25,8 @@ from torch import fx
 from torch.export import Dim
 from torch.utils._pytree import tree_map
 
+from .graph_utils import quiet_treespec_deprecation
+
 aten = torch.ops.aten
 
 
@@ -45,9 +47,10 @@ def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict 
     ds_args, ds_kwargs = _dynamic_shapes(tuple(example_inputs), kwargs)
     dynamic = {**dict(zip(_arg_names(model, len(example_inputs)), ds_args)), **ds_kwargs} or None
     try:
-        ep = torch.export.export(model, tuple(example_inputs), kwargs, dynamic_shapes=dynamic, strict=False)
-        ep = ep.run_decompositions({})
-        gm = ep.module()
+        with quiet_treespec_deprecation():
+            ep = torch.export.export(model, tuple(example_inputs), kwargs, dynamic_shapes=dynamic, strict=False)
+            ep = ep.run_decompositions({})
+            gm = ep.module()
     except Exception as exc:  # noqa: BLE001  (any capture failure leads to the module-swap fallback)
         raise CaptureError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") \
             from exc

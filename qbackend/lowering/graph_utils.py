@@ -2,6 +2,9 @@
 module path a node came from."""
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import torch
 from torch import fx
 
@@ -64,3 +67,13 @@ def module_path(node: fx.Node) -> str:
         return ""
     path = list(stack.values())[-1][0]
     return path if isinstance(path, str) else ""
+
+
+@contextlib.contextmanager
+def quiet_treespec_deprecation():
+    """Silence torch 2.13's FutureWarning about `isinstance(treespec, LeafSpec)`: torch's own
+    export and GraphModule copying raise it on every capture / convert, and users can do nothing
+    about it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+        yield

@@ -9,10 +9,16 @@ its qparams can be recomputed for another CPU). It pickles (torch.save / qbacken
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.fx._pytree import tree_flatten_spec
 from torch.utils import _pytree as pytree
+
+
+class _DumpedSpec:
+    """A pytree spec in its serialized (JSON) form, inside a pickled QuantizedModel."""
+
+    def __init__(self, text: str):
+        self.text = text
 
 
 class QuantizedModel(nn.Module):
@@ -40,6 +46,25 @@ class QuantizedModel(nn.Module):
         flat = tree_flatten_spec((list(args), kwargs), self._in_spec)
         out = self.inner(*flat)
         return pytree.tree_unflatten(list(out), self._out_spec)
+
+    # The pytree specs pickle (and deep-copy) as their JSON form where torch can write one: pickling
+    # TreeSpec objects goes through a deprecated LeafSpec check that warns on every save and load.
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for key in ("_in_spec", "_out_spec"):
+            spec = state.get(key)
+            if spec is not None:
+                try:
+                    state[key] = _DumpedSpec(pytree.treespec_dumps(spec))
+                except Exception:  # noqa: BLE001  (a custom node without a serialized name: pickle it as is)
+                    pass
+        return state
+
+    def __setstate__(self, state):
+        for key in ("_in_spec", "_out_spec"):
+            if isinstance(state.get(key), _DumpedSpec):
+                state[key] = pytree.treespec_loads(state[key].text)
+        super().__setstate__(state)
 
     def extra_repr(self) -> str:
         kinds = {}
