@@ -25,7 +25,8 @@ setup(
     extras_require={
         # transformers: the BERT encoder of the model zoo (tests and benchmarks build it from a config).
         # rich and matplotlib: the CLI's tables and `qbackend compare --plot`, tested too.
-        "test": ["pytest", "hypothesis", "transformers>=5.0", "rich", "matplotlib"],
+        # fbgemm-gpu-cpu: the embedding provider tests compare it bit for bit with the others.
+        "test": ["pytest", "hypothesis", "transformers>=5.0", "rich", "matplotlib", "fbgemm-gpu-cpu==1.8.0"],
         # `qbackend compare`: rich tables (markdown without it), --plot (matplotlib).
         "cli": ["rich", "matplotlib"],
         "models": ["transformers>=5.0"],
@@ -33,6 +34,8 @@ setup(
         # that install beside torch 2.13.0 without replacing it and work with it (checked 2026-11).
         "bench": ["numpy", "transformers>=5.0", "torchao==0.18.0", "onnx==1.23.2", "onnxscript==0.7.2",
                   "onnxruntime==1.32.0", "openvino==2026.4.1", "nncf==3.4.0"],
+        # fbgemm_gpu's table-batched embedding lookup as a provider (1.8.0 is the release that loads
+        # beside torch 2.13; 1.9.0 does not).
         "embeddings": ["fbgemm-gpu-cpu==1.8.0"],
     },
     ext_modules=[

@@ -171,7 +171,7 @@ def header(quick: bool, sizes: dict, load: tuple[float, float]) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from: {', '.join(MODELS)}")
+    p.add_argument("--models", default=",".join(FULL), help=f"comma-separated, from: {', '.join(FULL)}")
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--out", default=None, help="write the markdown report here")
@@ -180,9 +180,9 @@ def main(argv=None) -> int:
     p.add_argument("--verbose", action="store_true", help="print the traceback of a failing flow")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in MODELS]
+    unknown = [n for n in names if n not in FULL]
     if unknown:
-        p.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
+        p.error(f"unknown model(s) {unknown}; known: {', '.join(FULL)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", module="torch.ao")

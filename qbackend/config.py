@@ -2,7 +2,9 @@
 
 `QuantConfig` says the mode (static, dynamic or weight-only int8), which observer chooses the
 activation ranges and which the weight ranges (`ObserverSpec`, a name from `OBSERVERS` plus its
-keyword arguments), and overrides by module type and by module name; an override of `None`
+keyword arguments), how embedding tables are stored (`EmbeddingConfig`: rowwise 8 or 4 bits,
+weight-only, for tables of at least `min_weights` values; `embedding=None` keeps them FP32),
+and overrides by module type and by module name; an override of `None`
 keeps that module in FP32. `config.for_module(name, module)` resolves them: the longest matching
 name (exact, or a dotted prefix: "encoder.layer.0" covers "encoder.layer.0.attention.query"),
 then the most specific module type (MRO order), then the config itself.
@@ -29,6 +31,35 @@ OBSERVERS: Mapping[str, type[Observer]] = MappingProxyType({
 })
 MODES = ("static", "dynamic", "weight_only")
 PROVIDER_NAMES = ("fbgemm", "onednn", "reference")  # qbackend.ops.providers.PROVIDERS
+EMBEDDING_PROVIDER_NAMES = ("builtin", "fbgemm", "fbgemm_gpu")  # qbackend.ops.embedding.EMBEDDING_PROVIDERS
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """Weight-only rowwise quantization of nn.Embedding / nn.EmbeddingBag tables (sum and mean
+    bags; max bags and max_norm stay FP32).
+
+    bits: 8 or 4 per value; qparams_dtype: the per-row scale and bias, torch.float16 (4 bytes a
+    row; what fbgemm_gpu's kernels take) or torch.float32; min_weights: tables with fewer values
+    (rows x dim) stay FP32 (the default quantizes large tables only: 1M values = 4 MB in FP32);
+    provider: "builtin", "fbgemm" or "fbgemm_gpu" (None: the dispatcher decides)."""
+
+    bits: int = 8
+    qparams_dtype: torch.dtype = torch.float16
+    min_weights: int = 1 << 20
+    provider: str | None = None
+
+    def __post_init__(self):
+        if self.bits not in (8, 4):
+            raise ValueError(f"EmbeddingConfig.bits must be 8 or 4, got {self.bits!r}")
+        if self.qparams_dtype not in (torch.float16, torch.float32):
+            raise ValueError(f"EmbeddingConfig.qparams_dtype must be torch.float16 or torch.float32, "
+                             f"got {self.qparams_dtype!r}")
+        if isinstance(self.min_weights, bool) or not isinstance(self.min_weights, int) or self.min_weights < 0:
+            raise ValueError(f"EmbeddingConfig.min_weights must be a non-negative int, got {self.min_weights!r}")
+        if self.provider is not None and self.provider not in EMBEDDING_PROVIDER_NAMES:
+            raise ValueError(f"EmbeddingConfig.provider must be one of {', '.join(EMBEDDING_PROVIDER_NAMES)} or "
+                             f"None, got {self.provider!r}")
 
 
 @dataclass(frozen=True)
@@ -66,8 +97,12 @@ class QuantConfig:
     # Force this kernel provider (else the dispatcher decides per layer). Per layer: by_name={"fc":
     # QuantConfig(provider="onednn")}; for all layers: QuantConfig(provider=...) or QBACKEND_PROVIDER.
     provider: str | None = None
+    # Embedding tables (nn.Embedding / nn.EmbeddingBag): rowwise weight-only; None keeps them FP32.
+    embedding: EmbeddingConfig | None = field(default_factory=EmbeddingConfig)
 
     def __post_init__(self):
+        if self.embedding is not None and not isinstance(self.embedding, EmbeddingConfig):
+            raise TypeError(f"embedding must be an EmbeddingConfig or None, got {type(self.embedding).__name__}")
         if self.provider is not None and self.provider not in PROVIDER_NAMES:
             raise ValueError(f"provider must be one of {', '.join(PROVIDER_NAMES)} or None, got {self.provider!r}")
         if self.mode not in MODES:

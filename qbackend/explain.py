@@ -29,6 +29,10 @@ def _shape(info: dict) -> str:
         st = s["stride"][0] if isinstance(s["stride"], (list, tuple)) else s["stride"]
         g = f" g={s['groups']}" if s["groups"] > 1 else ""
         return f"{s['n']}x{s['c_in']}x{s['h']}x{s['w']} -> {s['c_out']} {k}/s{st}{g}"
+    if info["kind"] in ("embedding", "embedding_bag") and s:
+        e = info.get("embedding") or {}
+        mode = f" {e['mode']}" if e.get("mode") else ""
+        return f"{s['rows']}x{s['dim']} table, {s['bits']}-bit rowwise ({e.get('qparams', 'float16')} scale/bias){mode}"
     return "x " + "x".join(map(str, info.get("x_shape") or [])) if info.get("x_shape") else "-"
 
 

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+import torch
+
 from .cpu import cpu_features
 from .rules import choose
 
@@ -36,6 +38,27 @@ def forced_provider() -> str | None:
     if value not in PROVIDERS:
         raise ValueError(f"{ENV_PROVIDER}={value!r}: choose one of {', '.join(PROVIDERS)}")
     return value
+
+
+def route_embedding(shape: Mapping, force: str | None = None) -> Route:
+    """The embedding provider for a table (shape keys: rows, dim, bits, fp16_qparams, padding_idx):
+    the first rule of op "embedding_bag" whose provider can run it here (installed, and taking
+    the table's qparams dtype and padding_idx)."""
+    from ..ops.embedding import get_embedding_provider
+
+    def refuses(name: str) -> str | None:
+        qp = torch.float16 if shape.get("fp16_qparams", 1) else torch.float32
+        return get_embedding_provider(name).refuses(qp, shape["bits"], shape["dim"],
+                                                    0 if shape.get("padding_idx", 0) else -1)
+
+    if force is not None:
+        why = refuses(force)
+        if why is not None:
+            raise ValueError(f"embedding provider {force!r} (forced) cannot run this table: {why}")
+        return Route(force, "forced (config)", forced=True)
+    isa = cpu_features().isa_class
+    rule = choose("embedding_bag", isa, shape, usable=lambda p: refuses(p) is None)
+    return Route(rule.provider, f"rule [{rule.condition}]: {rule.why}")
 
 
 def route(op: str, shape: Mapping, eight_bit_input: bool = True, force: str | None = None) -> Route:

@@ -9,7 +9,8 @@ last rule of each op kind is its catch-all. Measured with `python benchmarks/ker
 Shape keys: linear: m (rows of x: batch x tokens), k, n, gelu (1: GELU fused after it). conv2d:
 n (batch), c_in, c_out, h, w, kernel (kh, kw), stride, groups, int8_residual (1: a residual add
 fused into it, with an int8 output). The flags are read with .get(): models saved before they
-existed route as without.
+existed route as without. embedding_bag: rows, dim, bits (8 / 4), fp16_qparams (1: fp16 scale and
+bias), padding_idx (1: the bag skips a padding row).
 
 The AVX512-VNNI conv and linear rows below were refined from `python benchmarks/dispatch.py`
 (benchmarks/results/dispatch.md: every layer of ResNet-50, MobileNetV2 and BERT-base timed on
@@ -63,10 +64,10 @@ RULES: tuple[Rule, ...] = (
          "BERT's FFN1 at M = 128 1.12x on oneDNN (benchmarks/results/dispatch.md)",
          when=lambda s: s.get("gelu", 0) and s["m"] > 16, condition="gelu and m > 16"),
     Rule("linear", ("avx512_vnni",), "fbgemm", "FBGEMM wins M <= 64 up to K x N = 768 x 3072 "
-         "(benchmarks/results/kernels.md) and BERT's M = 128 projections by 1.04-1.09x "
-         "(benchmarks/results/dispatch.md)",
-         when=lambda s: s["m"] <= 128 and s["k"] * s["n"] <= 768 * 3072,
-         condition="m <= 128 and k*n <= 768*3072"),
+         "(benchmarks/results/kernels.md); from M = 128 oneDNN's 2-thread scaling wins (BERT's M = 128 "
+         "projections: 1.11-1.22x on oneDNN, benchmarks/results/dispatch.md)",
+         when=lambda s: s["m"] <= 64 and s["k"] * s["n"] <= 768 * 3072,
+         condition="m <= 64 and k*n <= 768*3072"),
     Rule("linear", ("avx512_vnni",), "onednn", "oneDNN wins from M = 256 (M = 16 on 4096 x 4096) on "
          "AVX512-VNNI (benchmarks/results/kernels.md)"),
     Rule("linear", ("avx2_vnni",), "onednn", "oneDNN uses AVX-VNNI, FBGEMM does not: 1.3-1.9x (kernel-facts)"),
@@ -92,14 +93,24 @@ RULES: tuple[Rule, ...] = (
          condition="1x1, groups 1, stride 2, c_in >= 512"),
     Rule("conv2d", ALL, "onednn", "oneDNN wins dense, 1x1, stem and depthwise convs (1.1-8x, kernel-facts); "
          "FBGEMM's depthwise kernel also loses precision on 8-bit activations"),
+    # ---- embedding_bag (and plain embedding lookups: bags of one) -------------------------------
+    # Providers that cannot run a table (not installed, fp32 qparams, padding_idx) are skipped.
+    Rule("embedding_bag", ALL, "fbgemm", "FBGEMM's JIT embedding kernels (through csrc, from libtorch): "
+         "MEASURED_FBGEMM (benchmarks/results/embeddings.md)"),
+    Rule("embedding_bag", ALL, "fbgemm_gpu", "fbgemm_gpu's table-batched lookup: the same FBGEMM kernels "
+         "behind a Python call (never reached while fbgemm takes the same tables)"),
+    Rule("embedding_bag", ALL, "builtin", "qbackend's own kernel runs every table (fp32 scale/bias, "
+         "padding_idx): MEASURED_BUILTIN"),
 )
 
 
-def choose(op: str, isa_class: str, shape: Mapping) -> Rule:
-    """The first rule for `op` on `isa_class` whose condition holds for `shape`."""
+def choose(op: str, isa_class: str, shape: Mapping, usable: Callable[[str], bool] | None = None) -> Rule:
+    """The first rule for `op` on `isa_class` whose condition holds for `shape` (and, with
+    `usable`, whose provider it accepts: optional providers that are not installed are skipped)."""
     if isa_class not in ISA_CLASSES:
         raise ValueError(f"unknown ISA class {isa_class!r}; expected one of {', '.join(ISA_CLASSES)}")
     for rule in RULES:
-        if rule.op == op and isa_class in rule.isa_classes and rule.when(shape):
+        if rule.op == op and isa_class in rule.isa_classes and rule.when(shape) \
+                and (usable is None or usable(rule.provider)):
             return rule
     raise ValueError(f"no dispatch rule for op {op!r} on {isa_class!r}")

@@ -17,6 +17,7 @@ quantized, with the reason, is listed in one warning (FP32FallbackWarning).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from collections import Counter
 
@@ -26,6 +27,8 @@ from torch import fx
 from ..observers import QParams
 from ..ops import reference
 from ..nn.quant import Dequantize, Quantize
+from .embeddings import rewrite_embeddings
+from .graph_utils import quiet_treespec_deprecation
 from .layers import build_layer
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
 from .plan import is_transparent
@@ -174,6 +177,11 @@ def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict]:
 def convert_graph(prepared: PreparedGraph, warn: bool = True, tune=None):
     """((the int8 GraphModule over flat inputs, input spec, output spec), per-layer info: kind, mode,
     module path, why its provider, ..., the activation table)."""
+    with quiet_treespec_deprecation():
+        return _convert_graph(prepared, warn, tune)
+
+
+def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
     qparams, value_ids, activations = _compute_qparams(prepared)  # ObserverError naming a layer without data
     src = prepared.gm
     memo = {id(t): t for t in list(src.parameters()) + list(src.buffers())}
@@ -189,6 +197,8 @@ def convert_graph(prepared: PreparedGraph, warn: bool = True, tune=None):
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for op in sorted(ops, key=lambda o: order[o.output]):
         rw.rewrite(op)
+    rw.layers.update(rewrite_embeddings(gm, [dataclasses.replace(e, node=node_map[e.node], weight=node_map[e.weight])
+                                             for e in prepared.embeddings]))
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), ActivationObserver):
             gm.graph.erase_node(node)
@@ -323,7 +333,7 @@ def _warn_fp32(gm: fx.GraphModule, skipped: list) -> None:
         parts.append("kept in FP32: "
                      + ", ".join(f"{k} x{v}" for k, v in sorted(borders.items())))
     if skipped:
-        parts.append("conv/linear layers not quantized: " + "; ".join(f"{n} ({why})" for n, why in skipped))
+        parts.append("layers not quantized: " + "; ".join(f"{n} ({why})" for n, why in skipped))
     if unquantized:
         parts.append("matmul-like ops with no int8 pattern: "
                      + ", ".join(f"{k} x{v}" for k, v in sorted(unquantized.items())))

@@ -11,6 +11,7 @@ from torch import fx, nn
 from ..config import QuantConfig
 from ..observers import Observer
 from .capture import capture
+from .embeddings import EmbeddingOp, match_embeddings
 from .graph_utils import record_example_shapes
 from .fold import fold_batchnorm
 from .patterns import QuantizableOp, match
@@ -36,8 +37,10 @@ class ActivationObserver(nn.Module):
 class PreparedGraph:
     """The captured graph with observers, and what convert needs to rewrite it."""
 
-    def __init__(self, gm: fx.GraphModule, ops: list[QuantizableOp], plan: Plan, skipped: list, folded: int):
+    def __init__(self, gm: fx.GraphModule, ops: list[QuantizableOp], plan: Plan, skipped: list, folded: int,
+                 embeddings: list[EmbeddingOp] | None = None):
         self.gm, self.ops, self.plan, self.skipped, self.folded = gm, ops, plan, skipped, folded
+        self.embeddings = list(embeddings or [])  # weight-only tables, rewritten at convert
 
     def observers(self) -> dict[str, Observer]:
         """Observer name (layer.input / layer.output) -> observer."""
@@ -83,6 +86,7 @@ def prepare_graph(model: nn.Module, example_inputs: tuple, config: QuantConfig,
                           "layers are routed for a batch of 2", RuntimeWarning, stacklevel=3)
     folded = fold_batchnorm(gm)
     ops, skipped = match(gm, model, config)
+    embeddings, skipped_tables = match_embeddings(gm, model, config)
     plan = make_plan(ops)
     for i, (node, name) in enumerate(plan.observed.items()):
         spec = _observer_spec_for(plan, node)
@@ -94,4 +98,4 @@ def prepare_graph(model: nn.Module, example_inputs: tuple, config: QuantConfig,
         with gm.graph.inserting_after(anchor):
             gm.graph.call_module(mod_name, (node,))
     gm.recompile()
-    return PreparedGraph(gm, ops, plan, skipped, folded)
+    return PreparedGraph(gm, ops, plan, skipped + skipped_tables, folded, embeddings)

@@ -18,7 +18,9 @@ import warnings
 import torch
 
 from ..dispatch import route
-from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear
+from ..dispatch.router import route_embedding
+from ..ops.embedding import get_embedding_provider
+from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear
 from ..nn._activation import StaticQParamsMixin
 from ..nn.quant import Dequantize, Quantize
 from ..observers import choose_qparams, default_reduce_range
@@ -58,7 +60,8 @@ def requantize_activations(qmodel, seven_bit: bool) -> list[str]:
     return sorted(new)
 
 
-def _eight_bit(m: StaticQParamsMixin, activations: dict) -> bool:
+def _is_8bit_input(m: StaticQParamsMixin, activations: dict) -> bool:
+    """Whether layer m's input uses the full 8-bit range (layers._is_8bit, from the saved table)."""
     if m.x_dtype == torch.int8:
         return True
     rec = activations.get(m.x_value)
@@ -78,13 +81,26 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
     for name, info in qmodel.qbackend_layers.items():
         m = qmodel.layer(name)
         if isinstance(m, (QuantizedLinear, QuantizedConv2d)):
-            r = route(info["kind"], info["shape"], eight_bit_input=_eight_bit(m, qmodel.qbackend_activations),
+            r = route(info["kind"], info["shape"], eight_bit_input=_is_8bit_input(m, qmodel.qbackend_activations),
                       force=info.get("forced"))
             stale_hint = (isinstance(m.packed, PackedConv2dWeight) and m.packed.x_qparams is not None
                           and tuple(m.packed.x_qparams) != (m.x_scale, m.x_zero_point))
         elif isinstance(m, DynamicQuantizedLinear):
             r = route("linear", info["shape"], eight_bit_input=False, force=info.get("forced"))
             stale_hint = False
+        elif isinstance(m, (QuantizedEmbedding, QuantizedEmbeddingBag)):
+            forced = info.get("forced")
+            if forced is not None and get_embedding_provider(forced).refuses(
+                    m.packed.qparams_dtype, m.packed.bits, m.packed.dim, -1) is not None:
+                forced = None  # forced where it was saved, not available here: the rules decide
+            r = route_embedding(info["shape"], force=forced)
+            old = m.packed.saved_provider  # e.g. fbgemm_gpu, saved where it is installed
+            if r.provider != m.packed.provider_name:
+                m.packed = m.packed.with_provider(r.provider)
+            if r.provider != old:
+                info["why"] = f"re-routed on this machine ({old} before): {r.why}"
+                changed[name] = (old, r.provider)
+            continue
         else:
             continue
         old = m.packed.provider_name

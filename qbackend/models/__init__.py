@@ -1,5 +1,5 @@
 """The model zoo: torchvision-style ResNet-18/50 and MobileNetV2, HF BERT-base, an LSTM text
-classifier and a small CNN trained on scikit-learn's digits, each wrapped as a ModelCase (model,
+classifier, a small CNN trained on scikit-learn's digits and a DLRM-style recommendation model, each wrapped as a ModelCase (model,
 example/calibration/evaluation batches, output selector, metric, quantization mode) for the tests,
 the benchmarks and the CLI demo. Everything is deterministic given `seed`.
 
@@ -17,6 +17,7 @@ from typing import Callable
 
 from .bert import bert_base, bert_base_case, bert_inputs
 from .case import ModelCase
+from .dlrm import DLRM, dlrm, dlrm_case, dlrm_inputs
 from .digits import DigitsCNN, digits_cnn_case, train_digits_cnn
 from .lstm import LSTMClassifier, lstm_classifier, lstm_classifier_case
 from .mobilenet import MobileNetV2, mobilenet_v2, mobilenet_v2_case
@@ -29,6 +30,7 @@ MODELS: dict[str, Callable[..., ModelCase]] = {
     "bert_base": bert_base_case,
     "lstm_classifier": lstm_classifier_case,
     "digits_cnn": digits_cnn_case,
+    "dlrm": dlrm_case,
 }
 
 __all__ = [
@@ -36,5 +38,5 @@ __all__ = [
     "ResNet", "resnet18", "resnet50", "MobileNetV2", "mobilenet_v2", "bert_base", "bert_inputs",
     "LSTMClassifier", "lstm_classifier", "DigitsCNN", "train_digits_cnn",
     "resnet18_case", "resnet50_case", "mobilenet_v2_case", "bert_base_case", "lstm_classifier_case",
-    "digits_cnn_case",
+    "digits_cnn_case", "DLRM", "dlrm", "dlrm_case", "dlrm_inputs",
 ]

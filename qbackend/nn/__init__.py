@@ -3,6 +3,7 @@
   QuantizedLinear, DynamicQuantizedLinear, WeightOnlyLinear   (linear.py)
   QuantizedConv2d, WeightOnlyConv2d                            (conv.py)
   DynamicQuantizedLSTM                                         (lstm.py)
+  QuantizedEmbedding, QuantizedEmbeddingBag                    (embedding.py: weight-only, rowwise 8/4-bit)
 
 The static modules take and give plain uint8 tensors with the qparams they were built with (the
 lowering wires them so activations stay in int8 between them); the dynamic and weight-only ones
@@ -10,7 +11,8 @@ take and give float tensors.
 """
 from .conv import QuantizedConv2d, WeightOnlyConv2d
 from .linear import DynamicQuantizedLinear, QuantizedLinear, WeightOnlyLinear
+from .embedding import QuantizedEmbedding, QuantizedEmbeddingBag
 from .lstm import DynamicQuantizedLSTM
 
 __all__ = ["QuantizedConv2d", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear",
-           "DynamicQuantizedLSTM"]
+           "DynamicQuantizedLSTM", "QuantizedEmbedding", "QuantizedEmbeddingBag"]

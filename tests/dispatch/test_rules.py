@@ -2,7 +2,7 @@
 import pytest
 
 from qbackend.dispatch import rules
-from qbackend.ops import PROVIDERS
+from qbackend.ops import EMBEDDING_PROVIDERS, PROVIDERS
 
 LINEAR = {"m": 1, "k": 768, "n": 768}
 CONV = {"n": 1, "c_in": 64, "c_out": 64, "h": 56, "w": 56, "kernel": (3, 3), "stride": 1, "groups": 1}
@@ -19,7 +19,19 @@ def test_every_op_has_a_route_on_every_class(op, shape, isa_class):
 def test_rules_name_known_classes_and_providers():
     for rule in rules.RULES:
         assert set(rule.isa_classes) <= set(rules.ISA_CLASSES)
-        assert rule.provider in PROVIDERS
+        assert rule.provider in (EMBEDDING_PROVIDERS if rule.op == "embedding_bag" else PROVIDERS)
+
+
+def test_embedding_rules_skip_providers_that_cannot_run_the_table():
+    from qbackend.dispatch.router import route_embedding
+
+    shape = {"rows": 1000, "dim": 64, "bits": 8, "fp16_qparams": 1, "padding_idx": 0}
+    assert route_embedding(shape).provider == "fbgemm"
+    assert route_embedding(dict(shape, padding_idx=1)).provider == "builtin"
+    assert route_embedding(dict(shape, fp16_qparams=0)).provider == "builtin"
+    assert route_embedding(shape, force="builtin").provider == "builtin"
+    with pytest.raises(ValueError, match="cannot run this table"):
+        route_embedding(dict(shape, padding_idx=1), force="fbgemm")
 
 
 def test_first_match_wins():
@@ -59,11 +71,12 @@ def test_avx512_vnni_rules_from_the_dispatch_benchmark():
     down = dict(CONV, n=32, c_in=1024, c_out=2048, h=14, w=14, kernel=(1, 1), stride=(2, 2))
     assert rules.choose("conv2d", vnni, down).provider == "fbgemm"
     assert rules.choose("conv2d", vnni, dict(down, c_in=256, c_out=512, h=56, w=56)).provider == "onednn"
-    # Linear: a fused GELU goes to oneDNN past M = 16; BERT's M = 128 projections to FBGEMM.
-    assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 768}).provider == "fbgemm"
+    # Linear: a fused GELU goes to oneDNN past M = 16; BERT's M = 128 projections to oneDNN.
+    assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 768}).provider == "onednn"
+    assert rules.choose("linear", vnni, {"m": 64, "k": 768, "n": 768}).provider == "fbgemm"
     assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 3072, "gelu": 1}).provider == "onednn"
     assert rules.choose("linear", vnni, {"m": 1, "k": 768, "n": 3072, "gelu": 1}).provider == "fbgemm"
     # Shape records saved before the flags existed route as without them.
     old = {k: v for k, v in res.items() if k != "int8_residual"}
     assert rules.choose("conv2d", vnni, old).provider == "fbgemm"
-    assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 3072}).provider == "fbgemm"
+    assert rules.choose("linear", vnni, {"m": 64, "k": 768, "n": 3072}).provider == "fbgemm"

@@ -10,11 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from qbackend.models import MODELS, ModelCase, resnet18, resnet50, train_digits_cnn
 from qbackend.models.digits import top1_percent
 from qbackend.models.mobilenet import InvertedResidual, mobilenet_v2
 from qbackend.models.resnet import BasicBlock, Bottleneck
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY_BERT = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128, vocab_size=1000)
 
@@ -27,15 +30,15 @@ SMALL = {
                   (3, 16, 64)),
     "lstm_classifier": (dict(batch_size=3, seq_len=12, num_calibration_batches=2, num_eval_batches=2), (3, 4)),
     "digits_cnn": (dict(batch_size=16, num_calibration_batches=3, num_eval_batches=4), (16, 10)),
+    "dlrm": (dict(batch_size=4, num_tables=2, rows=100, dim=8, num_calibration_batches=2, num_eval_batches=2,
+                  min_bag=1, max_bag=5), (4, 1)),
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _same(a, b) -> bool:
+    """Two batches (tensors, possibly nested in tuples) hold equal tensors."""
+    la, lb = pytree.tree_leaves(a), pytree.tree_leaves(b)
+    return len(la) == len(lb) and all(torch.equal(u, v) for u, v in zip(la, lb))
 
 
 def build(name: str, **overrides) -> ModelCase:
@@ -44,7 +47,8 @@ def build(name: str, **overrides) -> ModelCase:
 
 
 def test_registry_names():
-    assert set(MODELS) == {"resnet18", "resnet50", "mobilenet_v2", "bert_base", "lstm_classifier", "digits_cnn"}
+    assert set(MODELS) == {"resnet18", "resnet50", "mobilenet_v2", "bert_base", "lstm_classifier", "digits_cnn",
+                           "dlrm"}
 
 
 @pytest.mark.parametrize("name", list(SMALL))
@@ -65,22 +69,22 @@ def test_case_runs_with_documented_shapes(name):
     # evaluation batches are held out: none equals a calibration batch
     for e in case.evaluation:
         for c in case.calibration:
-            assert not all(torch.equal(a, b) for a, b in zip(e, c))
+            assert not _same(e, c)
     assert all(p.dtype == torch.float32 for p in case.model.parameters())
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_base", "lstm_classifier", "digits_cnn"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_base", "lstm_classifier", "digits_cnn", "dlrm"])
 def test_same_seed_same_case(name):
     a, b = build(name), build(name)
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     for xa, xb in zip(a.calibration + a.evaluation, b.calibration + b.evaluation):
-        assert all(torch.equal(u, v) for u, v in zip(xa, xb))
+        assert _same(xa, xb)
     if name != "digits_cnn":  # the digits weights and data do not depend on the case seed's batches
         c = build(name, seed=1)
         sc = c.model.state_dict()
         assert any(not torch.equal(sa[k], sc[k]) for k in sa if sa[k].is_floating_point())
-        assert not all(torch.equal(u, v) for u, v in zip(a.calibration[0], c.calibration[0]))
+        assert not _same(a.calibration[0], c.calibration[0])
 
 
 def test_building_leaves_global_rng_alone():

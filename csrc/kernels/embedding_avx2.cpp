@@ -1,0 +1,19 @@
+// The embedding-bag kernels (embedding_impl.h) compiled for one ISA. AVX2+FMA build: call only when qbackend::cpu::usable_level() >= 1.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/embedding_kernels.h"
+
+#pragma GCC target("avx2,fma,f16c")
+
+#include "kernels/embedding_impl.h"  // after the pragma: compiled for this target
+
+namespace qbackend::kernels {
+
+const EmbeddingKernels& embedding_kernels_avx2() {
+  static const EmbeddingKernels k = make_embedding_kernels("avx2");
+  return k;
+}
+
+}  // namespace qbackend::kernels
