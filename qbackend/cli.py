@@ -34,6 +34,11 @@ REPRESENTATIVE = {
         ("ResNeXt grouped 3x3, g=32 x 4ch @56", {"n": 1, "c_in": 128, "c_out": 128, "h": 56, "w": 56,
                                                  "kernel": (3, 3), "stride": 1, "groups": 32}),
     ],
+    "embedding_bag": [
+        ("1M x 64 table, 8-bit, fp16 scale/bias", {"rows": 1 << 20, "dim": 64, "bits": 8, "fp16_qparams": 1,
+                                                   "padding_idx": 0}),
+        ("the same with padding_idx", {"rows": 1 << 20, "dim": 64, "bits": 8, "fp16_qparams": 1, "padding_idx": 1}),
+    ],
 }
 
 
@@ -58,8 +63,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"Routes on this CPU class ({f.isa_class}):")
     print("| op | shape | provider | rule |")
     print("|---|---|---|---|")
+    from qbackend.dispatch.router import route_embedding
+
     for op, shapes in REPRESENTATIVE.items():
         for label, shape in shapes:
+            if op == "embedding_bag":  # skips providers that are not installed or cannot run the table
+                r = route_embedding(shape)
+                print(f"| {op} | {label} | {r.provider} | {r.why.removeprefix('rule [')} |".replace("]: ", ": ", 1))
+                continue
             rule = rules.choose(op, f.isa_class, shape)
             print(f"| {op} | {label} | {rule.provider} | {rule.condition}: {rule.why} |")
     return 0
