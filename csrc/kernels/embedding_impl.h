@@ -60,51 +60,63 @@ inline void qparams(const uint8_t* p, float& scale, float& bias) {
 }
 
 constexpr int64_t kPrefetch = 8;   // rows ahead
-constexpr int64_t kChunk = 256;    // 4-bit: elements unpacked per step
+constexpr int64_t kChunk = 64;     // output values accumulated in registers per pass over a bag
+
+// The q values [c0, c0 + n) of a row's data, as uint8 levels (4-bit: unpacked; c0 is even).
+template <int Bits>
+inline const uint8_t* levels(const uint8_t* data, int64_t c0, int64_t n, uint8_t* buf) {
+  if constexpr (Bits == 8) {
+    return data + c0;
+  } else {
+    const uint8_t* src = data + c0 / 2;
+    for (int64_t j = 0; j < (n + 1) / 2; ++j) {
+      buf[2 * j] = src[j] & 0x0f;
+      buf[2 * j + 1] = src[j] >> 4;
+    }
+    return buf;
+  }
+}
+
+// One pass over a bag for output values [c0, c0 + N): acc stays in registers (N a constant).
+template <int Bits, bool Fp32QParams, typename Index, int64_t N>
+inline int64_t bag_chunk(const EmbeddingBagArgs<Index>& a, int64_t start, int64_t end, int64_t c0, int64_t n,
+                         float* __restrict o) {
+  constexpr int64_t qp_bytes = Fp32QParams ? 8 : 4;
+  const int64_t len = N > 0 ? N : n;
+  float acc[kChunk];
+  for (int64_t d = 0; d < len; ++d) acc[d] = 0.f;
+  alignas(64) uint8_t buf[kChunk];
+  int64_t count = 0;
+  for (int64_t i = start; i < end; ++i) {
+    if (i + kPrefetch < end) __builtin_prefetch(a.table + static_cast<int64_t>(a.indices[i + kPrefetch]) * a.row_bytes);
+    const int64_t idx = static_cast<int64_t>(a.indices[i]);
+    if (idx == a.padding_idx) continue;
+    ++count;
+    const uint8_t* row = a.table + idx * a.row_bytes;  // [scale][bias][data]
+    float scale, bias;
+    qparams<Fp32QParams>(row, scale, bias);
+    if (a.weights != nullptr) {
+      scale *= a.weights[i];
+      bias *= a.weights[i];
+    }
+    const uint8_t* __restrict q = levels<Bits>(row + qp_bytes, c0, len, buf);
+    for (int64_t d = 0; d < len; ++d) acc[d] = std::fma(scale, static_cast<float>(q[d]), acc[d] + bias);
+  }
+  const float inv = a.mean && count > 0 ? 1.f / static_cast<float>(count) : 1.f;
+  for (int64_t d = 0; d < len; ++d) o[c0 + d] = a.mean ? acc[d] * inv : acc[d];
+  return count;
+}
 
 template <int Bits, bool Fp32QParams, typename Index>
 void bag(const EmbeddingBagArgs<Index>& a, int64_t bag_begin, int64_t bag_end) {
   const int64_t dim = a.dim;
-  constexpr int64_t qp_bytes = Fp32QParams ? 8 : 4;
   for (int64_t b = bag_begin; b < bag_end; ++b) {
     float* __restrict o = a.out + b * dim;
-    for (int64_t d = 0; d < dim; ++d) o[d] = 0.f;
     const int64_t start = static_cast<int64_t>(a.offsets[b]);
     const int64_t end = b + 1 < a.num_bags ? static_cast<int64_t>(a.offsets[b + 1]) : a.last_end;
-    int64_t count = 0;
-    for (int64_t i = start; i < end; ++i) {
-      if (i + kPrefetch < end) __builtin_prefetch(a.table + static_cast<int64_t>(a.indices[i + kPrefetch]) * a.row_bytes);
-      const int64_t idx = static_cast<int64_t>(a.indices[i]);
-      if (idx == a.padding_idx) continue;
-      ++count;
-      const uint8_t* __restrict row = a.table + idx * a.row_bytes;  // [scale][bias][data]
-      float scale, bias;
-      qparams<Fp32QParams>(row, scale, bias);
-      row += qp_bytes;
-      if (a.weights != nullptr) {
-        scale *= a.weights[i];
-        bias *= a.weights[i];
-      }
-      if constexpr (Bits == 8) {
-        for (int64_t d = 0; d < dim; ++d) o[d] = std::fma(scale, static_cast<float>(row[d]), o[d] + bias);
-      } else {
-        uint8_t q[kChunk];
-        for (int64_t c = 0; c < dim; c += kChunk) {
-          const int64_t n = dim - c < kChunk ? dim - c : kChunk;
-          const uint8_t* __restrict src = row + c / 2;
-          for (int64_t j = 0; j < n / 2; ++j) {
-            q[2 * j] = src[j] & 0x0f;
-            q[2 * j + 1] = src[j] >> 4;
-          }
-          float* __restrict oc = o + c;
-          for (int64_t d = 0; d < n; ++d) oc[d] = std::fma(scale, static_cast<float>(q[d]), oc[d] + bias);
-        }
-      }
-    }
-    if (a.mean && count > 0) {
-      const float inv = 1.f / static_cast<float>(count);
-      for (int64_t d = 0; d < dim; ++d) o[d] *= inv;
-    }
+    int64_t c0 = 0;
+    for (; c0 + kChunk <= dim; c0 += kChunk) bag_chunk<Bits, Fp32QParams, Index, kChunk>(a, start, end, c0, kChunk, o);
+    if (c0 < dim) bag_chunk<Bits, Fp32QParams, Index, 0>(a, start, end, c0, dim - c0, o);
   }
 }
 
