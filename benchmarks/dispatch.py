@@ -181,7 +181,7 @@ def convert_all(case, batch: int, tmpdir: str, tune_again: bool) -> Converted:
     for p in PROVIDERS:
         with forced_provider(p):
             timed(f"all-{p}", lambda: qbackend.convert(prepared))
-    first = next(iter(models["rules"].qbackend_layers.values()))
+    first = next(i for i in models["rules"].qbackend_layers.values() if i["kind"] in GEMM_KINDS)
     hint = int(first["x_shape"][0])
     if hint != batch and tune_again:
         with forced_provider(None):
@@ -189,6 +189,11 @@ def convert_all(case, batch: int, tmpdir: str, tune_again: bool) -> Converted:
             timed("tuned@real", lambda: qbackend.convert(prepared, tune=True, tune_batch_sizes=(batch,),
                                                           tune_cache=cache))
     return Converted(models, seconds, hint)
+
+
+# The layers the GEMM providers run (embedding tables, BERT's word embeddings, have their own providers
+# and are routed the same way in every variant).
+GEMM_KINDS = ("linear", "conv2d")
 
 
 def provider_of(module) -> str:
@@ -314,7 +319,7 @@ def bench_layers(conv: Converted, inputs: dict[str, tuple], cfg: Settings, isa_c
                  count_reorders: bool) -> list[LayerRow]:
     rules = conv.models["rules"]
     rows = []
-    names = list(rules.qbackend_layers)
+    names = [n for n, i in rules.qbackend_layers.items() if i["kind"] in GEMM_KINDS]  # not embedding tables
     for i, name in enumerate(names):
         info = rules.qbackend_layers[name]
         args = inputs.get(name)
