@@ -7,9 +7,11 @@
 //   onednn_conv2d(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
 //                 output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
 //                 accum_zero_point) -> Tensor
-// oneDNN fuses relu and the sum (when the output dtype equals accum's); the accum tensor is copied
-// first because oneDNN writes its result into it. gelu (which torch's qconv does not take) and other
-// residual cases run unfused after an fp32 output.
+//   onednn_conv2d_add_(... the same, Tensor(a!) accum ...) -> (): the residual conv writing into accum
+// oneDNN fuses relu and the sum (when the output dtype equals accum's); onednn_conv2d copies the
+// accum tensor first because oneDNN writes its result into it (onednn_conv2d_add_, for an accum
+// nothing reads afterwards, does not). gelu (which torch's qconv does not take) and other residual
+// cases run unfused after an fp32 output.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -77,11 +79,14 @@ const char* post_op_name(checks::PostOp op) {
   return op == checks::PostOp::relu ? "relu" : op == checks::PostOp::gelu ? "gelu" : "none";
 }
 
-at::Tensor onednn_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
-                         const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                         at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
-                         int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
-                         const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
+// donated: the caller gives up `accum` (onednn_conv2d_add_): oneDNN's sum post-op writes the result
+// into it directly instead of into a copy.
+at::Tensor conv2d_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
+                       const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
+                       int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
+                       const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point,
+                       bool donated, bool* wrote_accum = nullptr) {
   checks::activation(x, x_scale, x_zero_point);
   const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
   TORCH_CHECK_VALUE(w_packed.defined() && w_packed.is_mkldnn() && w_packed.scalar_type() == at::kChar &&
@@ -136,7 +141,10 @@ at::Tensor onednn_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
     static auto bin = c10::Dispatcher::singleton()
                           .findSchemaOrThrow("onednn::qconv2d_pointwise", "binary")
                           .typed<BinaryFn>();
-    at::Tensor dst = accum->contiguous(at::MemoryFormat::ChannelsLast).clone(at::MemoryFormat::ChannelsLast);
+    const bool in_place = donated && accum->is_contiguous(at::MemoryFormat::ChannelsLast);
+    if (wrote_accum != nullptr) *wrote_accum = in_place;  // oneDNN's sum writes the result into dst
+    at::Tensor dst = in_place ? *accum
+                              : accum->contiguous(at::MemoryFormat::ChannelsLast).clone(at::MemoryFormat::ChannelsLast);
     return bin.call(xc, x_scale, x_zero_point, w_packed, w_scales.contiguous(), w_zp, dst, b, s, pd, dl, groups,
                     output_scale, output_zero_point, dt, accum_scale, accum_zero_point, "sum", 1.0,
                     post_op_name(op), ScalarList(), "");
@@ -156,6 +164,37 @@ at::Tensor onednn_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   return finish_from_float(y, output_scale, output_zero_point, output_dtype);
 }
 
+at::Tensor onednn_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
+                         const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                         at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
+                         int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
+                         const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
+  return conv2d_impl(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
+                     output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point,
+                     /*donated=*/false);
+}
+
+// The residual conv with the accum given up: the result is written into accum (same shape and dtype
+// as the output). It returns nothing (torch.compile functionalizes mutating custom ops only when
+// they return no alias); the caller reads accum. Saves the copy of accum that onednn_conv2d makes to protect it.
+void onednn_conv2d_add_(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
+                               const at::Tensor& w_scales, const std::optional<at::Tensor>& bias,
+                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                               int64_t groups, double output_scale, int64_t output_zero_point,
+                               at::ScalarType output_dtype, const std::string& post_op, at::Tensor& accum,
+                               double accum_scale, int64_t accum_zero_point) {
+  TORCH_CHECK_VALUE(accum.scalar_type() == output_dtype, "onednn_conv2d_add_ writes the result into accum, so accum "
+                    "must have the output dtype (", checks::dtype_name(output_dtype), "), got ",
+                    checks::dtype_name(accum.scalar_type()));
+  bool wrote = false;
+  const at::Tensor y = conv2d_impl(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation,
+                                   groups, output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
+                                   accum_zero_point, /*donated=*/true, &wrote);
+  // torch's binary op computes into accum (channels-last) and returns a copy of it; anything else
+  // (gelu, a strided accum) was computed out of place: either way accum ends up holding y.
+  if (!wrote) accum.copy_(y);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(qbackend, m) {
@@ -167,15 +206,21 @@ TORCH_LIBRARY_FRAGMENT(qbackend, m) {
       "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, "
       "ScalarType output_dtype, str post_op, Tensor? accum=None, float accum_scale=1.0, "
       "int accum_zero_point=0) -> Tensor");
+  m.def(
+      "onednn_conv2d_add_(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
+      "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, "
+      "ScalarType output_dtype, str post_op, Tensor(a!) accum, float accum_scale, int accum_zero_point) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
   m.impl("onednn_conv2d_prepack", &onednn_conv2d_prepack);
   m.impl("onednn_conv2d", &onednn_conv2d);
+  m.impl("onednn_conv2d_add_", &onednn_conv2d_add_);
 }
 TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
   m.impl("onednn_conv2d_prepack", &onednn_conv2d_prepack);  // so a packed weight gets our TypeError
   m.impl("onednn_conv2d", &onednn_conv2d);
+  m.impl("onednn_conv2d_add_", &onednn_conv2d_add_);  // dispatched on the (mkldnn) packed weight too
 }
 
 }  // namespace qbackend

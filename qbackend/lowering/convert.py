@@ -209,6 +209,7 @@ def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
+    _donate_dead_residuals(gm)
     _drop_unused_attributes(gm)
     _name_layers_by_path(gm, rw.layers)
     gm.graph.lint()
@@ -236,6 +237,28 @@ def _plain(gm: fx.GraphModule) -> tuple[fx.GraphModule, object, object]:
             root[node.target] = getattr(gm.get_submodule(owner) if owner else gm, attr)
     plain = fx.GraphModule(root, graph, class_name="QuantizedGraph")
     return plain, in_spec, out_spec
+
+
+def _donate_dead_residuals(gm: fx.GraphModule) -> None:
+    """Let each residual conv write into its int8 residual input when nothing reads that input later:
+    the input must be a fresh tensor (made by a quantized layer, a Quantize border or int8 max
+    pooling; never a graph input, a view or an output) and every other reader must come before the
+    conv in the graph. Saves one copy of the residual per call (oneDNN's sum post-op)."""
+    from ..nn import QuantizedConv2d, QuantizedLinear
+
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    fresh_modules = (QuantizedConv2d, QuantizedLinear, Quantize)
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or len(node.args) != 2:
+            continue
+        module = gm.get_submodule(node.target)
+        if not isinstance(module, QuantizedConv2d) or not module.has_accum:
+            continue
+        acc = node.args[1]
+        fresh = (acc.op == "call_module" and isinstance(gm.get_submodule(acc.target), fresh_modules)) or \
+            (acc.op == "call_function" and acc.target is ops_ns.max_pool2d.default)
+        if fresh and all(order[u] < order[node] for u in acc.users if u is not node):
+            module.accum_donated = True
 
 
 def _drop_unused_attributes(gm: fx.GraphModule) -> None:

@@ -16,7 +16,12 @@ from ._weights import quantize_weight
 
 
 class QuantizedConv2d(StaticQParamsMixin, nn.Module):
-    """y = post_op(conv(dequant(x), dequant(W)) + b [+ dequant(accum)]), quantized with out qparams or float32."""
+    """y = post_op(conv(dequant(x), dequant(W)) + b [+ dequant(accum)]), quantized with out qparams or float32.
+
+    accum_donated: nothing reads the residual input after this call (the lowering sets it where that
+    holds), so providers that can write the result into it do, without copying it first."""
+
+    accum_donated: bool = False
 
     def __init__(self, packed: PackedConv2dWeight, x_qparams: tuple[float, int], x_dtype: torch.dtype = torch.uint8,
                  out_qparams: tuple[float, int] | None = None, out_dtype: torch.dtype = torch.float32,
@@ -36,8 +41,14 @@ class QuantizedConv2d(StaticQParamsMixin, nn.Module):
         if (accum is not None) != self.has_accum:
             raise ValueError("this QuantizedConv2d was built " + ("with" if self.has_accum else "without")
                              + " a residual input (accum)")
-        y = self.packed.conv2d(x, self.x_scale, self.x_zero_point, self.out_scale, self.out_zero_point,
-                               self.out_dtype, self._kernel_post_op, accum, self.accum_scale, self.accum_zero_point)
+        if accum is not None and self.accum_donated:
+            y = self.packed.conv2d_add_(x, self.x_scale, self.x_zero_point, self.out_scale, self.out_zero_point,
+                                        self.out_dtype, self._kernel_post_op, accum, self.accum_scale,
+                                        self.accum_zero_point)
+        else:
+            y = self.packed.conv2d(x, self.x_scale, self.x_zero_point, self.out_scale, self.out_zero_point,
+                                   self.out_dtype, self._kernel_post_op, accum, self.accum_scale,
+                                   self.accum_zero_point)
         if self._clamp_max is not None:
             y = torch.clamp_max(y, self._clamp_max)
         return y

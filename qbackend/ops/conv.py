@@ -59,3 +59,11 @@ def _onednn_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stri
     check_same_device(x, w_packed=w_packed, w_scales=w_scales, bias=bias, accum=accum)
     return _conv_out(x, w_packed.shape[0], (w_packed.shape[2], w_packed.shape[3]), stride, padding,
                      dilation, output_dtype)
+
+
+@torch.library.register_fake("qbackend::onednn_conv2d_add_")
+def _onednn_conv2d_add_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation,
+                            groups, output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
+                            accum_zero_point):
+    check_same_device(x, w_packed=w_packed, w_scales=w_scales, bias=bias, accum=accum)
+    return None  # the result is written into accum

@@ -166,6 +166,21 @@ class PackedConv2dWeight(_Packed):
                                     self.padding, self.dilation, self.groups, output_scale, output_zero_point,
                                     output_dtype, post_op, accum, accum_scale, accum_zero_point)
 
+    def conv2d_add_(self, x: torch.Tensor, x_scale: float, x_zero_point: int, output_scale: float,
+                    output_zero_point: int, output_dtype: torch.dtype, post_op: str, accum: torch.Tensor,
+                    accum_scale: float, accum_zero_point: int) -> torch.Tensor:
+        """conv2d with a residual the caller gives up (nothing reads accum afterwards): providers that
+        can write the result into accum do (saving a copy of it) and return it; the others return
+        conv2d's result and leave accum alone. accum must have the output's dtype."""
+        fn = self.provider.conv2d_add_ if accum.dtype == output_dtype else None
+        if fn is None:
+            return self.conv2d(x, x_scale, x_zero_point, output_scale, output_zero_point, output_dtype, post_op,
+                               accum, accum_scale, accum_zero_point)
+        fn(x, x_scale, x_zero_point, self.packed, self.w_scales, self.bias, self.stride, self.padding,
+           self.dilation, self.groups, output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
+           accum_zero_point)
+        return accum
+
     def __repr__(self) -> str:
         return (f"PackedConv2dWeight({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
                 f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "

@@ -42,6 +42,9 @@ class Provider:
     conv2d: Callable
     # Whether this provider multiplies 8-bit activations exactly on this CPU (else 7-bit only).
     exact_8bit: Callable[[], bool]
+    # conv2d with a residual the caller gives up: the result written into accum (same arguments,
+    # accum required, returns nothing), or None (the provider has no such form: conv2d is used).
+    conv2d_add_: Callable | None = None
 
 
 def _fbgemm_exact() -> bool:
@@ -94,6 +97,7 @@ PROVIDERS: dict[str, Provider] = {
             ops.onednn_conv2d_prepack(w, s, stride, padding, dilation, groups, x_shape, *(x_qparams or (1.0, 0))),
         conv2d=ops.onednn_conv2d,
         exact_8bit=_onednn_exact,
+        conv2d_add_=ops.onednn_conv2d_add_,
     ),
     "reference": Provider(
         name="reference",

@@ -30,9 +30,13 @@ def _reference(m, args):
 def check_layers(qmodel: torch.nn.Module, *inputs) -> int:
     """Run qmodel(*inputs); assert each int8 layer's output is within 1 LSB of the reference
     (integer outputs) or within float32 rounding of it (float outputs). Returns the layers checked."""
-    calls = []
-    handles = [m.register_forward_hook(lambda m, a, out: calls.append((m, a, out)))
-               for m in qmodel.modules() if isinstance(m, (QuantizedConv2d, QuantizedLinear))]
+    calls, inputs_seen = [], {}
+    layers = [m for m in qmodel.modules() if isinstance(m, (QuantizedConv2d, QuantizedLinear))]
+    # the inputs are copied before the call: a residual conv may write its result into its accum
+    handles = [m.register_forward_pre_hook(lambda m, a: inputs_seen.__setitem__(id(m), tuple(t.clone() for t in a)))
+               for m in layers]
+    handles += [m.register_forward_hook(lambda m, a, out: calls.append((m, inputs_seen.pop(id(m)), out)))
+                for m in layers]
     try:
         qmodel(*inputs)
     finally:

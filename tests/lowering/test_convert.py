@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 import qbackend
 from qbackend.nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear
@@ -156,12 +157,12 @@ def test_cat_runs_in_int8_with_shared_qparams():
         assert sqnr(model(x), q(x)) > 25
 
 
-class _Masked(torch.nn.Module):
+class _Masked(nn.Module):
     """A linear over tokens with a keyword mask: both inputs batch-1 in the example."""
 
     def __init__(self):
         super().__init__()
-        self.fc = torch.nn.Linear(8, 16)
+        self.fc = nn.Linear(8, 16)
 
     def forward(self, x, mask=None):
         y = torch.relu(self.fc(x))
@@ -193,3 +194,44 @@ def test_batch1_example_routes_for_batch1_and_runs_any_batch():
     x3, m3 = torch.randn(3, 4, 8), torch.ones(3, 4)
     with torch.no_grad():
         assert sqnr(masked(x3, mask=m3), qm(x3, mask=m3)) > 25
+
+
+class _ResidualReadAgain(nn.Module):
+    """A residual add whose input is read again after the conv (it must not be overwritten)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        s = torch.relu(self.stem(x))
+        y = torch.relu(self.conv(s) + s)
+        return self.head(y) + self.head(s)
+
+
+def test_residual_inputs_are_donated_only_when_dead(residual_cnn):
+    """A residual conv writes into its int8 residual input (no copy) when nothing reads it later;
+    the outputs are those of the copying path."""
+    model, q = residual_cnn
+    res = {name: q.layer(name) for name in ("b1c2", "b2c2")}
+    assert all(m.has_accum for m in res.values())
+    # b1c2's residual is the max-pooled stem, b2c2's the downsample conv's output: both dead after
+    assert all(m.accum_donated for m in res.values())
+    x = _images(3, 9)
+    with torch.no_grad():
+        donated = q(x)
+        for m in res.values():
+            m.accum_donated = False
+        copied = q(x)
+        for m in res.values():
+            m.accum_donated = True
+    assert torch.equal(donated, copied)
+
+    torch.manual_seed(0)
+    again = _ResidualReadAgain().eval()
+    qa = _quantize(again, lambda s: _images(2, s))
+    assert qa.layer("conv").has_accum and not qa.layer("conv").accum_donated
+    with torch.no_grad():
+        assert sqnr(again(x), qa(x)) > 25
