@@ -59,7 +59,7 @@ inline void qparams(const uint8_t* p, float& scale, float& bias) {
   }
 }
 
-constexpr int64_t kPrefetch = 8;   // rows ahead
+constexpr int64_t kPrefetch = 16;  // rows ahead (FBGEMM's distance)
 constexpr int64_t kChunk = 64;     // output values accumulated in registers per pass over a bag
 
 // The q values [c0, c0 + n) of a row's data, as uint8 levels (4-bit: unpacked; c0 is even).
@@ -88,7 +88,10 @@ inline int64_t bag_chunk(const EmbeddingBagArgs<Index>& a, int64_t start, int64_
   alignas(64) uint8_t buf[kChunk];
   int64_t count = 0;
   for (int64_t i = start; i < end; ++i) {
-    if (i + kPrefetch < end) __builtin_prefetch(a.table + static_cast<int64_t>(a.indices[i + kPrefetch]) * a.row_bytes);
+    if (i + kPrefetch < end) {  // every cache line of the row kPrefetch ahead (rows are random in memory)
+      const uint8_t* ahead = a.table + static_cast<int64_t>(a.indices[i + kPrefetch]) * a.row_bytes;
+      for (int64_t l = 0; l < a.row_bytes; l += 64) __builtin_prefetch(ahead + l);
+    }
     const int64_t idx = static_cast<int64_t>(a.indices[i]);
     if (idx == a.padding_idx) continue;
     ++count;

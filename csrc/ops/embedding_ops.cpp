@@ -100,13 +100,17 @@ std::pair<int64_t, int64_t> check_bags(int64_t rows, const at::Tensor& indices, 
   const int64_t last_end = include_last_offset ? (n_off > 0 ? static_cast<int64_t>(off[n_off - 1]) : 0) : n;
   TORCH_CHECK_VALUE(bags > 0 || n == 0 || include_last_offset, "indices are given but offsets is empty (no bags)");
   const Index* idx = indices.const_data_ptr<Index>();
-  Index lo = 0, hi = 0;  // min / max in one vectorisable pass (both 0 when n == 0)
-  if (n > 0) lo = hi = idx[0];
-  for (int64_t i = 1; i < n; ++i) {
-    lo = std::min(lo, idx[i]);
-    hi = std::max(hi, idx[i]);
-  }
-  if (lo < 0 || static_cast<int64_t>(hi) >= rows)
+  // min / max in vectorisable passes, on every thread (both 0 when n == 0)
+  std::atomic<bool> in_range{true};
+  at::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
+    Index lo = idx[b], hi = idx[b];
+    for (int64_t i = b + 1; i < e; ++i) {
+      lo = std::min(lo, idx[i]);
+      hi = std::max(hi, idx[i]);
+    }
+    if (lo < 0 || static_cast<int64_t>(hi) >= rows) in_range = false;
+  });
+  if (!in_range.load())
     for (int64_t i = 0; i < n; ++i)
       TORCH_CHECK_INDEX(idx[i] >= 0 && static_cast<int64_t>(idx[i]) < rows, "indices[", i, "] = ",
                         static_cast<int64_t>(idx[i]), " is out of range for a table of ", rows, " rows");
