@@ -41,7 +41,9 @@ class QuantizedConv2d(StaticQParamsMixin, nn.Module):
         if (accum is not None) != self.has_accum:
             raise ValueError("this QuantizedConv2d was built " + ("with" if self.has_accum else "without")
                              + " a residual input (accum)")
-        if accum is not None and self.accum_donated:
+        # donated residuals are written in place in eager mode only: under torch.compile the
+        # mutating op's auto-functionalization fails in Inductor's freezing pass (mkldnn weights)
+        if accum is not None and self.accum_donated and not torch.compiler.is_compiling():
             y = self.packed.conv2d_add_(x, self.x_scale, self.x_zero_point, self.out_scale, self.out_zero_point,
                                         self.out_dtype, self._kernel_post_op, accum, self.accum_scale,
                                         self.accum_zero_point)

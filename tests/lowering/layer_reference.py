@@ -32,10 +32,11 @@ def check_layers(qmodel: torch.nn.Module, *inputs) -> int:
     (integer outputs) or within float32 rounding of it (float outputs). Returns the layers checked."""
     calls, inputs_seen = [], {}
     layers = [m for m in qmodel.modules() if isinstance(m, (QuantizedConv2d, QuantizedLinear))]
-    # the inputs are copied before the call: a residual conv may write its result into its accum
+    # the inputs are copied before the call: a residual conv may write its result into its accum ...
     handles = [m.register_forward_pre_hook(lambda m, a: inputs_seen.__setitem__(id(m), tuple(t.clone() for t in a)))
                for m in layers]
-    handles += [m.register_forward_hook(lambda m, a, out: calls.append((m, inputs_seen.pop(id(m)), out)))
+    # ... and the output too: a later residual conv may write into it (it is that conv's accum)
+    handles += [m.register_forward_hook(lambda m, a, out: calls.append((m, inputs_seen.pop(id(m)), out.clone())))
                 for m in layers]
     try:
         qmodel(*inputs)

@@ -53,6 +53,8 @@ from subprocess_utils import json_lines  # noqa: E402
 from tests.ops.numerics import (FAST, HSET, OUT_DTYPES, POST_OPS, activations, all_threads,
                                   assert_rule, error_metrics, exact_8bit, log_uniform,
                                   output_scale_for, weights, zero_points)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 SLOW_HSET = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -311,7 +313,6 @@ import qbackend
 from qbackend.ops import PROVIDERS, PackedConv2dWeight, PackedLinearWeight
 from qbackend.ops import reference as R
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 torch.set_num_threads(1)
 
 {helpers}
