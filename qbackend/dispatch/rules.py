@@ -92,6 +92,12 @@ RULES: tuple[Rule, ...] = (
          "input channels at batch 32 (1.04-1.10x; benchmarks/results/dispatch.md)",
          when=lambda s: _is_1x1(s) and _stride(s) == 2 and s["c_in"] >= 512,
          condition="1x1, groups 1, stride 2, c_in >= 512"),
+    Rule("conv2d", ("avx512_vnni",), "fbgemm", "small dense convs are oneDNN's per-call floor (~25 us through "
+         "torch's op) against FBGEMM's 7-22 us: 1.2-3.2x on ResNet-18 at 32x32, batch 1 (16x16 to 1x1 outputs); "
+         "from 2.4M weight values oneDNN is ahead again (benchmarks/dispatch.py --quick)",
+         when=lambda s: s["groups"] == 1 and _out_pixels(s) * s["c_out"] <= 16384
+         and s["c_in"] * s["c_out"] * s["kernel"][0] * s["kernel"][1] <= 1_200_000,
+         condition="groups 1, n*oh*ow*c_out <= 16384, c_in*c_out*kh*kw <= 1.2M"),
     Rule("conv2d", ALL, "onednn", "oneDNN wins dense, 1x1, stem and depthwise convs (1.1-8x, kernel-facts); "
          "FBGEMM's depthwise kernel also loses precision on 8-bit activations"),
     # ---- embedding_bag (and plain embedding lookups: bags of one) -------------------------------

@@ -67,6 +67,11 @@ def test_avx512_vnni_rules_from_the_dispatch_benchmark():
     assert rules.choose("conv2d", vnni, dict(res, c_in=384, c_out=64)).provider == "fbgemm"  # 12544 values
     # Dense 3x3: oneDNN at every size ResNet-50 has (1.1-1.2x at batch 1 on a quiet machine).
     assert rules.choose("conv2d", vnni, dict(CONV, c_in=128, c_out=128, h=28, w=28)).provider == "onednn"
+    # Small dense convs (batch 1, tiny images): FBGEMM under oneDNN's per-call floor, unless the weight is big.
+    small = dict(CONV, h=8, w=8)  # 64 -> 64 3x3 at 8x8: 4096 output values
+    assert rules.choose("conv2d", vnni, small).provider == "fbgemm"
+    assert rules.choose("conv2d", vnni, dict(small, c_in=512, c_out=512, h=1, w=1)).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(small, h=56, w=56)).provider == "onednn"
     # Stride-2 1x1 downsample from >= 512 channels: FBGEMM even at batch 32.
     down = dict(CONV, n=32, c_in=1024, c_out=2048, h=14, w=14, kernel=(1, 1), stride=(2, 2))
     assert rules.choose("conv2d", vnni, down).provider == "fbgemm"
