@@ -6,7 +6,9 @@ quantize -> int8 kernel -> float32 output (`FloatBoundary`), so activations are 
 each layer: no fusion, no BatchNorm folding, no int8 between layers (slower and a little less
 accurate than the graph path; the warning that announces the fallback says so).
 Dynamic / weight-only modes: nn.Linear (and nn.LSTM for dynamic) become their qbackend.nn
-module; this is also how `quantize_dynamic` works (no capture needed).
+module; this is also how `quantize_dynamic` works (no capture needed). In every mode, embedding
+tables (nn.Embedding, nn.EmbeddingBag sum/mean) the config's EmbeddingConfig selects become their
+rowwise-quantized modules, as in the graph path.
 """
 from __future__ import annotations
 
@@ -55,8 +57,10 @@ class FloatBoundary(nn.Module):
 
 
 class SwappedModel:
-    def __init__(self, model: nn.Module, config: QuantConfig, layers: dict[str, ObservedLayer], skipped: list):
+    def __init__(self, model: nn.Module, config: QuantConfig, layers: dict[str, ObservedLayer], skipped: list,
+                 tables: dict | None = None):
         self.model, self.config, self.layers, self.skipped = model, config, layers, skipped
+        self.tables = dict(tables or {})  # name -> (nn.Embedding / nn.EmbeddingBag, EmbeddingConfig)
 
     def observers(self) -> dict[str, Observer]:
         return {w.observer.name: w.observer for w in self.layers.values() if w.observer is not None}
@@ -81,8 +85,13 @@ def swap_modules(model: nn.Module, example_args: tuple | None, example_kwargs: d
                  config: QuantConfig) -> SwappedModel:
     memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     copy_ = copy.deepcopy(model, memo)
-    layers, skipped = {}, []
+    layers, skipped, tables = {}, [], {}
     for name, module in list(copy_.named_modules()):
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and name:
+            table = _table(name, module, config, skipped)
+            if table is not None:
+                tables[name] = table
+            continue
         if not isinstance(module, (nn.Linear, nn.Conv2d, nn.LSTM)) or not name:
             continue
         cfg = config.for_module(name, module)
@@ -104,7 +113,43 @@ def swap_modules(model: nn.Module, example_args: tuple | None, example_kwargs: d
         for w in layers.values():
             if w.observer is not None:
                 w.observer.reset()
-    return SwappedModel(copy_, config, layers, skipped)
+    return SwappedModel(copy_, config, layers, skipped, tables)
+
+
+def _table(name: str, module: nn.Module, config: QuantConfig, skipped: list):
+    """(module, its EmbeddingConfig) if the config quantizes this table, else None (reason in skipped)."""
+    cfg = config.for_module(name, module)
+    ecfg = cfg.embedding if cfg is not None else None
+    if ecfg is None or module.weight.numel() < ecfg.min_weights:
+        return None
+    if module.max_norm is not None:
+        skipped.append((name, "max_norm renormalises the table at lookup"))
+    elif isinstance(module, nn.EmbeddingBag) and module.mode not in ("sum", "mean"):
+        skipped.append((name, f"{module.mode} bags are not quantized (sum and mean are)"))
+    elif ecfg.bits == 4 and module.embedding_dim % 2:
+        skipped.append((name, "4-bit tables need an even embedding dim"))
+    else:
+        return module, ecfg
+    return None
+
+
+def _swap_table(name: str, module: nn.Module, ecfg) -> tuple[nn.Module, dict]:
+    from ..dispatch.router import route_embedding
+    from ..nn.embedding import QuantizedEmbedding, QuantizedEmbeddingBag
+
+    bag = isinstance(module, nn.EmbeddingBag)
+    shape = {"rows": module.num_embeddings, "dim": module.embedding_dim, "bits": ecfg.bits,
+             "fp16_qparams": int(ecfg.qparams_dtype == torch.float16),
+             "padding_idx": int(bag and module.padding_idx is not None)}
+    r = route_embedding(shape, force=ecfg.provider)
+    klass = QuantizedEmbeddingBag if bag else QuantizedEmbedding
+    new = klass.from_float(module, ecfg.bits, ecfg.qparams_dtype, r.provider)
+    info = {"kind": "embedding_bag" if bag else "embedding", "mode": "weight_only", "module": name, "why": r.why,
+            "post_op": "none", "residual": False, "output": "float32", "shape": shape, "x_shape": None,
+            "forced": ecfg.provider,
+            "embedding": {"bits": ecfg.bits, "qparams": str(ecfg.qparams_dtype).replace("torch.", ""),
+                          "mode": module.mode if bag else None}}
+    return new, info
 
 
 def _spec(name: str, wrapper: ObservedLayer) -> LayerSpec:
@@ -153,5 +198,8 @@ def convert_swapped(swapped: SwappedModel, tune=None) -> QuantizedModel:
         info[name] = {"kind": type(wrapper.module).__name__.lower(), "mode": cfg.mode,
                       "module": path, "why": why, "post_op": "none", "residual": False, "output": "float32",
                       "shape": shape, "x_shape": x_shape, "forced": cfg.provider}
+        model.set_submodule(name, new)
+    for name, (module, ecfg) in swapped.tables.items():
+        new, info[name] = _swap_table(name, module, ecfg)
         model.set_submodule(name, new)
     return QuantizedModel(model, info, activations)

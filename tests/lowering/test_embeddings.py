@@ -177,3 +177,42 @@ print(q.layer("tables.0").provider, q.qbackend_layers["tables.0"]["why"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     provider, why = proc.stdout.strip().split(" ", 1)
     assert provider != "fbgemm_gpu" and "re-routed" in why
+
+
+class _Uncapturable(nn.Module):
+    """Data-dependent Python control flow (torch.export fails): the module-swap fallback runs."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.bag = nn.EmbeddingBag(300, 16, mode="mean")
+        self.emb = nn.Embedding(300, 16)
+        nn.init.normal_(self.bag.weight, generator=g)
+        nn.init.normal_(self.emb.weight, generator=g)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, idx, off):
+        h = self.bag(idx, off)
+        if float(h.sum()) > 1e9:  # never true; export cannot trace the branch on a value
+            h = h * 2
+        return self.fc(h + self.emb(idx[: h.shape[0]]))
+
+
+def test_module_swap_fallback_quantizes_tables_too():
+    from qbackend.api import CaptureFallbackWarning
+
+    model = _Uncapturable().eval()
+    g = torch.Generator().manual_seed(2)
+    idx, off = torch.randint(0, 300, (40,), generator=g), torch.arange(0, 40, 5)
+    with pytest.warns(CaptureFallbackWarning):
+        p = qbackend.prepare(model, (idx, off), config=QuantConfig(embedding=ALL_TABLES))
+    assert p.method == "module_swap"
+    p(idx, off)
+    q = qbackend.convert(p)
+    assert isinstance(q.layer("bag"), QuantizedEmbeddingBag) and isinstance(q.layer("emb"), QuantizedEmbedding)
+    assert q.qbackend_layers["bag"]["kind"] == "embedding_bag" and q.qbackend_layers["bag"]["why"]
+    with torch.no_grad():
+        assert sqnr(model(idx, off), q(idx, off)) > 25
+    # quantize_dynamic goes through the same swap: its tables are quantized by the same config
+    qd = qbackend.quantize_dynamic(model, QuantConfig(mode="dynamic", embedding=ALL_TABLES))
+    assert isinstance(qd.layer("bag"), QuantizedEmbeddingBag)
