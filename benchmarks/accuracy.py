@@ -29,7 +29,6 @@ import datetime
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -44,6 +43,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import qbackend  # noqa: E402
+from _machine import git_commit  # noqa: E402
 from peers.torch_ao import torch_ao_dynamic, torch_ao_static  # noqa: E402
 from qbackend.models import MODELS, ModelCase  # noqa: E402
 
@@ -144,14 +144,6 @@ def table(rows: list[Row]) -> str:
         lines.append(f"| {r.model} | {r.flow} | {fmt(r.sqnr, '.1f')} | {fmt(r.metric, '.2f')} | "
                      f"{fmt(r.seconds, '.1f')} | {r.note} |")
     return "\n".join(lines)
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def header(quick: bool, sizes: dict, load: tuple[float, float]) -> str:

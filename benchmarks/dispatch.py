@@ -52,10 +52,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import Timing, fmt_us, measure  # noqa: E402
-from kernels import Report, git_state, load_average, onednn_reorders  # noqa: E402
+from _machine import cpu_line, git_state, load_average  # noqa: E402
+from kernels import Report, onednn_reorders  # noqa: E402
 
 import qbackend  # noqa: E402
-from qbackend._extension import _C  # noqa: E402
 from qbackend.dispatch.router import ENV_PROVIDER  # noqa: E402
 from qbackend.dispatch.rules import choose  # noqa: E402
 from qbackend.dispatch.tuner import TuneCache  # noqa: E402
@@ -642,22 +642,11 @@ def run_case(rep: Report, spec: ModelSpec, batch: int, threads: int, cfg: Settin
 
 
 def header(rep: Report, threads: list[int], quick: bool, cfg: Settings, specs: list[ModelSpec]) -> str:
-    feats = qbackend.cpu_features()
-    model = feats.model_name
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     rep("# qbackend dispatch benchmark: rule table and tune mode against each provider, per layer and per model")
     rep()
     rep("`python benchmarks/dispatch.py" + (" --quick" if quick else "") + "`")
     rep()
-    rep(f"- CPU: {model} ({feats.vendor}), {os.cpu_count()} logical CPUs; ISA class `{feats.isa_class}` "
-        f"(level {feats.level_name}), FBGEMM ISA `{_C.fbgemm_isa()}`, AMX: {'yes' if feats.amx_int8.usable else 'no'}")
+    rep(cpu_line())
     rep(f"- threads: {', '.join(map(str, threads))} (`torch.set_num_threads`)")
     rep(f"- torch {torch.__version__}, qbackend {qbackend.__version__} ({git_state()})")
     rep(f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start "
@@ -690,7 +679,7 @@ def header(rep: Report, threads: list[int], quick: bool, cfg: Settings, specs: l
         "row more than absolute times." + (" **--quick: tiny sizes and few iterations, a smoke test only.**"
                                            if quick else ""))
     rep()
-    return feats.isa_class
+    return qbackend.cpu_features().isa_class
 
 
 def final_summary(rep: Report, results: list[CaseResult]) -> list[str]:

@@ -39,7 +39,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import fmt_us, measure  # noqa: E402
-from kernels import Report, git_state, load_average  # noqa: E402
+from _machine import cpu_model_name, git_state, load_average  # noqa: E402
+from kernels import Report  # noqa: E402
 
 import qbackend  # noqa: E402
 from qbackend import EmbeddingConfig, QuantConfig  # noqa: E402
@@ -81,17 +82,8 @@ def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
 
 
 def machine() -> str:
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     f = qbackend.cpu_features()
-    return f"{model}, {os.cpu_count()} logical CPUs; ISA class `{f.isa_class}`"
+    return f"{cpu_model_name('unknown CPU')}, {os.cpu_count()} logical CPUs; ISA class `{f.isa_class}`"
 
 
 def main(argv=None) -> int:

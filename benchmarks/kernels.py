@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import fmt_us, measure  # noqa: E402
 
 import qbackend  # noqa: E402
-from qbackend._extension import _C  # noqa: E402
+from _machine import cpu_line, git_state, load_average  # noqa: E402
 from qbackend.ops.packed import PackedConv2dWeight, PackedLinearWeight  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
@@ -741,44 +741,10 @@ def targets(rep: Report, peers: list[PeerRow]) -> None:
 
 # ---------------------------------------------------------------------------------------------
 
-def load_average() -> str:
-    try:
-        return " / ".join(f"{v:.2f}" for v in os.getloadavg()) + " (1 / 5 / 15 min)"
-    except OSError:
-        return "n/a"
-
-
-def git_state() -> str:
-    """The commit the (editable) qbackend was built from, and whether its sources had local changes."""
-    import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.abspath(qbackend.__file__)))
-    try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "csrc", "qbackend", "setup.py"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "git state unknown"
-    if not head:
-        return "not a git checkout"
-    return f"git {head}" + (", with uncommitted changes in csrc/qbackend" if dirty else "")
-
-
 def header(rep: Report, threads: list[int], quick: bool, cfg: Settings) -> None:
-    feats = qbackend.cpu_features()
-    model = feats.model_name
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     rep("# qbackend kernel benchmark")
     rep()
-    rep(f"- CPU: {model} ({feats.vendor}), {os.cpu_count()} logical CPUs; ISA class `{feats.isa_class}` "
-        f"(level {feats.level_name}), FBGEMM ISA `{_C.fbgemm_isa()}`, AMX: {'yes' if feats.amx_int8.usable else 'no'}")
+    rep(cpu_line())
     rep(f"- threads: {', '.join(map(str, threads))} (`torch.set_num_threads`)")
     rep(f"- torch {torch.__version__}, qbackend {qbackend.__version__} ({git_state()})")
     rep(f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start "

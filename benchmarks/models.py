@@ -62,7 +62,6 @@ import math
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -90,6 +89,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import qbackend  # noqa: E402
+from _machine import git_commit  # noqa: E402
 from _timing import measure  # noqa: E402
 from accuracy import error_note, sqnr_db  # noqa: E402
 from qbackend.models import MODELS as CASES  # noqa: E402
@@ -605,14 +605,6 @@ def _cpu_info() -> tuple[str, str]:
     lacking = [f for f in wanted if f not in flags]
     return (f"{model}" + (f" (family {family})" if family else ""),
             f"has {' '.join(have)}; lacks {' '.join(lacking) or 'none of these'}")
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def header(args, sizes: Sizes, names: list[str], flows: list[str], load: list[float], elapsed: float,
