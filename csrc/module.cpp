@@ -6,6 +6,10 @@
 #include <fbgemm/Utils.h>
 
 #include "cpu/probe.h"
+#include "ops/native_gemm.h"
+
+#include <ATen/Parallel.h>
+#include <chrono>
 
 namespace {
 
@@ -60,6 +64,31 @@ int64_t fbgemm_packed_b_size(int64_t K, int64_t N) {
   return fbgemm::PackBMatrix<int8_t>::packedBufferSize(static_cast<int>(K), static_cast<int>(N));
 }
 
+// Bytes of the native provider's packed weight for N x K (the fake prepack op's output size).
+int64_t native_packed_size(int64_t N, int64_t K) { return qbackend::native::packed_bytes(N, K); }
+
+// The native GEMM's ISA on this CPU (and QBACKEND_ISA cap), or "" where it has none.
+std::string native_isa() { return qbackend::cpu::usable_level() >= 3 ? "avx512_vnni" : ""; }
+
+// Peak int8 rate of the native GEMM's instruction on `threads` threads: each runs `iters`
+// iterations of independent dot products; returns int8 ops per second (2 per multiply-add).
+double native_peak_ops(int64_t iters, int threads) {
+  const auto& k = qbackend::native::gemm_kernels();
+  double ops = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (threads <= 1) {
+    ops = k.peak_loop(iters);
+  } else {
+    std::vector<double> per(threads, 0.0);
+    at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) per[t] = k.peak_loop(iters);
+    });
+    for (double v : per) ops += v;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return ops / s;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -72,5 +101,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("avx_vnni_usable", &qbackend::cpu::avx_vnni_usable);
   m.def("isa_cap", &qbackend::cpu::level_cap);
   m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
+  m.def("native_packed_size", &native_packed_size, "bytes of the native provider's packed N x K weight");
+  m.def("native_isa", &native_isa, "the native GEMM's instruction set here, or '' where it has none");
+  m.def("native_peak_ops", &native_peak_ops, "int8 ops/s of a dot-product loop on `threads` threads",
+        pybind11::arg("iters"), pybind11::arg("threads") = 1);
   m.def("fbgemm_packed_b_size", &fbgemm_packed_b_size, "bytes of FBGEMM's packed B for a K x N weight");
 }

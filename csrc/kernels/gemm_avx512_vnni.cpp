@@ -1,0 +1,254 @@
+// The native int8 GEMM (contract and packed layout: gemm_kernels.h) for AVX512-VNNI: register
+// tiles of up to 6 rows x 64 columns accumulate with vpdpbusd over the whole K, the epilogue runs on
+// the tile while it is still in registers. Call only when qbackend::cpu::usable_level() >= 3.
+//
+// Tiles: MR rows x NV vectors of 16 columns. Rows of the activation are read in place (4 bytes
+// broadcast per row and k-group: no packing of A, nothing allocated); the weight panel streams
+// from L1/L2. Small MR hides the dot product's latency with KS independent accumulator sets over
+// alternating k-groups (1 row: 4 sets of 4 vectors), summed before the epilogue.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "kernels/gemm_kernels.h"
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+
+#include <immintrin.h>  // after the pragma: the intrinsics are compiled for this target
+
+namespace qbackend::kernels {
+namespace {
+
+constexpr int kMaxRows = 6;
+
+// The accumulator type: int32 x 16 without __m512i's may_alias attribute, so that the compiler
+// keeps the accumulator arrays in registers across the byte loads of the activation rows.
+typedef int32_t Acc __attribute__((vector_size(64)));
+
+inline int32_t load_a4(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+inline int32_t load_tail(const uint8_t* p, int64_t n) {
+  int32_t v = 0;
+  std::memcpy(&v, p, static_cast<size_t>(n));
+  return v;
+}
+
+// e^x for x in [-16, 0] (Cody-Waite reduction to |r| <= ln2/2, degree-7 Taylor: rel. error < 1e-8
+// plus fp32 rounding).
+inline __m512 exp_neg(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// gelu(y) = y / 2 * (1 + erf(y / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7).
+inline __m512 gelu(__m512 y) {
+  const __m512 z = _mm512_min_ps(_mm512_abs_ps(_mm512_mul_ps(y, _mm512_set1_ps(0.70710678118654752f))),
+                                 _mm512_set1_ps(4.0f));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(z, _mm512_set1_ps(0.3275911f), one));
+  __m512 p = _mm512_set1_ps(1.061405429f);
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+  p = _mm512_mul_ps(p, t);
+  const __m512 erf_abs = _mm512_fnmadd_ps(p, exp_neg(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z)), one);
+  // erf(y / sqrt 2) has y's sign: 1 + erf = 1 +- erf_abs.
+  const __mmask16 neg = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __m512 one_plus = _mm512_mask_sub_ps(_mm512_add_ps(one, erf_abs), neg, one, erf_abs);
+  return _mm512_mul_ps(_mm512_mul_ps(y, _mm512_set1_ps(0.5f)), one_plus);
+}
+
+// Stores one 16-column vector of fp32 results (the first `mask` lanes) as the output type.
+inline void store(const GemmArgs& g, __m512 y, int64_t m, int64_t n0, __mmask16 mask) {
+  switch (g.out_type) {
+    case GemmOut::f32:
+      _mm512_mask_storeu_ps(static_cast<float*>(g.out) + m * g.ldc + n0, mask, y);
+      return;
+    case GemmOut::bf16: {
+      __m512i u = _mm512_castps_si512(y);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+      u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(g.out) + m * g.ldc + n0, mask,
+                               _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+      return;
+    }
+    case GemmOut::u8:
+    case GemmOut::s8: {
+      // Clamped in fp32 first: the conversion of a value beyond int32 would give INT_MIN.
+      const __m512 t = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(y, _mm512_set1_ps(g.out_inv_scale)),
+                                                   _mm512_set1_ps(-1e6f)), _mm512_set1_ps(1e6f));
+      const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(g.out_zp));
+      uint8_t* dst = static_cast<uint8_t*>(g.out) + m * g.ldc + n0;
+      if (g.out_type == GemmOut::u8)
+        _mm_mask_storeu_epi8(dst, mask, _mm512_cvtusepi32_epi8(_mm512_max_epi32(q, _mm512_setzero_si512())));
+      else
+        _mm_mask_storeu_epi8(dst, mask, _mm512_cvtsepi32_epi8(q));
+      return;
+    }
+  }
+}
+
+// The int32 sums of an MR x (NV * 16) tile over the whole K, written to out[r * NV + v]. Its
+// accumulators never leave registers (kept apart from the epilogue so the compiler does not
+// demote them to memory).
+template <int MR, int NV, bool I8>
+inline void dot_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t K, __m512i* out) {
+  constexpr int KS = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
+  const int64_t kfull = K / 4, krem = K % 4;
+  const int32_t flip = I8 ? static_cast<int32_t>(0x80808080u) : 0;
+
+  Acc acc[KS][MR][NV];
+#pragma GCC unroll 32
+  for (int s = 0; s < KS; ++s)
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[s][r][v] = Acc{};
+
+  // One k-group into accumulator set s: NV weight vectors, one broadcast per row.
+#define QB_STEP(s, k4, WORD)                                                                       \
+  {                                                                                              \
+    const int8_t* bp = B + (k4) * NV * 64;                                                       \
+    __m512i bv[NV];                                                                              \
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(bp + v * 64); \
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {                                       \
+      const __m512i av = _mm512_set1_epi32((WORD) ^ flip);                                       \
+      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[s][r][v] =                        \
+          (Acc)_mm512_dpbusd_epi32((__m512i)acc[s][r][v], av, bv[v]);                                       \
+    }                                                                                            \
+  }
+
+  int64_t k4 = 0;
+  for (; k4 + KS <= kfull; k4 += KS) {
+#pragma GCC unroll 4
+    for (int s = 0; s < KS; ++s) QB_STEP(s, k4 + s, load_a4(a + r * lda + (k4 + s) * 4))
+  }
+  for (; k4 < kfull; ++k4) QB_STEP(0, k4, load_a4(a + r * lda + k4 * 4))
+  if (krem) {  // the last, partial k-group: its padding weights are 0, so the filler bytes do not count
+    QB_STEP(0, kfull, load_tail(a + r * lda + kfull * 4, krem))
+  }
+#undef QB_STEP
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      Acc sum = acc[0][r][v];
+#pragma GCC unroll 4
+      for (int s = 1; s < KS; ++s) sum += acc[s][r][v];
+      _mm512_storeu_si512(out + r * NV + v, (__m512i)sum);
+    }
+}
+
+// One MR x (NV * 16) tile of rows m0.. and panel p.
+template <int MR, int NV, bool I8>
+void tile(const GemmArgs& g, int64_t m0, int64_t p) {
+  __m512i sums[MR * NV];
+  dot_tile<MR, NV, I8>(g.a + m0 * g.lda, g.lda, g.b + p * kGemmPanel * gemm_kp(g.K), g.K, sums);
+
+  // Epilogue, per 16-column vector: the per-column terms are loaded once for the MR rows.
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const int64_t n0 = p * kGemmPanel + v * 16;
+    const int64_t valid = std::min<int64_t>(16, g.N - n0);
+    const __mmask16 mask = valid >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid) - 1);
+    const __m512i zp_colsum = _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + n0), _mm512_set1_epi32(g.a_zp));
+    const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, g.w_scales + n0), _mm512_set1_ps(g.x_scale));
+    const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + n0) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const int64_t m = m0 + r;
+      __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums + r * NV + v), zp_colsum)), scale, bias);
+      if (g.r) {
+        const __m128i rb = _mm_maskz_loadu_epi8(mask, g.r + m * g.ldr + n0);
+        const __m512i ri = g.r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
+        y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ri, _mm512_set1_epi32(g.r_zp))),
+                            _mm512_set1_ps(g.r_scale), y);
+      }
+      if (g.post == GemmPost::relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
+      else if (g.post == GemmPost::gelu) y = gelu(y);
+      store(g, y, m, n0, mask);
+    }
+  }
+}
+
+using TileFn = void (*)(const GemmArgs&, int64_t, int64_t);
+
+template <bool I8, int NV, int... R>
+constexpr auto row_table(std::integer_sequence<int, R...>) {
+  return std::array<TileFn, sizeof...(R)>{&tile<R + 1, NV, I8>...};
+}
+
+template <bool I8>
+struct Tiles {
+  // [NV - 1][MR - 1]
+  static constexpr std::array<std::array<TileFn, kMaxRows>, 4> table = {
+      row_table<I8, 1>(std::make_integer_sequence<int, kMaxRows>{}),
+      row_table<I8, 2>(std::make_integer_sequence<int, kMaxRows>{}),
+      row_table<I8, 3>(std::make_integer_sequence<int, kMaxRows>{}),
+      row_table<I8, 4>(std::make_integer_sequence<int, kMaxRows>{})};
+};
+
+void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
+  const auto& table = g.a_int8 ? Tiles<true>::table : Tiles<false>::table;
+  for (int64_t p = panel_begin; p < panel_end; ++p) {
+    const int64_t cols = std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel);
+    const auto& by_rows = table[(cols + 15) / 16 - 1];
+    for (int64_t m = m_begin; m < m_end; m += kMaxRows) {
+      const int64_t rows = std::min<int64_t>(kMaxRows, m_end - m);
+      by_rows[rows - 1](g, m, p);
+    }
+  }
+}
+
+double peak_loop(int64_t iters) {
+  // 24 independent accumulators (enough to cover the instruction's latency x throughput), written
+  // in assembly so the compiler can neither spill them nor drop the work.
+  for (int64_t i = 0; i < iters; ++i) {
+    __asm__ volatile(
+        ".rept 2\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm0\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm1\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm2\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm3\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm4\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm5\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm6\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm7\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm8\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm9\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm10\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm11\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm12\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm13\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm14\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm15\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm16\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm17\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm18\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm19\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm20\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm21\n\t"
+        "vpdpbusd %%zmm30, %%zmm31, %%zmm22\n\t vpdpbusd %%zmm30, %%zmm31, %%zmm23\n\t"
+        ".endr\n\t" ::
+            : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+              "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",
+              "xmm23");
+  }
+  return static_cast<double>(iters) * 48 * 64 * 2;
+}
+
+}  // namespace
+
+const GemmKernels& gemm_kernels_avx512_vnni() {
+  static const GemmKernels k{"avx512_vnni", &gemm, &peak_loop};
+  return k;
+}
+
+}  // namespace qbackend::kernels

@@ -1,0 +1,77 @@
+// qbackend's own int8 GEMM (the "native" provider): u8 activations x s8 symmetric per-channel
+// weights, exact int32 accumulation, and a fused epilogue. No torch headers: the ops in
+// csrc/ops/native_linear.cpp validate the arguments and call these kernels.
+//
+// Packed weight ("panels"), built once by gemm_pack_b from the int8 weight w [N, K] (row-major):
+//   Kp = K rounded up to 4, Np = N rounded up to 16; panels of 64 output columns (the last one may
+//   hold 16, 32 or 48). Panel p starts at byte p * 64 * Kp and holds, for each group of 4 k's
+//   (k4 = 0 .. Kp/4 - 1) and each 16-column vector v of the panel, 64 bytes:
+//       byte[c * 4 + j] = w[p * 64 + v * 16 + c][k4 * 4 + j]      (0 beyond N or K)
+//   which is the operand layout of one u8 x s8 dot-product instruction (vpdpbusd: 16 int32 lanes,
+//   4 bytes each). colsum[n] = sum_k w[n][k] (0 in the padding) gives the zero-point correction.
+//
+// Arithmetic contract (qbackend/ops/reference.py):
+//   acc[m][n] = sum_k a[m][k] * w[n][k] - a_zp * colsum[n]   (exact int32: needs K <= 65536)
+//   y = float(acc) * (x_scale * w_scale[n]) + bias[n]          (fp32, one fma)
+//   y += float(r[m][n] - r_zp) * r_scale                       (optional residual r, u8/s8)
+//   y = post(y)                                                (relu; gelu with an erf accurate to 2e-7)
+//   out = y (fp32) | bf16(y) (round to nearest even) | clamp(round_half_even(y * (1 / out_scale)) + out_zp)
+// a_int8: the activation bytes are int8 and are read as (a ^ 0x80), i.e. uint8 with a_zp + 128
+// (the caller passes the shifted zero point).
+#pragma once
+#include <cstdint>
+
+namespace qbackend::kernels {
+
+constexpr int64_t kGemmPanel = 64;  // output columns per panel
+
+inline int64_t gemm_kp(int64_t K) { return (K + 3) / 4 * 4; }
+inline int64_t gemm_np(int64_t N) { return (N + 15) / 16 * 16; }
+inline int64_t gemm_num_panels(int64_t N) { return (N + kGemmPanel - 1) / kGemmPanel; }
+
+enum class GemmOut : int { f32 = 0, bf16 = 1, u8 = 2, s8 = 3 };
+enum class GemmPost : int { none = 0, relu = 1, gelu = 2 };
+
+struct GemmArgs {
+  int64_t M = 0, N = 0, K = 0;
+  const uint8_t* a = nullptr;  // [M, lda] activation bytes
+  int64_t lda = 0;
+  bool a_int8 = false;
+  int32_t a_zp = 0;            // zero point of the uint8 view
+  const int8_t* b = nullptr;   // packed panels
+  const int32_t* colsum = nullptr;  // [Np]
+  const float* w_scales = nullptr;  // [N]
+  const float* bias = nullptr;      // [N] or nullptr
+  float x_scale = 1.0f;
+  const uint8_t* r = nullptr;  // residual [M, ldr] (u8 or s8 bytes) or nullptr
+  int64_t ldr = 0;
+  bool r_int8 = false;
+  int32_t r_zp = 0;
+  float r_scale = 1.0f;
+  GemmPost post = GemmPost::none;
+  GemmOut out_type = GemmOut::f32;
+  void* out = nullptr;         // [M, ldc] elements of out_type
+  int64_t ldc = 0;
+  float out_inv_scale = 1.0f;
+  int32_t out_zp = 0;
+};
+
+// Computes rows [m_begin, m_end) x panels [panel_begin, panel_end) of the output.
+using GemmFn = void (*)(const GemmArgs&, int64_t m_begin, int64_t m_end, int64_t panel_begin,
+                        int64_t panel_end);
+
+struct GemmKernels {
+  const char* name;  // "avx512_vnni"
+  GemmFn gemm;
+  // Runs `iters` iterations of a loop of independent u8 x s8 dot products on this thread and
+  // returns the int8 operations it did (2 per multiply-add): the ISA's peak, for the benchmark.
+  double (*peak_loop)(int64_t iters);
+};
+
+// Defined in gemm_avx512_vnni.cpp; call only when qbackend::cpu::usable_level() >= 3.
+const GemmKernels& gemm_kernels_avx512_vnni();
+
+// Scalar packing (gemm_pack.cpp): packed must hold gemm_np(N) * gemm_kp(K) bytes, colsum gemm_np(N).
+void gemm_pack_b(const int8_t* w, int64_t N, int64_t K, int8_t* packed, int32_t* colsum);
+
+}  // namespace qbackend::kernels

@@ -1,0 +1,93 @@
+// The native provider's packed weight, kernel choice and thread split (native_gemm.h).
+#include "ops/native_gemm.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstring>
+
+#include "cpu/probe.h"
+
+namespace qbackend::native {
+namespace {
+
+constexpr char kMagic[8] = {'Q', 'B', 'N', 'G', 'E', 'M', 'M', '1'};
+// Products of M * N * K from which the second thread is used (below, a fork/join costs more than
+// it saves): see benchmarks/results/kernels.md, native column, 1 vs 2 threads.
+constexpr int64_t kParallelWork = int64_t(1) << 22;
+// Weights from this many bytes are split over the threads even for a few rows: those GEMMs are
+// bound by reading the weight, and each core brings its own bandwidth (768 x 3072 at M = 1).
+constexpr int64_t kParallelWeightBytes = int64_t(1) << 19;
+
+}  // namespace
+
+int64_t packed_bytes(int64_t N, int64_t K) {
+  const int64_t Np = kernels::gemm_np(N);
+  return kHeaderBytes + 4 * Np + Np * kernels::gemm_kp(K);
+}
+
+at::Tensor pack(const at::Tensor& w2d) {
+  const int64_t N = w2d.size(0), K = w2d.size(1);
+  TORCH_CHECK_VALUE(K <= 65536, "the native provider accumulates in int32 and takes in_features <= 65536, got ", K);
+  TORCH_CHECK_VALUE(N < (int64_t(1) << 24), "the native provider takes out_features < 2**24, got ", N);
+  at::Tensor out = at::empty({packed_bytes(N, K)}, at::kByte);
+  uint8_t* p = out.data_ptr<uint8_t>();
+  std::memset(p, 0, kHeaderBytes);
+  std::memcpy(p, kMagic, 8);
+  std::memcpy(p + 8, &N, 8);
+  std::memcpy(p + 16, &K, 8);
+  const int64_t Np = kernels::gemm_np(N);
+  kernels::gemm_pack_b(w2d.const_data_ptr<int8_t>(), N, K, reinterpret_cast<int8_t*>(p + kHeaderBytes + 4 * Np),
+                       reinterpret_cast<int32_t*>(p + kHeaderBytes));
+  return out;
+}
+
+PackedView unpack(const at::Tensor& packed, const char* name) {
+  TORCH_CHECK_VALUE(packed.defined() && packed.device().is_cpu() && packed.layout() == at::kStrided &&
+                        packed.scalar_type() == at::kByte && packed.dim() == 1 && packed.is_contiguous() &&
+                        packed.numel() >= kHeaderBytes,
+                    name, " is not a native packed weight (expected the 1-D uint8 tensor native_linear_prepack or "
+                    "native_conv2d_prepack returns)");
+  const uint8_t* p = packed.const_data_ptr<uint8_t>();
+  PackedView v;
+  std::memcpy(&v.N, p + 8, 8);
+  std::memcpy(&v.K, p + 16, 8);
+  TORCH_CHECK_VALUE(std::memcmp(p, kMagic, 8) == 0 && v.N > 0 && v.K > 0 && v.K <= 65536 &&
+                        v.N < (int64_t(1) << 24) && packed.numel() == packed_bytes(v.N, v.K),
+                    name, " is not a native packed weight (its header or size does not match)");
+  v.colsum = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
+  v.panels = reinterpret_cast<const int8_t*>(p + kHeaderBytes + 4 * kernels::gemm_np(v.N));
+  return v;
+}
+
+const kernels::GemmKernels& gemm_kernels() {
+  TORCH_CHECK_VALUE(cpu::usable_level() >= 3,
+                    "the native int8 GEMM needs AVX512-VNNI, which this CPU (or QBACKEND_ISA) does not offer; "
+                    "use the fbgemm or onednn provider");
+  return kernels::gemm_kernels_avx512_vnni();
+}
+
+void run(const kernels::GemmArgs& g) {
+  const auto& k = gemm_kernels();
+  const int64_t panels = kernels::gemm_num_panels(g.N);
+  const bool big = g.M * g.N * g.K >= kParallelWork || (g.N * g.K >= kParallelWeightBytes && panels >= 2);
+  const int threads = big ? at::get_num_threads() : 1;
+  if (threads <= 1 || g.M == 0) {
+    k.gemm(g, 0, g.M, 0, panels);
+    return;
+  }
+  // Columns when there are enough panels for every thread (each reads all of x, a share of the
+  // weight), else rows in multiples of the 6-row tile.
+  const bool by_panels = panels >= 2 * threads || g.M < 12 * threads;
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      if (by_panels) {
+        k.gemm(g, 0, g.M, panels * t / threads, panels * (t + 1) / threads);
+      } else {
+        const int64_t tiles = (g.M + 5) / 6;
+        k.gemm(g, std::min(g.M, tiles * t / threads * 6), std::min(g.M, tiles * (t + 1) / threads * 6), 0, panels);
+      }
+    }
+  });
+}
+
+}  // namespace qbackend::native
