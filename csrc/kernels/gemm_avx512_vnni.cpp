@@ -22,6 +22,10 @@ namespace qbackend::kernels {
 namespace {
 
 constexpr int kMaxRows = 6;
+// L2 budgets (1-2 MB per core on current x86 servers): a weight up to kWeightInL2 bytes is kept
+// there whole, with blocks of about kRowsInL2 bytes of activation rows.
+constexpr int64_t kWeightInL2 = int64_t(512) << 10;
+constexpr int64_t kRowsInL2 = int64_t(192) << 10;
 
 // The accumulator type: int32 x 16 without __m512i's may_alias attribute, so that the compiler
 // keeps the accumulator arrays in registers across the byte loads of the activation rows.
@@ -208,13 +212,21 @@ struct Tiles {
 
 void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
   const auto& table = g.a_int8 ? Tiles<true>::table : Tiles<false>::table;
-  for (int64_t p = panel_begin; p < panel_end; ++p) {
+  const int64_t Kp = gemm_kp(g.K);
+  auto panel_rows = [&](int64_t p, int64_t mb, int64_t me) {
     const int64_t cols = std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel);
     const auto& by_rows = table[(cols + 15) / 16 - 1];
-    for (int64_t m = m_begin; m < m_end; m += kMaxRows) {
-      const int64_t rows = std::min<int64_t>(kMaxRows, m_end - m);
-      by_rows[rows - 1](g, m, p);
-    }
+    for (int64_t m = mb; m < me; m += kMaxRows) by_rows[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p);
+  };
+  if ((panel_end - panel_begin) * kGemmPanel * Kp <= kWeightInL2) {
+    // The weight's panels stay in L2: blocks of rows (about kRowsInL2 bytes of x) run over every
+    // panel, so each row of x is read from memory once.
+    const int64_t block = std::max<int64_t>(kMaxRows, kRowsInL2 / Kp / kMaxRows * kMaxRows);
+    for (int64_t mb = m_begin; mb < m_end; mb += block)
+      for (int64_t p = panel_begin; p < panel_end; ++p) panel_rows(p, mb, std::min(m_end, mb + block));
+  } else {
+    // A large weight: one panel at a time stays in L2 while the rows stream past it.
+    for (int64_t p = panel_begin; p < panel_end; ++p) panel_rows(p, m_begin, m_end);
   }
 }
 

@@ -75,9 +75,10 @@ void run(const kernels::GemmArgs& g) {
     k.gemm(g, 0, g.M, 0, panels);
     return;
   }
-  // Columns when there are enough panels for every thread (each reads all of x, a share of the
-  // weight), else rows in multiples of the 6-row tile.
-  const bool by_panels = panels >= 2 * threads || g.M < 12 * threads;
+  // Split the larger operand: columns (each thread reads all of x and its share of the weight)
+  // when the weight is larger than x or there are too few rows, else rows in multiples of the
+  // 6-row tile (each thread reads all of the weight).
+  const bool by_panels = (g.N > g.M && panels >= threads) || g.M < 12 * threads;
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (by_panels) {

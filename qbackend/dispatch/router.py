@@ -4,8 +4,10 @@ and checks that the provider can run it exactly on this CPU.
 `route` returns a `Route` (provider, why). The rule table (rules.py) picks by speed; the router
 then applies correctness: 8-bit uint8 activations need a provider that multiplies them without
 16-bit saturation on this CPU (`Provider.exact_8bit`); if the rule's choice cannot, the other
-provider that can is used (and the reason says so). `QBACKEND_PROVIDER=fbgemm|onednn|reference`
-forces one provider for every op (for debugging and comparisons).
+provider that can is used (and the reason says so). Rules whose provider cannot run the op instance
+at all (`Provider.refuses`: the native provider without AVX512-VNNI, or on a 3x3 conv) are skipped.
+`QBACKEND_PROVIDER=native|fbgemm|onednn|reference` forces one provider for every op it can run
+(for debugging and comparisons); the others follow the rules, and their reason says so.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 from .cpu import cpu_features
 from .rules import choose
 
-KERNEL_PROVIDERS = ("fbgemm", "onednn")
+KERNEL_PROVIDERS = ("native", "fbgemm", "onednn")
 ENV_PROVIDER = "QBACKEND_PROVIDER"
 
 
@@ -67,18 +69,26 @@ def route(op: str, shape: Mapping, eight_bit_input: bool = True, force: str | No
     from ..ops.providers import get_provider
 
     forced = force or forced_provider()
+    prefix = ""
     if forced is not None:
         p = get_provider(forced)
-        if eight_bit_input and not p.exact_8bit():
-            raise ValueError(f"provider {forced!r} (forced) saturates 8-bit activations on this CPU; calibrate "
-                             "with 7-bit activations (reduce_range=True) or force another provider")
-        return Route(forced, "forced (" + (f"{ENV_PROVIDER}" if force is None else "config") + ")", forced=True)
-    rule = choose(op, cpu_features().isa_class, shape)
+        refusal = p.refuses(op, shape)
+        if refusal is None:
+            if eight_bit_input and not p.exact_8bit():
+                raise ValueError(f"provider {forced!r} (forced) saturates 8-bit activations on this CPU; calibrate "
+                                 "with 7-bit activations (reduce_range=True) or force another provider")
+            return Route(forced, "forced (" + (f"{ENV_PROVIDER}" if force is None else "config") + ")", forced=True)
+        prefix = f"{forced} (forced) cannot run it ({refusal}); "
+
+    def runs(name: str) -> bool:
+        return get_provider(name).refuses(op, shape) is None
+
+    rule = choose(op, cpu_features().isa_class, shape, usable=runs)
     if not eight_bit_input or get_provider(rule.provider).exact_8bit():
-        return Route(rule.provider, f"rule [{rule.condition}]: {rule.why}")
+        return Route(rule.provider, f"{prefix}rule [{rule.condition}]: {rule.why}")
     for other in KERNEL_PROVIDERS:
-        if other != rule.provider and get_provider(other).exact_8bit():
-            return Route(other, f"{rule.provider} (rule [{rule.condition}]) saturates 8-bit activations on this "
+        if other != rule.provider and runs(other) and get_provider(other).exact_8bit():
+            return Route(other, f"{prefix}{rule.provider} (rule [{rule.condition}]) saturates 8-bit activations on this "
                                 f"CPU; {other} is exact")
     raise ValueError(f"no provider multiplies 8-bit activations exactly on this CPU ({cpu_features().isa_class}); "
                      "use 7-bit activations (the default observers do so on CPUs without VNNI)")

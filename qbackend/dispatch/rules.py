@@ -7,12 +7,17 @@ last rule of each op kind is its catch-all. Measured with `python benchmarks/ker
 (or with QBACKEND_ISA set) and edit the table: the rows below say which column they came from.
 
 Shape keys: linear: m (rows of x: batch x tokens), k, n, gelu (1: GELU fused after it). conv2d:
-n (batch), c_in, c_out, h, w, kernel (kh, kw), stride, groups, int8_residual (1: a residual add
-fused into it, with an int8 output). The flags are read with .get(): models saved before they
+n (batch), c_in, c_out, h, w, kernel (kh, kw), stride, padding, groups, int8_residual (1: a residual
+add fused into it, with an int8 output). The flags are read with .get(): models saved before they
 existed route as without. embedding_bag: rows, dim, bits (8 / 4), fp16_qparams (1: fp16 scale and
 bias), padding_idx (1: the bag skips a padding row).
 
-The AVX512-VNNI conv and linear rows below were refined from `python benchmarks/dispatch.py`
+A rule whose provider cannot run the op instance (Provider.refuses: the native provider needs
+AVX512-VNNI and runs Linear and unpadded 1x1 convs only) is skipped, so the next one applies.
+
+The native rows were measured with `python benchmarks/kernels.py` (its native column) and the 1x1
+convs of ResNet-50 and MobileNetV2 timed on the three providers (the note of issue 7). The
+AVX512-VNNI conv and linear rows below were refined from `python benchmarks/dispatch.py`
 (benchmarks/results/dispatch.md: every layer of ResNet-50, MobileNetV2 and BERT-base timed on
 both providers at batch 1 and 32); the kernel benchmark gives the isolated shapes.
 """
@@ -55,6 +60,13 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     # ---- linear (static and dynamic share the GEMM) ------------------------------------------
+    Rule("linear", ("avx512_vnni",), "native", "qbackend's own VNNI GEMM: at least as fast as the best of FBGEMM "
+         "and oneDNN on every shape of the kernel benchmark (1.0-1.9x; 95% of the measured VNNI peak at large M, "
+         "a per-call cost of ~3.5 us at 1x64x64; benchmarks/results/kernels.md)"),
+    Rule("linear", ("amx",), "native", "at M <= 4 the GEMM is bound by reading the weight, where AMX does not help: "
+         "the native VNNI GEMM beats FBGEMM there on AVX512-VNNI (1.1-1.9x), and FBGEMM beat oneDNN's AMX "
+         "(kernel-facts). Inferred, not yet measured on an AMX machine", when=lambda s: s["m"] <= 4,
+         condition="m <= 4"),
     Rule("linear", ("amx",), "fbgemm", "FBGEMM's VNNI GEMM has the lower per-call cost at M <= 4 "
          "(1.1-1.7x, kernel-facts)", when=lambda s: s["m"] <= 4, condition="m <= 4"),
     Rule("linear", ("amx",), "onednn", "oneDNN's AMX GEMM is 2-5x faster from M = 16 (kernel-facts)"),
@@ -79,6 +91,11 @@ RULES: tuple[Rule, ...] = (
          "group (ResNeXt g=32: 2.3x, kernel-facts)",
          when=lambda s: 1 < s["groups"] < s["c_in"] and _channels_per_group(s) <= 8,
          condition="1 < groups < c_in and c_in/groups <= 8"),
+    Rule("conv2d", ("avx512_vnni",), "native", "1x1 convs as one GEMM over the channels-last pixels, residual and "
+         "relu fused: 1.1-2.7x faster than the best of oneDNN and FBGEMM on every 1x1 conv of ResNet-50 and "
+         "MobileNetV2 at batch 1; at batch 32 it ties or wins up to ~1M output values and oneDNN is 3-35% ahead "
+         "above (issue 7's note)", when=lambda s: _is_1x1(s) and _out_pixels(s) * s["c_out"] <= 1 << 20,
+         condition="1x1, groups 1, unpadded, n*oh*ow*c_out <= 1M"),
     Rule("conv2d", ("avx512_vnni",), "onednn", "oneDNN fuses the residual add (sum post-op), FBGEMM adds it "
          "on fp32 after the conv: from 32k output values oneDNN is 1.15-3.4x faster at batch 1 and 7-33x at "
          "batch 32 (ResNet-50, MobileNetV2; benchmarks/results/dispatch.md)",

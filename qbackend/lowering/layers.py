@@ -44,7 +44,8 @@ class LayerSpec:
             return {"m": m, "k": ws[1], "n": ws[0], "gelu": int(self.post_op == "gelu")}
         g = self.geometry
         return {"n": xs[0], "c_in": xs[1], "c_out": ws[0], "h": xs[2], "w": xs[3], "kernel": tuple(ws[2:]),
-                "stride": tuple(g["stride"]), "groups": g["groups"], "int8_residual": int(self.residual == "int8")}
+                "stride": tuple(g["stride"]), "padding": tuple(g["padding"]), "groups": g["groups"],
+                "int8_residual": int(self.residual == "int8")}
 
 
 def _is_8bit(qp: QParams) -> bool:
@@ -182,7 +183,8 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
     r = route(kind, spec.shape_key(), eight_bit_input=eight, force=spec.config.provider)
     provider, why = r.provider, r.why
     if tune is not None and not r.forced:
-        candidates = [p for p in KERNEL_PROVIDERS if not eight or get_provider(p).exact_8bit()]
+        candidates = [p for p in KERNEL_PROVIDERS if (not eight or get_provider(p).exact_8bit())
+                      and get_provider(p).refuses(kind, spec.shape_key()) is None]
         if len(candidates) > 1:
             provider, why = _tuned(spec, q, scales, candidates, x_qp, out_qp, accum_qp, tune, r.provider)
     try:

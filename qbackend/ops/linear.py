@@ -1,6 +1,6 @@
-"""Linear ops: fake (meta) impls of torch.ops.qbackend.{fbgemm,onednn}_linear[_prepack|_dynamic].
+"""Linear ops: fake (meta) impls of torch.ops.qbackend.{fbgemm,onednn,native}_linear[_prepack|_dynamic].
 
-The C++ kernels (csrc/ops/fbgemm_linear.cpp, csrc/ops/onednn_linear.cpp) register the ops when the
+The C++ kernels (csrc/ops/fbgemm_linear.cpp, onednn_linear.cpp, native_linear.cpp) register the ops when the
 extension loads; the fake impls here give torch.compile / torch.export their output shapes.
 Semantics: qbackend.ops.reference.linear. Users call them through PackedLinearWeight.
 """
@@ -35,6 +35,23 @@ def _fbgemm_linear_prepack_fake(weight):
 @torch.library.register_fake("qbackend::onednn_linear_prepack")
 def _onednn_linear_prepack_fake(weight, x_shape=None):
     return weight.new_empty((weight.shape[1], weight.shape[0]), dtype=torch.int8)
+
+
+@torch.library.register_fake("qbackend::native_linear_prepack")
+def _native_linear_prepack_fake(weight):
+    n, k = weight.shape
+    return weight.new_empty((_C.native_packed_size(n, k),), dtype=torch.uint8)
+
+
+@torch.library.register_fake("qbackend::native_linear")
+def _native_linear_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
+                        output_zero_point, output_dtype, post_op):
+    return _linear_out(x, w_scales, output_dtype, w_packed, bias)
+
+
+@torch.library.register_fake("qbackend::native_linear_dynamic")
+def _native_linear_dynamic_fake(x, w_packed, w_scales, bias, reduce_range, post_op):
+    return _linear_out(x, w_scales, torch.float32, w_packed, bias)
 
 
 @torch.library.register_fake("qbackend::fbgemm_linear")

@@ -1,6 +1,8 @@
 """Kernel providers as a table: each provider is a record of the functions that prepack and run
 Linear and Conv2d, with one signature for all of them.
 
+  native     qbackend's own int8 GEMM (csrc/kernels/gemm_*, torch.ops.qbackend.native_*): Linear and
+             1x1 convs, on CPUs with AVX512-VNNI
   fbgemm     FBGEMM's C++ API through csrc (torch.ops.qbackend.fbgemm_*)
   onednn     oneDNN through torch's plain-tensor onednn ops (torch.ops.qbackend.onednn_*)
   reference  plain PyTorch fp64 math (qbackend.ops.reference): slow, exact, always available
@@ -45,10 +47,27 @@ class Provider:
     # conv2d with a residual the caller gives up: the result written into accum (same arguments,
     # accum required, returns nothing), or None (the provider has no such form: conv2d is used).
     conv2d_add_: Callable | None = None
+    # (op, shape key) -> why this provider cannot run that op instance on this CPU, or None.
+    # Shape keys as in qbackend.dispatch.rules; a provider that refuses is skipped by the router.
+    refuses: Callable[[str, dict], str | None] = lambda op, shape: None
 
 
 def _fbgemm_exact() -> bool:
     return _C.fbgemm_isa() in ("avx512_vnni", "avx512_vnni_ymm")
+
+
+def _native_refuses(op: str, shape) -> str | None:
+    if not _C.native_isa():
+        return "the native GEMM needs AVX512-VNNI (this CPU or QBACKEND_ISA lacks it)"
+    if op == "linear":
+        return None if shape.get("k", 0) <= 65536 else "in_features > 65536 (int32 accumulation)"
+    if op == "conv2d":
+        if tuple(shape["kernel"]) != (1, 1) or shape["groups"] != 1:
+            return "it runs 1x1 convolutions with groups 1 only"
+        if tuple(shape.get("padding", (None,))) not in ((0, 0), (0,)):
+            return "it runs unpadded 1x1 convolutions only (padding unknown or non-zero)"
+        return None
+    return f"it has no {op}"
 
 
 def _onednn_exact() -> bool:
@@ -78,6 +97,19 @@ def _ref_conv2d(x, x_scale, x_zp, packed, w_scales, bias, stride, padding, dilat
 
 
 PROVIDERS: dict[str, Provider] = {
+    "native": Provider(
+        name="native",
+        prepack_linear=lambda w, x_shape=None: ops.native_linear_prepack(w),
+        linear=ops.native_linear,
+        linear_dynamic=ops.native_linear_dynamic,
+        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None, x_qparams=None:
+            ops.native_conv2d_prepack(w, stride, padding, dilation, groups),
+        conv2d=ops.native_conv2d,
+        # u8 x s8 with vpdpbusd: exact wherever it runs (it refuses CPUs without VNNI).
+        exact_8bit=lambda: bool(_C.native_isa()),
+        conv2d_add_=ops.native_conv2d_add_,
+        refuses=_native_refuses,
+    ),
     "fbgemm": Provider(
         name="fbgemm",
         prepack_linear=lambda w, x_shape=None: ops.fbgemm_linear_prepack(w),

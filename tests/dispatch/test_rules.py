@@ -5,6 +5,8 @@ from qbackend.dispatch import rules
 from qbackend.ops import EMBEDDING_PROVIDERS, PROVIDERS
 
 LINEAR = {"m": 1, "k": 768, "n": 768}
+# The rows behind the native provider: where it cannot run (no AVX512-VNNI, a 3x3 conv), these apply.
+NO_NATIVE = lambda p: p != "native"  # noqa: E731
 CONV = {"n": 1, "c_in": 64, "c_out": 64, "h": 56, "w": 56, "kernel": (3, 3), "stride": 1, "groups": 1}
 
 
@@ -34,21 +36,54 @@ def test_embedding_rules_skip_providers_that_cannot_run_the_table():
         route_embedding(dict(shape, padding_idx=1), force="fbgemm")
 
 
+def test_native_rows():
+    vnni = "avx512_vnni"
+    for m in (1, 4, 64, 128, 2048):
+        assert rules.choose("linear", vnni, {"m": m, "k": 768, "n": 3072, "gelu": 1}).provider == "native"
+    assert rules.choose("linear", "amx", {"m": 4, "k": 768, "n": 768}).provider == "native"
+    assert rules.choose("linear", "amx", {"m": 64, "k": 768, "n": 768}).provider == "onednn"
+    pointwise = dict(CONV, kernel=(1, 1), padding=(0, 0))
+    assert rules.choose("conv2d", vnni, pointwise).provider == "native"  # 200k output values
+    assert rules.choose("conv2d", vnni, dict(pointwise, n=32)).provider == "onednn"  # 6.4M
+    assert rules.choose("conv2d", vnni, CONV).provider == "onednn"  # 3x3
+
+
+def test_router_skips_the_native_provider_where_it_cannot_run():
+    from qbackend.dispatch.router import route
+    from qbackend.dispatch.cpu import cpu_features
+    from qbackend.ops.providers import PROVIDERS
+
+    refuses = PROVIDERS["native"].refuses
+    pointwise = dict(CONV, kernel=(1, 1), padding=(0, 0))
+    assert refuses("conv2d", dict(pointwise, padding=(1, 1))) is not None
+    assert refuses("conv2d", {k: v for k, v in pointwise.items() if k != "padding"}) is not None  # unknown
+    assert refuses("conv2d", dict(pointwise, groups=2)) is not None
+    assert refuses("conv2d", CONV) is not None
+    assert refuses("linear", dict(LINEAR, k=70000)) is not None
+    r = route("conv2d", CONV, force="native")
+    assert r.provider != "native" and "native (forced) cannot run it" in r.why and not r.forced
+    if cpu_features().isa_class == "avx512_vnni":
+        assert route("linear", LINEAR).provider == "native"
+        assert route("conv2d", pointwise).provider == "native"
+        assert route("conv2d", dict(pointwise, padding=(1, 1))).provider != "native"
+        assert route("linear", dict(LINEAR, k=70000)).provider == "fbgemm"
+
+
 def test_first_match_wins():
     # On AMX, M <= 4 goes to FBGEMM and larger M to oneDNN (kernel-facts crossover).
-    assert rules.choose("linear", "amx", {"m": 4, "k": 768, "n": 768}).provider == "fbgemm"
-    assert rules.choose("linear", "amx", {"m": 64, "k": 768, "n": 768}).provider == "onednn"
+    assert rules.choose("linear", "amx", {"m": 4, "k": 768, "n": 768}, usable=NO_NATIVE).provider == "fbgemm"
+    assert rules.choose("linear", "amx", {"m": 64, "k": 768, "n": 768}, usable=NO_NATIVE).provider == "onednn"
     grouped = dict(CONV, c_in=128, c_out=128, groups=32)
-    assert rules.choose("conv2d", "avx512_vnni", grouped).provider == "fbgemm"
+    assert rules.choose("conv2d", "avx512_vnni", grouped, usable=NO_NATIVE).provider == "fbgemm"
     depthwise = dict(CONV, groups=64)
-    assert rules.choose("conv2d", "avx512_vnni", depthwise).provider == "onednn"
+    assert rules.choose("conv2d", "avx512_vnni", depthwise, usable=NO_NATIVE).provider == "onednn"
     # Measured on AVX512-VNNI: 1x1 convs over few pixels go to FBGEMM, large ones to oneDNN.
     pointwise = dict(CONV, kernel=(1, 1), h=14, w=14)
-    assert rules.choose("conv2d", "avx512_vnni", pointwise).provider == "fbgemm"
-    assert rules.choose("conv2d", "avx512_vnni", dict(pointwise, h=56, w=56)).provider == "onednn"
-    assert rules.choose("linear", "avx512_vnni", {"m": 64, "k": 768, "n": 768}).provider == "fbgemm"
-    assert rules.choose("linear", "avx512_vnni", {"m": 256, "k": 768, "n": 768}).provider == "onednn"
-    assert rules.choose("linear", "avx512_vnni", {"m": 16, "k": 4096, "n": 4096}).provider == "onednn"
+    assert rules.choose("conv2d", "avx512_vnni", pointwise, usable=NO_NATIVE).provider == "fbgemm"
+    assert rules.choose("conv2d", "avx512_vnni", dict(pointwise, h=56, w=56), usable=NO_NATIVE).provider == "onednn"
+    assert rules.choose("linear", "avx512_vnni", {"m": 64, "k": 768, "n": 768}, usable=NO_NATIVE).provider == "fbgemm"
+    assert rules.choose("linear", "avx512_vnni", {"m": 256, "k": 768, "n": 768}, usable=NO_NATIVE).provider == "onednn"
+    assert rules.choose("linear", "avx512_vnni", {"m": 16, "k": 4096, "n": 4096}, usable=NO_NATIVE).provider == "onednn"
 
 
 def test_unknown_class_is_an_error():
@@ -62,26 +97,26 @@ def test_avx512_vnni_rules_from_the_dispatch_benchmark():
     vnni = "avx512_vnni"
     # A residual add with an int8 output: oneDNN fuses it; FBGEMM only wins the small ones.
     res = dict(CONV, c_in=256, c_out=1024, h=14, w=14, kernel=(1, 1), int8_residual=1)
-    assert rules.choose("conv2d", vnni, res).provider == "onednn"
-    assert rules.choose("conv2d", vnni, dict(res, int8_residual=0)).provider == "fbgemm"
-    assert rules.choose("conv2d", vnni, dict(res, c_in=384, c_out=64)).provider == "fbgemm"  # 12544 values
+    assert rules.choose("conv2d", vnni, res, usable=NO_NATIVE).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(res, int8_residual=0), usable=NO_NATIVE).provider == "fbgemm"
+    assert rules.choose("conv2d", vnni, dict(res, c_in=384, c_out=64), usable=NO_NATIVE).provider == "fbgemm"  # 12544 values
     # Dense 3x3: oneDNN at every size ResNet-50 has (1.1-1.2x at batch 1 on a quiet machine).
-    assert rules.choose("conv2d", vnni, dict(CONV, c_in=128, c_out=128, h=28, w=28)).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(CONV, c_in=128, c_out=128, h=28, w=28), usable=NO_NATIVE).provider == "onednn"
     # Small dense convs (batch 1, tiny images): FBGEMM under oneDNN's per-call floor, unless the weight is big.
     small = dict(CONV, h=8, w=8)  # 64 -> 64 3x3 at 8x8: 4096 output values
-    assert rules.choose("conv2d", vnni, small).provider == "fbgemm"
-    assert rules.choose("conv2d", vnni, dict(small, c_in=512, c_out=512, h=1, w=1)).provider == "onednn"
-    assert rules.choose("conv2d", vnni, dict(small, h=56, w=56)).provider == "onednn"
+    assert rules.choose("conv2d", vnni, small, usable=NO_NATIVE).provider == "fbgemm"
+    assert rules.choose("conv2d", vnni, dict(small, c_in=512, c_out=512, h=1, w=1), usable=NO_NATIVE).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(small, h=56, w=56), usable=NO_NATIVE).provider == "onednn"
     # Stride-2 1x1 downsample from >= 512 channels: FBGEMM even at batch 32.
     down = dict(CONV, n=32, c_in=1024, c_out=2048, h=14, w=14, kernel=(1, 1), stride=(2, 2))
-    assert rules.choose("conv2d", vnni, down).provider == "fbgemm"
-    assert rules.choose("conv2d", vnni, dict(down, c_in=256, c_out=512, h=56, w=56)).provider == "onednn"
+    assert rules.choose("conv2d", vnni, down, usable=NO_NATIVE).provider == "fbgemm"
+    assert rules.choose("conv2d", vnni, dict(down, c_in=256, c_out=512, h=56, w=56), usable=NO_NATIVE).provider == "onednn"
     # Linear: a fused GELU goes to oneDNN past M = 16; BERT's M = 128 projections to oneDNN.
-    assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 768}).provider == "onednn"
-    assert rules.choose("linear", vnni, {"m": 64, "k": 768, "n": 768}).provider == "fbgemm"
-    assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 3072, "gelu": 1}).provider == "onednn"
-    assert rules.choose("linear", vnni, {"m": 1, "k": 768, "n": 3072, "gelu": 1}).provider == "fbgemm"
+    assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 768}, usable=NO_NATIVE).provider == "onednn"
+    assert rules.choose("linear", vnni, {"m": 64, "k": 768, "n": 768}, usable=NO_NATIVE).provider == "fbgemm"
+    assert rules.choose("linear", vnni, {"m": 128, "k": 768, "n": 3072, "gelu": 1}, usable=NO_NATIVE).provider == "onednn"
+    assert rules.choose("linear", vnni, {"m": 1, "k": 768, "n": 3072, "gelu": 1}, usable=NO_NATIVE).provider == "fbgemm"
     # Shape records saved before the flags existed route as without them.
     old = {k: v for k, v in res.items() if k != "int8_residual"}
-    assert rules.choose("conv2d", vnni, old).provider == "fbgemm"
-    assert rules.choose("linear", vnni, {"m": 64, "k": 768, "n": 3072}).provider == "fbgemm"
+    assert rules.choose("conv2d", vnni, old, usable=NO_NATIVE).provider == "fbgemm"
+    assert rules.choose("linear", vnni, {"m": 64, "k": 768, "n": 3072}, usable=NO_NATIVE).provider == "fbgemm"

@@ -7,10 +7,15 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from qbackend._extension import _C
 from qbackend.ops import PROVIDERS
 from qbackend.ops import reference as R
 
-FAST = ["fbgemm", "onednn"]
+# The native provider runs where the CPU (and QBACKEND_ISA) has AVX512-VNNI; its own tests check
+# that it refuses to run elsewhere (tests/ops/test_native.py).
+NATIVE = ["native"] if _C.native_isa() else []
+FAST = ["fbgemm", "onednn"] + NATIVE   # Linear
+CONV_FAST = ["fbgemm", "onednn"]       # every conv geometry (native: 1x1 only, its own tests)
 OUT_DTYPES = [torch.uint8, torch.int8, torch.float32, torch.bfloat16]
 POST_OPS = ["none", "relu", "gelu"]
 ALL_THREADS = torch.get_num_threads()

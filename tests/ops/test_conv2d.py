@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from qbackend.ops import PackedConv2dWeight
 from qbackend.ops import reference as R
 
-from tests.ops.numerics import (FAST, HSET, OUT_DTYPES, POST_OPS, activations, all_threads,
+from tests.ops.numerics import (CONV_FAST as FAST, NATIVE, HSET, OUT_DTYPES, POST_OPS, activations, all_threads,
                                   assert_rule, error_metrics, exact_8bit, log_uniform,
                                   output_scale_for, weights, zero_points)
 
@@ -105,10 +105,13 @@ CHANNELS = st.one_of(st.sampled_from([1, 3, 5, 8, 16, 17]), st.integers(1, 17))
 KERNELS = [(1, 1), (3, 3), (5, 5), (1, 3), (3, 1)]
 
 
+ALL_KINDS = ("dense", "pointwise", "stem", "grouped", "depthwise", "depthwise_x2")
+
+
 @st.composite
-def conv_geometry(draw):
+def conv_geometry(draw, kinds=ALL_KINDS):
     """(kind, ic, oc, kernel, stride, padding, dilation, groups, n, h, w) of a valid conv."""
-    kind = draw(st.sampled_from(["dense", "pointwise", "stem", "grouped", "depthwise", "depthwise_x2"]))
+    kind = draw(st.sampled_from(kinds))
     pair = lambda lo, hi: (draw(st.integers(lo, hi)), draw(st.integers(lo, hi)))  # noqa: E731
     stride, padding, dilation, groups = pair(1, 2), pair(0, 2), pair(1, 2), 1
     if kind == "stem":  # ResNet-like 7x7 stride 2 on RGB
@@ -139,7 +142,8 @@ def conv_cases(draw, provider):
     exact = exact_8bit(provider)
     x_dtypes = [torch.uint8, torch.int8] if exact else [torch.uint8]
     c = {
-        "geometry": draw(conv_geometry()),
+        # The native provider runs unpadded 1x1 convs only (any stride).
+        "geometry": draw(conv_geometry(("pointwise",) if provider == "native" else ALL_KINDS)),
         "x_dtype": draw(st.sampled_from(x_dtypes)),
         "x_mode": draw(st.sampled_from(["full", "ends", "near_zp", "seven_bit"])),
         "channels_last": draw(st.booleans()),
@@ -195,7 +199,7 @@ def run_conv_case(provider, c):
 
 # ----------------------------------------------------------------------------- property tests
 
-@pytest.mark.parametrize("provider", FAST)
+@pytest.mark.parametrize("provider", FAST + NATIVE)
 @HSET
 @given(data=st.data())
 def test_conv2d_matches_reference(provider, data):
@@ -203,7 +207,7 @@ def test_conv2d_matches_reference(provider, data):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("provider", FAST)
+@pytest.mark.parametrize("provider", FAST + NATIVE)
 @SLOW_HSET
 @given(data=st.data())
 def test_conv2d_matches_reference_sweep(provider, data):

@@ -45,9 +45,10 @@ from torch.testing._internal.optests.generate_tests import OpCheckError
 from torch.utils._pytree import tree_map
 
 from qbackend.ops import PackedConv2dWeight, PackedLinearWeight
+from tests.ops.numerics import NATIVE
 
 OPS = torch.ops.qbackend
-PROVIDERS = ["fbgemm", "onednn"]
+PROVIDERS = ["fbgemm", "onednn"] + NATIVE  # native: where the CPU has AVX512-VNNI
 X_SCALE, X_ZP = 0.02, 7
 
 
@@ -74,10 +75,21 @@ CONV_GEOM = dict(stride=(2, 1), padding=1, dilation=1, groups=1)
 ACCUM = _cl(_u8((2, 8, 4, 7), 6))  # the conv output's shape for x [2, 4, 7, 7]
 
 
+# The native provider runs 1x1 convs only: its conv is the centre tap of CONV_W, unpadded (the same
+# output shape as CONV_GEOM's 3x3 conv with padding 1).
+CONV_W_1X1 = CONV_W[:, :, 1:2, 1:2].contiguous()
+CONV_GEOM_1X1 = dict(CONV_GEOM, padding=0)
+
+
+def conv_weight_geometry(provider: str):
+    return (CONV_W_1X1, CONV_GEOM_1X1) if provider == "native" else (CONV_W, CONV_GEOM)
+
+
 @functools.cache
 def packed(provider: str):
+    w, geom = conv_weight_geometry(provider)
     return (PackedLinearWeight(LIN_W, LIN_S, LIN_B, provider=provider),
-            PackedConv2dWeight(CONV_W, CONV_S, CONV_B, provider=provider, **CONV_GEOM))
+            PackedConv2dWeight(w, CONV_S, CONV_B, provider=provider, **geom))
 
 
 class QLinear(nn.Module):
@@ -147,8 +159,14 @@ def opcheck_args(op_name: str):
     provider = op_name.split("_")[0]
     lw, cw = packed(provider)
     x, xc = _u8((3, 40), 30), _cl(_u8((2, 4, 7, 7), 31))
-    geom = ([2, 1], [1, 1], [1, 1], 1)
+    geom = ([2, 1], [0, 0] if provider == "native" else [1, 1], [1, 1], 1)
     args = {
+        "native_linear_prepack": (LIN_W,),
+        "native_conv2d_prepack": (CONV_W_1X1, *geom),
+        "native_linear": (x, X_SCALE, X_ZP, lw.packed, LIN_S, LIN_B, 0.08, 3, torch.uint8, "relu"),
+        "native_linear_dynamic": (torch.randn(3, 40, generator=_gen(32)), lw.packed, LIN_S, LIN_B, True, "none"),
+        "native_conv2d": (xc, X_SCALE, X_ZP, cw.packed, CONV_S, CONV_B, *geom, 0.1, 5, torch.uint8, "relu", ACCUM,
+                          0.05, 3),
         "fbgemm_linear_prepack": (LIN_W,),
         "onednn_linear_prepack": (LIN_W, [3, 40]),
         "fbgemm_conv2d_prepack": (CONV_W, *geom),
@@ -180,6 +198,8 @@ def opcheck_limitation(op_name: str, util: str) -> str | None:
     provider, kind = op_name.split("_", 1)
     prepack = kind.endswith("prepack")
     aot = util.startswith("test_aot_dispatch")
+    if provider == "native":  # plain tensors throughout: every check passes
+        return None
     if provider == "fbgemm":
         if prepack:
             return None
@@ -214,7 +234,7 @@ def fake_cases(provider):
     conv = getattr(OPS, f"{provider}_conv2d").default
     x3 = _u8((2, 3, 40), 40)
     xc = _cl(_u8((2, 4, 7, 7), 41))
-    geom = ([2, 1], [1, 1], [1, 1], 1)
+    geom = ([2, 1], [0, 0] if provider == "native" else [1, 1], [1, 1], 1)
     return {
         "linear_u8": (lin, (x3, X_SCALE, X_ZP, lw.packed, LIN_S, LIN_B, 0.08, 3, torch.uint8, "relu")),
         "linear_s8_out": (lin, (x3[0], X_SCALE, X_ZP, lw.packed, LIN_S, None, 0.08, -3, torch.int8, "none")),
@@ -314,17 +334,18 @@ EXPORT_SAVE_ERRORS = {
 }
 
 
+# The native provider's packed weight is a plain uint8 tensor: an exported program saves and loads.
 @pytest.mark.parametrize("provider", [
     pytest.param(p, marks=pytest.mark.xfail(strict=True, raises=EXPORT_SAVE_ERRORS[p][0],
                                             reason=f"torch.export.save/load: {EXPORT_SAVE_ERRORS[p][1]} (packed "
                                                    "tensors do not serialize; pickle the Packed*Weight instead)"))
-    for p in PROVIDERS])
+    if p in EXPORT_SAVE_ERRORS else p for p in PROVIDERS])
 def test_export_save_load(provider):
     m = QLinear(packed(provider)[0], "u8_relu")
     x = _u8((5, 40), 70)
     ep = torch.export.export(m, (x,))
     buf = io.BytesIO()
-    exc, text = EXPORT_SAVE_ERRORS[provider]
+    exc, text = EXPORT_SAVE_ERRORS.get(provider, (AssertionError, "never raised"))
     try:
         torch.export.save(ep, buf)
         buf.seek(0)

@@ -1,0 +1,207 @@
+// The native provider for 1x1 convolutions (groups 1, no padding, any stride): a GEMM over the
+// channels-last pixels with qbackend's own int8 kernel (csrc/kernels/gemm_*), the residual add and
+// relu fused in its epilogue. Other convolutions are not this provider's: the router sends them
+// elsewhere, and these ops refuse them with a ValueError.
+//
+// Ops (torch.ops.qbackend):
+//   native_conv2d_prepack(Tensor weight, int[] stride, int[] padding, int[] dilation, int groups) -> Tensor
+//   native_conv2d(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
+//                 output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
+//                 accum_zero_point) -> Tensor                                  (channels-last output)
+//   native_conv2d_add_(... the same, Tensor(a!) accum ...) -> ()   the result written into accum
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "ops/checks.h"
+#include "ops/conv_params.h"
+#include "ops/native_gemm.h"
+
+namespace qbackend {
+namespace {
+
+using kernels::GemmArgs;
+using kernels::GemmOut;
+using kernels::GemmPost;
+
+void check_geometry(const Conv2dParams& p, int64_t KH, int64_t KW) {
+  TORCH_CHECK_VALUE(KH == 1 && KW == 1 && p.groups == 1 && p.padding[0] == 0 && p.padding[1] == 0,
+                    "the native provider runs 1x1 convolutions with groups 1 and no padding; got a ", KH, "x", KW,
+                    " kernel, groups ", p.groups, ", padding ", p.padding[0], "x", p.padding[1],
+                    ": use the onednn or fbgemm provider");
+}
+
+at::Tensor native_conv2d_prepack(const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding,
+                                 at::IntArrayRef dilation, int64_t groups) {
+  check_conv_weight(weight, groups);
+  check_geometry(conv2d_params(stride, padding, dilation, groups), weight.size(2), weight.size(3));
+  return native::pack(weight.reshape({weight.size(0), weight.size(1)}).contiguous());
+}
+
+GemmOut out_type(at::ScalarType t) {
+  switch (t) {
+    case at::kByte: return GemmOut::u8;
+    case at::kChar: return GemmOut::s8;
+    case at::kBFloat16: return GemmOut::bf16;
+    default: return GemmOut::f32;
+  }
+}
+
+// y (or accum, when it takes the result) [N, OC, OH, OW] channels-last.
+void conv_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
+               const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+               at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
+               int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
+               const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point,
+               at::Tensor& y) {
+  const at::Tensor xc = x.contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor ws = w_scales.contiguous();
+  const at::Tensor b = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
+  const bool has_accum = accum.has_value() && accum->defined();
+  const at::Tensor r = has_accum ? accum->contiguous(at::MemoryFormat::ChannelsLast) : at::Tensor();
+  const native::PackedView w = native::unpack(w_packed, "w_packed");
+  const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t OH = y.size(2), OW = y.size(3);
+  const checks::PostOp op = checks::post_op(post_op);
+
+  GemmArgs g;
+  g.N = w.N;
+  g.K = w.K;
+  g.a_int8 = x.scalar_type() == at::kChar;
+  g.a_zp = static_cast<int32_t>(x_zero_point) + (g.a_int8 ? 128 : 0);
+  g.b = w.panels;
+  g.colsum = w.colsum;
+  g.w_scales = ws.const_data_ptr<float>();
+  g.bias = b.defined() ? b.const_data_ptr<float>() : nullptr;
+  g.x_scale = static_cast<float>(x_scale);
+  g.r_int8 = has_accum && r.scalar_type() == at::kChar;
+  g.r_zp = static_cast<int32_t>(accum_zero_point);
+  g.r_scale = static_cast<float>(accum_scale);
+  g.ldr = w.N;
+  g.post = op == checks::PostOp::relu ? GemmPost::relu : op == checks::PostOp::gelu ? GemmPost::gelu : GemmPost::none;
+  g.out_type = out_type(output_dtype);
+  g.ldc = w.N;
+  if (checks::is_int8_type(output_dtype)) {
+    g.out_inv_scale = 1.0f / static_cast<float>(output_scale);
+    g.out_zp = static_cast<int32_t>(output_zero_point);
+  }
+  const uint8_t* xp = static_cast<const uint8_t*>(xc.const_data_ptr());
+  const uint8_t* rp = has_accum ? static_cast<const uint8_t*>(r.const_data_ptr()) : nullptr;
+  uint8_t* yp = static_cast<uint8_t*>(y.data_ptr());
+  const int64_t out_elem = y.element_size();
+  if (p.stride[0] == 1 && p.stride[1] == 1) {  // every pixel: one GEMM over N*H*W rows
+    g.M = N * H * W;
+    g.a = xp;
+    g.lda = C;
+    g.r = rp;
+    g.out = yp;
+    native::run(g);
+    return;
+  }
+  // Strided: one GEMM per output row of pixels, whose inputs are stride * C bytes apart.
+  const int64_t rows = N * OH;
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 21) / std::max<int64_t>(1, OW * w.N * w.K));
+  const auto& k = native::gemm_kernels();
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    GemmArgs gr = g;
+    gr.M = OW;
+    gr.lda = p.stride[1] * C;
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t n = row / OH, oh = row % OH;
+      gr.a = xp + ((n * H + oh * p.stride[0]) * W) * C;
+      gr.r = rp ? rp + row * OW * w.N : nullptr;
+      gr.out = yp + row * OW * w.N * out_elem;
+      k.gemm(gr, 0, OW, 0, kernels::gemm_num_panels(w.N));
+    }
+  });
+}
+
+// The checks of both entry points; returns the output shape.
+std::vector<int64_t> check_all(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
+                               const at::Tensor& w_scales, const std::optional<at::Tensor>& bias,
+                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                               int64_t groups, double output_scale, int64_t output_zero_point,
+                               at::ScalarType output_dtype, const std::string& post_op,
+                               const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
+  checks::activation(x, x_scale, x_zero_point);
+  const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
+  const native::PackedView w = native::unpack(w_packed, "w_packed");
+  check_geometry(p, 1, 1);
+  const auto o = check_conv_input(x, w.K, 1, 1, p);
+  checks::scales(w_scales, w.N, "w_scales");
+  checks::bias(bias, w.N);
+  checks::output_qparams(output_scale, output_zero_point, output_dtype);
+  checks::post_op(post_op);
+  const std::vector<int64_t> shape{x.size(0), w.N, o[0], o[1]};
+  check_accum(accum, accum_scale, accum_zero_point, shape);
+  native::gemm_kernels();  // raises on a CPU without the kernels
+  return shape;
+}
+
+at::Tensor native_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
+                         const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                         at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
+                         int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
+                         const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
+  const auto shape = check_all(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
+                               output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
+                               accum_zero_point);
+  at::Tensor y = at::empty(shape, at::TensorOptions().dtype(output_dtype).memory_format(at::MemoryFormat::ChannelsLast));
+  if (y.numel() == 0) return y;
+  conv_impl(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups, output_scale,
+            output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point, y);
+  return y;
+}
+
+// The residual conv writing its result into accum, which the caller gives up (each output element
+// is computed from the same element of accum, in place): saves allocating the output.
+void native_conv2d_add_(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
+                        const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                        at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
+                        int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
+                        at::Tensor& accum, double accum_scale, int64_t accum_zero_point) {
+  TORCH_CHECK_VALUE(accum.scalar_type() == output_dtype, "native_conv2d_add_ writes the result into accum, so accum "
+                    "must have the output dtype ", checks::dtype_name(output_dtype), ", got ",
+                    checks::dtype_name(accum.scalar_type()));
+  check_all(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups, output_scale,
+            output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point);
+  if (accum.numel() == 0) return;
+  if (accum.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    conv_impl(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups, output_scale,
+              output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point, accum);
+    return;
+  }
+  at::Tensor y = at::empty(accum.sizes(), accum.options().memory_format(at::MemoryFormat::ChannelsLast));
+  conv_impl(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups, output_scale,
+            output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point, y);
+  accum.copy_(y);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(qbackend, m) {
+  m.def("native_conv2d_prepack(Tensor weight, int[] stride, int[] padding, int[] dilation, int groups) -> Tensor");
+  m.def(
+      "native_conv2d(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
+      "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, "
+      "ScalarType output_dtype, str post_op, Tensor? accum=None, float accum_scale=1.0, "
+      "int accum_zero_point=0) -> Tensor");
+  m.def(
+      "native_conv2d_add_(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
+      "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, "
+      "ScalarType output_dtype, str post_op, Tensor(a!) accum, float accum_scale, int accum_zero_point) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
+  m.impl("native_conv2d_prepack", &native_conv2d_prepack);
+  m.impl("native_conv2d", &native_conv2d);
+  m.impl("native_conv2d_add_", &native_conv2d_add_);
+}
+TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
+  m.impl("native_conv2d_prepack", &native_conv2d_prepack);
+  m.impl("native_conv2d", &native_conv2d);
+  m.impl("native_conv2d_add_", &native_conv2d_add_);
+}
+
+}  // namespace qbackend
