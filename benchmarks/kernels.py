@@ -46,6 +46,7 @@ from _timing import fmt_us, measure  # noqa: E402
 import qbackend  # noqa: E402
 from _machine import cpu_line, git_state, load_average  # noqa: E402
 from qbackend.ops.packed import PackedConv2dWeight, PackedLinearWeight  # noqa: E402
+from qbackend._extension import _C  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
 warnings.filterwarnings("ignore", category=UserWarning, module="torch")
@@ -84,6 +85,9 @@ FULL = Settings(blocks=15, block_s=0.005, warmup_s=0.03, min_warmup=2, confirm_b
 QUICK = Settings(blocks=5, block_s=0.002, warmup_s=0.005, min_warmup=1, confirm_blocks=0, retries=0)
 
 LINEAR_KN = [(768, 768), (768, 3072), (3072, 768), (4096, 4096)]
+NATIVE = bool(_C.native_isa())  # qbackend's own GEMM runs here (AVX512-VNNI)
+PROVIDER_COLUMNS = (("native",) if NATIVE else ()) + ("fbgemm", "onednn")
+PEAK_SHAPE = (2048, 4096, 4096)  # M, K, N of the native GEMM's throughput row
 LINEAR_M = [1, 4, 16, 64, 256, 1024]
 FP32_OUT_KN = (768, 768)
 
@@ -265,6 +269,7 @@ class LinearSetup:
     x_bf: torch.Tensor
     pw_fb: PackedLinearWeight
     pw_dn: PackedLinearWeight
+    pw_nt: PackedLinearWeight | None  # the native provider, where this CPU has it
     tq_x: torch.Tensor
     tq_w: object
     w_f: torch.Tensor
@@ -294,6 +299,7 @@ def make_linear(M: int, K: int, N: int, weight) -> LinearSetup:
         x_u8=x_u8, x_f=x_f, x_bf=x_f.to(torch.bfloat16),
         pw_fb=PackedLinearWeight(w, ws, b, provider="fbgemm", x_shape=[M, K]),
         pw_dn=PackedLinearWeight(w, ws, b, provider="onednn", x_shape=[M, K]),
+        pw_nt=PackedLinearWeight(w, ws, b, provider="native") if NATIVE else None,
         tq_x=torch._make_per_tensor_quantized_tensor(x_u8, X_SCALE, X_ZP), tq_w=tq_w,
         w_f=w_f, w_bf=w_f.to(torch.bfloat16), b_f=b, b_bf=b.to(torch.bfloat16),
         w_zp=torch.zeros(N, dtype=torch.long), dn_w=torch.ops.onednn.qlinear_prepack(w, [M, K]))
@@ -303,7 +309,9 @@ def linear_candidates(s: LinearSetup, out_dtype=torch.uint8) -> dict:
     u8 = torch.uint8
     qlinear, pointwise = torch.ops.quantized.linear, torch.ops.onednn.qlinear_pointwise
     dn_dtype = None if out_dtype == u8 else out_dtype
+    native = {"native": lambda: s.pw_nt.linear(s.x_u8, X_SCALE, X_ZP, OUT_SCALE, OUT_ZP, out_dtype)} if NATIVE else {}
     return {
+        **native,
         "fbgemm": lambda: s.pw_fb.linear(s.x_u8, X_SCALE, X_ZP, OUT_SCALE, OUT_ZP, out_dtype),
         "torch_fbgemm": lambda: qlinear(s.tq_x, s.tq_w, OUT_SCALE, OUT_ZP),
         "onednn": lambda: s.pw_dn.linear(s.x_u8, X_SCALE, X_ZP, OUT_SCALE, OUT_ZP, out_dtype),
@@ -344,8 +352,9 @@ def tn(n: int) -> str:
 
 
 def bench_linear(rep: Report, cfg: Settings, threads: list[int], quick: bool, peers: list[PeerRow]) -> None:
-    header = ["K x N", "M", "qb fbgemm", "torch fbgemm", "qb onednn", "onednn direct", "FP32", "BF16",
-              "int8 GOPS", "fb/peer", "dn/peer", "vs FP32", "vs BF16", "winner", "dLSB"]
+    header = (["K x N", "M"] + (["qb native"] if NATIVE else []) + ["qb fbgemm", "torch fbgemm", "qb onednn",
+              "onednn direct", "FP32", "BF16", "int8 GOPS"] + (["nt/best"] if NATIVE else [])
+              + ["fb/peer", "dn/peer", "vs FP32", "vs BF16", "winner", "dLSB"])
     rows: dict[int, list] = {n: [] for n in threads}
     for K, N in LINEAR_KN:
         weight = make_linear_weight(K, N)
@@ -357,6 +366,7 @@ def bench_linear(rep: Report, cfg: Settings, threads: list[int], quick: bool, pe
             with quantized_engine("fbgemm"):
                 d_fb = lsb_diff(cands["fbgemm"](), cands["torch_fbgemm"]().int_repr())
                 d_dn = lsb_diff(cands["onednn"](), cands["onednn_direct"]())
+                d_nt = f" / {lsb_diff(cands['native'](), cands['torch_fbgemm']().int_repr())}" if NATIVE else ""
             t1 = None
             for n in threads:
                 torch.set_num_threads(n)
@@ -365,22 +375,26 @@ def bench_linear(rep: Report, cfg: Settings, threads: list[int], quick: bool, pe
                 if n == 1:
                     t1 = t
                 mins = {k: v.min_us for k, v in t.items()}
-                best = min(("fbgemm", "onednn"), key=lambda k: mins[k])
+                lib = min(("fbgemm", "onednn"), key=lambda k: mins[k])
+                best = min(PROVIDER_COLUMNS, key=lambda k: mins[k])
+                nt = [fr(ratio(mins["native"], mins[lib]))] if NATIVE else []
                 pr = peer_row("linear", n, f"{K}x{N} M={M}", t)
                 pr.contended = noisy
                 peers.append(pr)
                 rows[n].append([f"{K}x{N}", str(M) + (" †" if noisy else "")] + [str(t[k]) for k in cands]
-                               + [f"{2 * M * K * N / mins[best] / 1e3:.0f}", fr(pr.fb), fr(pr.dn),
+                               + [f"{2 * M * K * N / mins[best] / 1e3:.0f}"] + nt + [fr(pr.fb), fr(pr.dn),
                                   fr(ratio(mins["fp32"], mins[best])), fr(ratio(mins["bf16"], mins[best])), best,
-                                  f"{d_fb} / {d_dn}"])
+                                  f"{d_fb} / {d_dn}{d_nt}"])
                 progress(f"linear {n}t {K}x{N} M={M}: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in mins.items()))
         del weight
     rep("## Linear, uint8 -> uint8")
     rep()
     rep("Times in us, min / median over blocks. fb/peer = qbackend fbgemm / torch `quantized::linear` "
         "(fbgemm engine); dn/peer = qbackend onednn / direct `onednn::qlinear_pointwise`; "
-        "vs FP32 / vs BF16 = speed-up of the faster provider; dLSB = max |difference| of the u8 outputs "
-        "(provider vs peer, fbgemm / onednn). † = a multi-thread row still disturbed by other processes after "
+        "nt/best = qbackend native / the faster of qbackend fbgemm and onednn (< 1: native is faster); "
+        "vs FP32 / vs BF16 = speed-up of the fastest provider; int8 GOPS: of the fastest provider; "
+        "dLSB = max |difference| of the u8 outputs "
+        "(provider vs peer, fbgemm / onednn / native vs torch fbgemm). † = a multi-thread row still disturbed by other processes after "
         "re-measurement (some candidate over 1.5x its own 1-thread time): not judged.")
     rep()
     for n in threads:
@@ -512,6 +526,7 @@ def bench_conv(rep: Report, cfg: Settings, threads: list[int], quick: bool, batc
             with quantized_engine("fbgemm"):
                 d_fb = lsb_diff(cands["fbgemm"](), cands["torch_fbgemm"]().int_repr())
                 d_dn = lsb_diff(cands["onednn"](), cands["onednn_direct"]())
+                d_nt = f" / {lsb_diff(cands['native'](), cands['torch_fbgemm']().int_repr())}" if NATIVE else ""
                 d_7 = lsb_diff(extra["fbgemm_7bit"](), extra["torch_fbgemm_7bit"]().int_repr()) if extra else None
             reorders = f"{onednn_reorders(cands['onednn'])} / {onednn_reorders(cands['onednn_direct'])}"
             label = f"{name} N={batch}"
@@ -605,6 +620,12 @@ def bench_overhead(rep: Report, cfg: Settings, threads: list[int], only: str | N
             "a": lambda: dn.linear(s.x_u8, X_SCALE, X_ZP, OUT_SCALE, OUT_ZP, u8),
             "b": lambda: ops.onednn_linear(*args_dn), "bd": lambda: ops.onednn_linear.default(*args_dn),
             "c": lambda: pw(*dn_peer), "cd": lambda: pw.default(*dn_peer)}))
+        if NATIVE:
+            nt = s.pw_nt
+            args_nt = (s.x_u8, X_SCALE, X_ZP, nt.packed, nt.w_scales, nt.bias, OUT_SCALE, OUT_ZP, u8, "none")
+            sets.append((lin, "native", {
+                "a": lambda: nt.linear(s.x_u8, X_SCALE, X_ZP, OUT_SCALE, OUT_ZP, u8),
+                "b": lambda: ops.native_linear(*args_nt), "bd": lambda: ops.native_linear.default(*args_nt)}))
         sets.append((lin, "FP32 F.linear", {"c": lambda: F.linear(s.x_f, s.w_f, s.b_f)}))
     if only in (None, "conv"):
         cl = torch.channels_last
@@ -661,7 +682,7 @@ def bench_overhead(rep: Report, cfg: Settings, threads: list[int], only: str | N
             with quantized_engine("fbgemm"):
                 t = cfg.run(cands)
             cell = [str(t[k]) if k in t else "" for k in ("a", "b", "bd", "c", "cd")]
-            diff = [fmt_us(t[k].min_us - t["c"].min_us) if k in t else "" for k in ("a", "b")]
+            diff = [fmt_us(t[k].min_us - t["c"].min_us) if k in t and "c" in t else "" for k in ("a", "b")]
             rows.append([layer, prov] + cell + diff)
         progress(f"overhead {n}t")
         rep(f"### Per-call overhead, {tn(n)}")
@@ -669,6 +690,44 @@ def bench_overhead(rep: Report, cfg: Settings, threads: list[int], only: str | N
         rep.table(header, rows)
         t = cfg.run(qcands)
         rep.table([f"quantize (1,768) fp32 -> u8, {tn(n)}", "us (min / median)"], [[k, str(v)] for k, v in t.items()])
+
+
+def bench_peak(rep: Report, cfg: Settings, threads: list[int], quick: bool) -> None:
+    """The native GEMM's throughput at M=2048, K=N=4096 against the dot-product instruction's peak,
+    measured here with a loop of independent vpdpbusd (no assumption about clocks or ports)."""
+    if not NATIVE:
+        rep("## Native GEMM throughput: skipped (this CPU has no AVX512-VNNI)")
+        rep()
+        return
+    M, K, N = (256, 1024, 1024) if quick else PEAK_SHAPE
+    weight = make_linear_weight(K, N)
+    s = make_linear(M, K, N, weight)
+    cands = {k: v for k, v in linear_candidates(s).items() if k in PROVIDER_COLUMNS}
+    rows = []
+    for n in threads:
+        torch.set_num_threads(n)
+        peak = max(_C.native_peak_ops(200_000 if quick else 2_000_000, n) for _ in range(3 if quick else 7))
+        with quantized_engine("fbgemm"):
+            t = cfg.run(cands)
+        ops_ = 2 * M * K * N
+        cells = []
+        for k in PROVIDER_COLUMNS:
+            tops = ops_ / (t[k].min_us * 1e-6) / 1e12
+            cells += [f"{tops:.3f}", f"{100 * tops * 1e12 / peak:.0f}%"]
+        rows.append([tn(n), f"{peak / 1e12:.3f}"] + cells
+                    + [fr(ratio(min(t["fbgemm"].min_us, t["onednn"].min_us), t["native"].min_us))])
+        progress(f"peak {n}t: {peak / 1e12:.3f} TOPS")
+    rep(f"## Native GEMM throughput, M={M}, K={K}, N={N}, u8 -> u8")
+    rep()
+    rep("peak = int8 ops/s of a loop of independent `vpdpbusd` (AVX512-VNNI dot products, 2 ops per multiply-add) "
+        "on that many threads, best of several runs (`qbackend._C.native_peak_ops`); TOPS from each provider's "
+        "minimum time; % = share of that peak; native speed-up = best of fbgemm and onednn / native. "
+        "This CPU has no AMX, so the AVX512-VNNI peak is the ceiling.")
+    rep()
+    hdr = ["threads", "VNNI peak TOPS"]
+    for k in PROVIDER_COLUMNS:
+        hdr += [f"{k} TOPS", f"{k} % peak"]
+    rep.table(hdr + ["native speed-up"], rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -786,6 +845,7 @@ def main(argv=None) -> int:
     try:
         with torch.inference_mode():
             if args.only in (None, "linear"):
+                bench_peak(rep, cfg, threads, args.quick)
                 bench_linear(rep, cfg, threads, args.quick, peers)
             if args.only in (None, "conv"):
                 bench_conv(rep, cfg, threads, args.quick, args.batch16, peers)
