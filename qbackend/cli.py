@@ -28,11 +28,15 @@ REPRESENTATIVE = {
     ],
     "conv2d": [
         ("ResNet-50 3x3, 64ch @56", {"n": 1, "c_in": 64, "c_out": 64, "h": 56, "w": 56, "kernel": (3, 3),
-                                     "stride": 1, "groups": 1}),
+                                     "stride": 1, "padding": (1, 1), "groups": 1}),
+        ("ResNet-50 1x1, 256->64 @56", {"n": 1, "c_in": 256, "c_out": 64, "h": 56, "w": 56, "kernel": (1, 1),
+                                        "stride": 1, "padding": (0, 0), "groups": 1}),
         ("MobileNetV2 depthwise 3x3, 144ch @56", {"n": 1, "c_in": 144, "c_out": 144, "h": 56, "w": 56,
-                                                  "kernel": (3, 3), "stride": 1, "groups": 144}),
+                                                  "kernel": (3, 3), "stride": 1, "padding": (1, 1),
+                                                  "groups": 144}),
         ("ResNeXt grouped 3x3, g=32 x 4ch @56", {"n": 1, "c_in": 128, "c_out": 128, "h": 56, "w": 56,
-                                                 "kernel": (3, 3), "stride": 1, "groups": 32}),
+                                                 "kernel": (3, 3), "stride": 1, "padding": (1, 1),
+                                                 "groups": 32}),
     ],
     "embedding_bag": [
         ("1M x 64 table, 8-bit, fp16 scale/bias", {"rows": 1 << 20, "dim": 64, "bits": 8, "fp16_qparams": 1,
@@ -64,6 +68,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("| op | shape | provider | rule |")
     print("|---|---|---|---|")
     from qbackend.dispatch.router import route_embedding
+    from qbackend.ops.providers import get_provider
 
     for op, shapes in REPRESENTATIVE.items():
         for label, shape in shapes:
@@ -71,7 +76,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                 r = route_embedding(shape)
                 print(f"| {op} | {label} | {r.provider} | {r.why.removeprefix('rule [')} |".replace("]: ", ": ", 1))
                 continue
-            rule = rules.choose(op, f.isa_class, shape)
+            # Providers that cannot run the shape here (native without AVX512-VNNI) are skipped.
+            rule = rules.choose(op, f.isa_class, shape,
+                                usable=lambda p, op=op, shape=shape: get_provider(p).refuses(op, shape) is None)
             print(f"| {op} | {label} | {rule.provider} | {rule.condition}: {rule.why} |")
     return 0
 

@@ -91,10 +91,16 @@ RULES: tuple[Rule, ...] = (
          "group (ResNeXt g=32: 2.3x, kernel-facts)",
          when=lambda s: 1 < s["groups"] < s["c_in"] and _channels_per_group(s) <= 8,
          condition="1 < groups < c_in and c_in/groups <= 8"),
+    Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins ResNet-50's stride-2 1x1 downsamples from 512 "
+         "input channels at batch 32 (1.04-1.10x; benchmarks/results/dispatch.md); at batch 1 this is the one 1x1 "
+         "conv native does not win (0.96x, benchmarks/results/pointwise_conv.md)",
+         when=lambda s: _is_1x1(s) and _stride(s) == 2 and s["c_in"] >= 512,
+         condition="1x1, groups 1, stride 2, c_in >= 512"),
     Rule("conv2d", ("avx512_vnni",), "native", "1x1 convs as one GEMM over the channels-last pixels, residual and "
-         "relu fused: 1.1-2.7x faster than the best of oneDNN and FBGEMM on every 1x1 conv of ResNet-50 and "
-         "MobileNetV2 at batch 1; at batch 32 it ties or wins up to ~1M output values and oneDNN is 3-35% ahead "
-         "above (issue 7's note)", when=lambda s: _is_1x1(s) and _out_pixels(s) * s["c_out"] <= 1 << 20,
+         "relu fused: at batch 1 1.1-1.8x faster than the best of oneDNN and FBGEMM on every 1x1 conv of ResNet-50 "
+         "and MobileNetV2 but the stride-2 downsample (row above), 1.2-2.7x with a residual; at batch 32 it ties or "
+         "wins up to ~1M output values, and oneDNN is up to 10% ahead above (benchmarks/results/pointwise_conv.md)",
+         when=lambda s: _is_1x1(s) and _out_pixels(s) * s["c_out"] <= 1 << 20,
          condition="1x1, groups 1, unpadded, n*oh*ow*c_out <= 1M"),
     Rule("conv2d", ("avx512_vnni",), "onednn", "oneDNN fuses the residual add (sum post-op), FBGEMM adds it "
          "on fp32 after the conv: from 32k output values oneDNN is 1.15-3.4x faster at batch 1 and 7-33x at "
@@ -105,10 +111,6 @@ RULES: tuple[Rule, ...] = (
          "28x28 and below: 1.1-1.9x), oneDNN the larger ones (benchmarks/results/kernels.md, dispatch.md)",
          when=lambda s: _is_1x1(s) and _out_pixels(s) <= 784,
          condition="1x1, groups 1, n*oh*ow <= 784"),
-    Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins ResNet-50's stride-2 1x1 downsamples from 512 "
-         "input channels at batch 32 (1.04-1.10x; benchmarks/results/dispatch.md)",
-         when=lambda s: _is_1x1(s) and _stride(s) == 2 and s["c_in"] >= 512,
-         condition="1x1, groups 1, stride 2, c_in >= 512"),
     Rule("conv2d", ("avx512_vnni",), "fbgemm", "small dense convs are oneDNN's per-call floor (~25 us through "
          "torch's op) against FBGEMM's 7-22 us: 1.2-3.2x on ResNet-18 at 32x32, batch 1 (16x16 to 1x1 outputs); "
          "from 2.4M weight values oneDNN is ahead again (benchmarks/dispatch.py --quick)",
