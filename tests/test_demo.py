@@ -27,7 +27,7 @@ def test_result_fields(result):
     size = result["size"]
     assert 0 < size["int8_saved_bytes"] < size["fp32_state_dict_bytes"]
     assert [l["layer"] for l in result["layers"]] == ["conv1", "conv2", "fc"]
-    assert {l["provider"] for l in result["layers"]} <= {"fbgemm", "onednn"}
+    assert {l["provider"] for l in result["layers"]} <= {"native", "fbgemm", "onednn"}
     assert result["data"] == {"train": 1077, "calibration": 180, "test": 540}
     json.dumps(result)  # --json writes it as is
 
