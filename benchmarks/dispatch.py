@@ -10,26 +10,27 @@ encoder at 1 x 128 and 8 x 128 tokens):
 1. the model is prepared with an example batch of that size and calibrated on two batches, then
    converted from the same prepared model five ways: by the rule table (`qbackend.convert`), by
    tune mode twice (`convert(tune=True)`, each time with a fresh TuneCache in a temporary file, to
-   see whether tuned choices flip between runs), with every layer on oneDNN and with every layer
-   on FBGEMM (`QBACKEND_PROVIDER` set around `convert`; same qparams, same graph). When the layers
+   see whether tuned choices flip between runs), and with every layer on one provider, for each
+   provider (native where it can run the layer, FBGEMM, oneDNN: `QBACKEND_PROVIDER` set around
+   `convert`; same qparams, same graph). When the layers
    were recorded with another batch than the real one (torch.export hints size-1 dimensions as 2),
    also by tune mode at the real batch (`tune_batch_sizes=(batch,)`).
 2. Per layer: each quantized layer's real inputs are captured (forward pre-hooks, one run of the
-   rule-table model on a held-out batch); the layer's all-FBGEMM and all-oneDNN modules are timed
+   rule-table model on a held-out batch); the layer's module from each all-<provider> model is timed
    on them, interleaved in short blocks (benchmarks/_timing.py). With several threads each layer
    is also timed at 1 thread, and re-measured while a provider's best block is far over its
    1-thread best (an OpenMP call stalled by other processes: on a busy 2-CPU machine that costs a
    scheduler quantum, milliseconds, not microseconds). A layer whose rule or tuned choice looks
    slow is re-measured with more blocks. Ratios are a choice's best block over the faster
    provider's (minima: the least disturbed blocks); medians are printed too.
-3. Whole model: rule-table, tuned, all-oneDNN, all-FBGEMM and the FP32 eager model, interleaved,
-   one call per block, on the held-out batch; ratios to min(all-oneDNN, all-FBGEMM) on minima, on
+3. Whole model: rule-table, tuned, every all-<provider> model and the FP32 eager model, interleaved,
+   one call per block, on the held-out batch; ratios to the fastest all-<provider> model on minima, on
    medians, and paired within each round. With several threads, the int8 models again at 1 thread
    on process CPU time (insensitive to being descheduled), and the per-layer summaries also on the
    1-thread minima.
 
 The issue's targets: rule-table choice within 1.10x of the fastest provider on every layer, tuned
-choice within 1.05x, whole-model latency of both at most min(all-oneDNN, all-FBGEMM). Nothing is
+choice within 1.05x, whole-model latency of both at most the fastest single provider's. Nothing is
 asserted: timings never set the exit code (the machine may be shared and noisy).
 """
 from __future__ import annotations
@@ -60,13 +61,17 @@ from qbackend.dispatch.router import ENV_PROVIDER  # noqa: E402
 from qbackend.dispatch.rules import choose  # noqa: E402
 from qbackend.dispatch.tuner import TuneCache  # noqa: E402
 from qbackend.models import MODELS  # noqa: E402
+from qbackend._extension import _C  # noqa: E402
 
 warnings.filterwarnings("ignore", category=UserWarning)  # FP32-op lists, export notes: not this benchmark's topic
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 RULE_TARGET = 1.10
 TUNE_TARGET = 1.05
-PROVIDERS = ("fbgemm", "onednn")
+# Every kernel provider this CPU runs (the native one needs AVX512-VNNI).
+PROVIDERS = (("native",) if _C.native_isa() else ()) + ("fbgemm", "onednn")
+FIXED = tuple(f"all-{p}" for p in PROVIDERS)  # the models with every layer forced to one provider
+BASE = "min(" + ", ".join(FIXED) + ")"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +252,7 @@ def fused(info: dict) -> str:
     return (" ".join(parts) or "-") + f" -> {out}"
 
 
-_TUNER_TIME = re.compile(r"(fbgemm|onednn) ([0-9.]+) us")
+_TUNER_TIME = re.compile(r"(native|fbgemm|onednn) ([0-9.]+) us")
 
 
 def tuner_times(why: str) -> dict[str, float]:
@@ -360,8 +365,8 @@ def bench_layers(conv: Converted, inputs: dict[str, tuple], cfg: Settings, isa_c
         if count_reorders and "onednn" in mods:
             row.reorders = onednn_reorders(cands["onednn"])
         rows.append(row)
-        progress(f"  layer {i + 1}/{len(names)} {name}: fbgemm {row.t.get('fbgemm', '-')} us, onednn "
-                 f"{row.t.get('onednn', '-')} us (min / median); rules {row.choices['rules']}, tuned "
+        progress(f"  layer {i + 1}/{len(names)} {name}: " + ", ".join(f"{p} {row.t.get(p, '-')}" for p in PROVIDERS)
+                 + f" us (min / median); rules {row.choices['rules']}, tuned "
                  f"{row.choices['tuned']}" + (" [contended]" if row.contended else ""))
     return rows
 
@@ -377,9 +382,9 @@ def fr(r: float) -> str:
 
 def layer_table(rep: Report, rows: list[LayerRow], has_real: bool, reorders: bool) -> None:
     one = any(r.t1 for r in rows)
-    header = ["#", "layer", "op", "shape (real input)", "fused -> out", "fbgemm us", "onednn us"]
-    header += ["1 thread: fbgemm / onednn (min)"] if one else []
-    header += ["fastest", "rules", "rules/best", "tuned", "tuned/best", "tuner fb/dn", "tuned 2nd run"]
+    header = ["#", "layer", "op", "shape (real input)", "fused -> out"] + [f"{p} us" for p in PROVIDERS]
+    header += [f"1 thread: {' / '.join(PROVIDERS)} (min)"] if one else []
+    header += ["fastest", "rules", "rules/best", "tuned", "tuned/best", "tuner's fastest", "tuned 2nd run"]
     if has_real:
         header += ["tuned@real", "@real/best"]
     header += ["rule @ real shape"]
@@ -395,12 +400,12 @@ def layer_table(rep: Report, rows: list[LayerRow], has_real: bool, reorders: boo
         rp, rr = mark("rules", RULE_TARGET)
         tp, tr = mark("tuned", TUNE_TARGET)
         tt = r.tuner
-        tuner = fr(tt["fbgemm"] / tt["onednn"]) if "fbgemm" in tt and "onednn" in tt and tt["onednn"] > 0 else "-"
+        tuner = (f"{min(tt, key=tt.get)} ({fr(max(tt.values()) / min(tt.values()))}x)"
+                 if len(tt) > 1 and min(tt.values()) > 0 else "-")
         second = r.choices.get("tuned (2nd run)", "-")
         flags = (" †" if r.confirmed else "") + (" ‡" if r.contended else "")
-        cells = [str(i + 1), r.name + flags, r.kind, r.shape, r.fused,
-                 str(r.t["fbgemm"]) if "fbgemm" in r.t else "refused",
-                 str(r.t["onednn"]) if "onednn" in r.t else "refused"]
+        cells = [str(i + 1), r.name + flags, r.kind, r.shape, r.fused] + [
+            str(r.t[p]) if p in r.t else "refused" for p in PROVIDERS]
         if one:
             cells += [" / ".join(fmt_us(r.t1[p].min_us) if r.t1 and p in r.t1 else "-" for p in PROVIDERS)]
         cells += [f"{r.best} ({fr(max(r.ratio(p) for p in r.t))}x)" if len(r.t) > 1 else r.best,
@@ -459,7 +464,7 @@ def summarize_1thread(rows: list[LayerRow], variant: str, target: float) -> Laye
 # ---------------------------------------------------------------------------------------------
 # whole model
 
-MODEL_VARIANTS = ("rules", "tuned", "all-onednn", "all-fbgemm")
+MODEL_VARIANTS = ("rules", "tuned") + FIXED
 
 
 def bench_models(conv: Converted, fp32_model, inputs: tuple, cfg: Settings) -> dict[str, Timing]:
@@ -472,10 +477,11 @@ def bench_models(conv: Converted, fp32_model, inputs: tuple, cfg: Settings) -> d
 
 
 def paired_ratio(t: dict[str, Timing], variant: str) -> float:
-    """Median over rounds of variant / min(all-oneDNN, all-FBGEMM) within the same round."""
-    a, d, f = t[variant].samples, t["all-onednn"].samples, t["all-fbgemm"].samples
-    n = min(len(a), len(d), len(f))
-    return statistics.median(a[i] / min(d[i], f[i]) for i in range(n))
+    """Median over rounds of variant / the fastest all-<provider> model within the same round."""
+    a = t[variant].samples
+    fixed = [t[v].samples for v in FIXED]
+    n = min(len(a), *(len(f) for f in fixed))
+    return statistics.median(a[i] / min(f[i] for f in fixed) for i in range(n))
 
 
 def cpu_view(t: dict[str, Timing]) -> dict[str, Timing]:
@@ -492,9 +498,9 @@ class ModelRatios:
 
 def model_table(rep: Report, t: dict[str, Timing], layer_sum_us: dict[str, float],
                 differ: dict[str, str]) -> ModelRatios:
-    base_min = min(t["all-onednn"].min_us, t["all-fbgemm"].min_us)
-    base_med = min(t["all-onednn"].median_us, t["all-fbgemm"].median_us)
-    rep("| model | ms (min / median) | blocks | / min(all-oneDNN, all-FBGEMM) on minima | on medians | "
+    base_min = min(t[v].min_us for v in FIXED)
+    base_med = min(t[v].median_us for v in FIXED)
+    rep(f"| model | ms (min / median) | blocks | / {BASE} on minima | on medians | "
         "paired per round | layers on another provider than rules | its judged layers' sum, ms (share of the "
         "model's min) |")
     rep("|---|---|---|---|---|---|---|---|")
@@ -587,19 +593,21 @@ def run_case(rep: Report, spec: ModelSpec, batch: int, threads: int, cfg: Settin
         v = s.variant.split(",")[0]
         if s.over and s.med_over >= 0:
             rep(f"- {s.variant} over {s.target:.2f}: " + "; ".join(
-                f"{r.name} ({r.shape}): {r.choices[v]} {x:.2f}x (fbgemm {r.t.get('fbgemm', '-')} / onednn "
-                f"{r.t.get('onednn', '-')} us min / median; {r.med_ratio(r.choices[v]):.2f}x on medians)"
+                f"{r.name} ({r.shape}): {r.choices[v]} {x:.2f}x ("
+                + " / ".join(f"{p} {r.t.get(p, '-')}" for p in PROVIDERS)
+                + f" us min / median; {r.med_ratio(r.choices[v]):.2f}x on medians)"
                 for r, x in s.over))
         elif s.over:
             rep(f"- {s.variant} over {s.target:.2f}: " + "; ".join(
-                f"{r.name} ({r.shape}): {r.choices[v]} {x:.2f}x (fbgemm / onednn "
+                f"{r.name} ({r.shape}): {r.choices[v]} {x:.2f}x ({' / '.join(PROVIDERS)} "
                 + " / ".join(fmt_us(r.t1[p].min_us) if p in r.t1 else "-" for p in PROVIDERS) + " us)"
                 for r, x in s.over))
     flips = None
     if "tuned (2nd run)" in conv.models:
         flips = [r for r in rows if r.choices["tuned"] != r.choices["tuned (2nd run)"]]
         rep(f"- tuned choices that differ between the two tune runs: {len(flips)} of {len(rows)}"
-            + (": " + ", ".join(f"{r.name} (measured fbgemm/onednn {r.ratio('fbgemm') / r.ratio('onednn'):.2f})"
+            + (": " + ", ".join(f"{r.name} ({r.choices['tuned']} / {r.choices['tuned (2nd run)']}, measured "
+                                + " / ".join(f"{p} {fr(r.ratio(p))}" for p in PROVIDERS) + ")"
                                 for r in flips) if flips else ""))
     rule_diff = [r for r in rows if r.rule_real != r.choices["rules"]]
     if rule_diff:
@@ -609,9 +617,9 @@ def run_case(rep: Report, spec: ModelSpec, batch: int, threads: int, cfg: Settin
     judged = [r for r in rows if not r.contended]
     layer_sum = {v: sum(r.tmin(r.choices[v]) for r in judged) for v in ("rules", "tuned")}
     differ = {"rules": "0", "tuned": str(sum(1 for r in rows if r.choices["tuned"] != r.choices["rules"]))}
-    for p in PROVIDERS:
-        layer_sum[f"all-{p}"] = sum(r.tmin(p) if p in r.t else r.tmin(r.best) for r in judged)
-        differ[f"all-{p}"] = str(sum(1 for r in rows if r.choices["rules"] != p))
+    for p in PROVIDERS:  # where p refuses a layer, its all-p model runs the rule table's choice there
+        layer_sum[f"all-{p}"] = sum(r.tmin(p) if p in r.t else r.tmin(r.choices["rules"]) for r in judged)
+        differ[f"all-{p}"] = str(sum(1 for r in rows if r.choices["rules"] != p and p in r.t))
     if n_cont:
         rep(f"(Layer sums leave out the {n_cont} layer(s) marked ‡. Where a model runs the same providers as "
             "'rules' on every layer, its ratio to 'rules' shows this run's noise.)")
@@ -629,8 +637,8 @@ def run_case(rep: Report, spec: ModelSpec, batch: int, threads: int, cfg: Settin
         sum1 = {v: sum(r.t1[r.choices[v]].min_us for r in rows if r.t1 and r.choices[v] in r.t1)
                 for v in ("rules", "tuned")}
         for p in PROVIDERS:
-            sum1[f"all-{p}"] = sum(r.t1[p].min_us if p in r.t1 else min(x.min_us for x in r.t1.values())
-                                   for r in rows if r.t1)
+            sum1[f"all-{p}"] = sum(r.t1[p].min_us if p in r.t1 else r.t1[r.choices["rules"]].min_us
+                                   for r in rows if r.t1 and (p in r.t1 or r.choices["rules"] in r.t1))
         ratios1 = model_table(rep, t1m, sum1, differ)
     rep(f"_{label}: {time.perf_counter() - t0:.0f} s_")
     rep()
@@ -655,7 +663,7 @@ def header(rep: Report, threads: list[int], quick: bool, cfg: Settings, specs: l
                                  + ", ".join(f"{k}={v}" for k, v in s.kwargs.items()) + ")" for s in specs)
         + f"; random-init weights (`qbackend.models`), default QuantConfig, calibrated on "
           f"{cfg.calibration_batches} batch{'es' if cfg.calibration_batches > 1 else ''}, timed on a held-out batch")
-    rep(f"- per layer: the layer's module from the all-FBGEMM and from the all-oneDNN model (same qparams; each "
+    rep(f"- per layer: the layer's module from each all-<provider> model ({', '.join(FIXED)}; same qparams; each "
         f"provider's own packed weight), called on the layer's real inputs (captured from the rule-table model), "
         f"interleaved: {cfg.layer_blocks} blocks of about {cfg.layer_block_s * 1e3:g} ms (at least one call) per "
         f"provider"
@@ -667,10 +675,12 @@ def header(rep: Report, threads: list[int], quick: bool, cfg: Settings, specs: l
         + ". Times are us per call, min / median over blocks, including the module's Python wrapper. **Ratios use "
           "the minima** (the least disturbed block; on this shared machine medians of multi-thread calls are "
           "often scheduler quanta), the summaries also count layers over target on medians. "
-          f"**bold** = over the target ({RULE_TARGET:.2f} rules, {TUNE_TARGET:.2f} tuned). 'tuner fb/dn' is the "
-          "tuner's own fbgemm/onednn ratio (first tune run: medians of 7 rounds on random inputs in the layer's "
-          "range), 'tuned 2nd run' the second tune run's choice where it differs.")
-    rep(f"- whole model: rule-table, tuned, all-oneDNN, all-FBGEMM and FP32 eager, interleaved on the same batch, "
+          f"**bold** = over the target ({RULE_TARGET:.2f} rules, {TUNE_TARGET:.2f} tuned). \"tuner's fastest\" is "
+          "the provider the tuner measured fastest (first tune run, its own timing on random inputs in the layer's "
+          "range) and its slowest/fastest ratio, 'tuned 2nd run' the second tune run's choice where it differs. "
+          "A provider that cannot run a layer (native: 3x3 and depthwise convs) is 'refused' there; its "
+          "all-<provider> model runs the rule table's choice on that layer.")
+    rep(f"- whole model: rule-table, tuned, {', '.join(FIXED)} and FP32 eager, interleaved on the same batch, "
         f"{cfg.model_blocks} blocks of >= {cfg.model_block_s * 1e3:g} ms (at least one call; a candidate stops "
         f"at {cfg.model_min_blocks} blocks once it has spent {cfg.model_budget_s:g} s); ratios on minima, on "
         "medians, and 'paired per round' (median over rounds of the ratio within the round); with several "
@@ -690,19 +700,19 @@ def final_summary(rep: Report, results: list[CaseResult]) -> list[str]:
     out(f"Per case: the worst and geometric-mean per-layer ratio of the rule table's and of tune mode's choice to "
         f"the fastest provider (minima), the layers over the target ({RULE_TARGET:.2f} / {TUNE_TARGET:.2f}; on "
         "medians in brackets), tuned choices that flipped between two tune runs, layers not judged (‡), and each "
-        "model's latency over min(all-oneDNN, all-FBGEMM): paired per round (on minima in brackets), and at 1 "
+        f"model's latency over {BASE}: paired per round (on minima in brackets), and at 1 "
         "thread on process CPU time, paired per round.")
     out("")
+    cols = " | ".join(MODEL_VARIANTS[1:])
     out("| case | threads | layers | rules worst | rules geomean | rules over 1.10 | tuned worst | tuned geomean | "
         "tuned over 1.05 | tuned@real over 1.05 | tune flips | not judged | 1 thread: rules over 1.10 (worst) | "
-        "tuned over 1.05 (worst) | model: rules | tuned | all-oneDNN | all-FBGEMM | FP32 eager | "
-        "1 thread CPU: rules | tuned | all-oneDNN | all-FBGEMM |")
-    out("|" + "---|" * 23)
+        f"tuned over 1.05 (worst) | model: rules | {cols} | FP32 eager | 1 thread CPU: rules | {cols} |")
+    out("|" + "---|" * (15 + 2 * len(MODEL_VARIANTS)))
     for c in results:
         ru, tu, tr = c.summaries["rules"], c.summaries["tuned"], c.summaries.get("tuned@real")
         trs = f"{len(tr.over)} ({tr.med_over}), worst {fr(tr.worst)}" if tr else "-"
         m, m1 = c.model, c.model1
-        one = " | ".join(f"{m1.paired[v]:.3f}" for v in MODEL_VARIANTS) if m1 else " | ".join("-" * 4)
+        one = " | ".join(f"{m1.paired[v]:.3f}" for v in MODEL_VARIANTS) if m1 else " | ".join("-" * len(MODEL_VARIANTS))
         r1, t1 = c.summaries.get("rules, 1 thread"), c.summaries.get("tuned, 1 thread")
         lay1 = " | ".join(f"{len(x.over)} ({fr(x.worst)})" if x else "-" for x in (r1, t1))
         out(f"| {c.label} | {c.threads} | {c.n_layers} | {fr(ru.worst)} | {ru.geo:.3f} | {len(ru.over)} "
@@ -730,7 +740,7 @@ def final_summary(rep: Report, results: list[CaseResult]) -> list[str]:
         vals = [(c.label, v, get(c)[v]) for c in results if get(c) for v in ("rules", "tuned")]
         if vals:
             label, v, worst = max(vals, key=lambda x: x[2])
-            out(f"- whole model at most min(all-oneDNN, all-FBGEMM), {what}: worst {worst:.3f} ({v}, {label})"
+            out(f"- whole model at most {BASE}, {what}: worst {worst:.3f} ({v}, {label})"
                 + (" (yes)" if worst <= 1.0 else ""))
     out("")
     for line in lines:
