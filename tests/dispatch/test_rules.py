@@ -46,6 +46,9 @@ def test_native_rows():
     assert rules.choose("conv2d", vnni, pointwise).provider == "native"  # 200k output values
     assert rules.choose("conv2d", vnni, dict(pointwise, n=32)).provider == "onednn"  # 6.4M
     assert rules.choose("conv2d", vnni, CONV).provider == "onednn"  # 3x3
+    # a residual with a float output: only native fuses it, at any size
+    assert rules.choose("conv2d", vnni, dict(pointwise, n=32, float_residual=1)).provider == "native"
+    assert rules.choose("conv2d", vnni, dict(CONV, n=32, float_residual=1)).provider == "onednn"
 
 
 def test_router_skips_the_native_provider_where_it_cannot_run():
