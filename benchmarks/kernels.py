@@ -526,7 +526,6 @@ def bench_conv(rep: Report, cfg: Settings, threads: list[int], quick: bool, batc
             with quantized_engine("fbgemm"):
                 d_fb = lsb_diff(cands["fbgemm"](), cands["torch_fbgemm"]().int_repr())
                 d_dn = lsb_diff(cands["onednn"](), cands["onednn_direct"]())
-                d_nt = f" / {lsb_diff(cands['native'](), cands['torch_fbgemm']().int_repr())}" if NATIVE else ""
                 d_7 = lsb_diff(extra["fbgemm_7bit"](), extra["torch_fbgemm_7bit"]().int_repr()) if extra else None
             reorders = f"{onednn_reorders(cands['onednn'])} / {onednn_reorders(cands['onednn_direct'])}"
             label = f"{name} N={batch}"

@@ -30,7 +30,8 @@ LAYERS = [("R50", 64, 256, 56, 1), ("R50", 256, 64, 56, 1), ("R50", 256, 128, 56
           ("R50", 128, 512, 28, 1), ("R50", 1024, 256, 14, 1), ("R50", 256, 1024, 14, 1), ("R50", 2048, 512, 7, 1),
           ("R50", 512, 2048, 7, 1), ("R50", 1024, 512, 14, 2), ("MBv2", 32, 144, 56, 1), ("MBv2", 144, 24, 56, 1),
           ("MBv2", 192, 32, 28, 1), ("MBv2", 384, 64, 14, 1), ("MBv2", 576, 96, 14, 1), ("MBv2", 960, 160, 7, 1),
-          ("MBv2", 320, 1280, 7, 1)]
+          ("MBv2", 320, 1280, 7, 1), ("MBv2", 16, 96, 112, 1), ("MBv2", 24, 144, 56, 1), ("MBv2", 32, 192, 28, 1),
+          ("MBv2", 64, 384, 14, 1), ("MBv2", 96, 576, 14, 1), ("MBv2", 160, 960, 7, 1)]
 PROVIDERS = ("native", "onednn", "fbgemm")
 
 
@@ -56,8 +57,6 @@ def main(argv=None) -> int:
     layers = LAYERS[:3] if args.quick else LAYERS
     for batch in (1,) if args.quick else (1, 32):
         for model, ci, co, hw, s in layers:
-            if batch == 32 and hw > 28:
-                continue
             w = torch.randint(-127, 128, (co, ci, 1, 1), dtype=torch.int8)
             ws, b = torch.rand(co) * 0.01 + 1e-3, torch.randn(co)
             x = torch.randint(0, 256, (batch, ci, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)

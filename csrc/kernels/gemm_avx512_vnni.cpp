@@ -175,6 +175,14 @@ void tile(const GemmArgs& g, int64_t m0, int64_t p) {
   dot_tile<MR, NV, I8>(g.a + m0 * g.lda, g.lda, g.b + p * kGemmPanel * gemm_kp(g.K), g.K, sums);
 
   // Epilogue, per 16-column vector: the per-column terms are loaded once for the MR rows.
+  const bool int_out = g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8;
+  const bool direct_requant = int_out && g.post != GemmPost::gelu;
+  // Bounds of round(y / out_scale) for the output range (and relu's y >= 0), relative to out_zp.
+  const float q_min = g.out_type == GemmOut::u8 ? 0.0f : -128.0f, q_max = g.out_type == GemmOut::u8 ? 255.0f : 127.0f;
+  const float lo = q_min - static_cast<float>(g.out_zp);
+  const __m512 q_lo = _mm512_set1_ps(g.post == GemmPost::relu ? std::max(lo, 0.0f) : lo);
+  const __m512 q_hi = _mm512_set1_ps(q_max - static_cast<float>(g.out_zp));
+  const __m512i out_zp = _mm512_set1_epi32(g.out_zp);
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
     const int64_t n0 = p * kGemmPanel + v * 16;
@@ -183,6 +191,34 @@ void tile(const GemmArgs& g, int64_t m0, int64_t p) {
     const __m512i zp_colsum = _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + n0), _mm512_set1_epi32(g.a_zp));
     const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, g.w_scales + n0), _mm512_set1_ps(g.x_scale));
     const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + n0) : _mm512_setzero_ps();
+    if (direct_requant) {
+      // Integer output without gelu: q = clamp(round(acc * s' + b' [+ (res - res_zp) * r'])) + out_zp
+      // with s' = scale / out_scale, b' = bias / out_scale and r' = res_scale / out_scale folded
+      // once per column, the clamp (and relu: q >= out_zp) in float before rounding. 9 vector ops
+      // per 16 outputs instead of 13: the short-K GEMMs (1x1 convs from 16-128 channels) are
+      // bound by their epilogue.
+      const __m512 inv = _mm512_set1_ps(g.out_inv_scale);
+      const __m512 s2 = _mm512_mul_ps(scale, inv), b2 = _mm512_mul_ps(bias, inv);
+      const __m512 r2 = _mm512_set1_ps(g.r_scale * g.out_inv_scale);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        __m512 t = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums + r * NV + v), zp_colsum)), s2, b2);
+        if (g.r) {
+          const uint8_t* rp = g.r + (m0 + r) * g.ldr + n0;
+          const __m128i rb = valid >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rp))
+                                         : _mm_maskz_loadu_epi8(mask, rp);
+          const __m512i ri = g.r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
+          t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ri, _mm512_set1_epi32(g.r_zp))), r2, t);
+        }
+        const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, q_lo), q_hi)), out_zp);
+        uint8_t* dst = static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0;
+        const __m128i bytes = g.out_type == GemmOut::u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q);
+        if (valid >= 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bytes);
+        else _mm_mask_storeu_epi8(dst, mask, bytes);
+      }
+      continue;
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const int64_t m = m0 + r;

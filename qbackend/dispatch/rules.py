@@ -8,7 +8,7 @@ last rule of each op kind is its catch-all. Measured with `python benchmarks/ker
 
 Shape keys: linear: m (rows of x: batch x tokens), k, n, gelu (1: GELU fused after it). conv2d:
 n (batch), c_in, c_out, h, w, kernel (kh, kw), stride, padding, groups, int8_residual (1: a residual
-add fused into it, with an int8 output), float_residual (1: the same with a float output). The flags are read with .get(): models saved before they
+add fused into it, with an int8 output). The flags are read with .get(): models saved before they
 existed route as without. embedding_bag: rows, dim, bits (8 / 4), fp16_qparams (1: fp16 scale and
 bias), padding_idx (1: the bag skips a padding row).
 
@@ -93,21 +93,16 @@ RULES: tuple[Rule, ...] = (
          when=lambda s: 1 < s["groups"] < s["c_in"] and _channels_per_group(s) <= 8,
          condition="1 < groups < c_in and c_in/groups <= 8"),
     Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins ResNet-50's stride-2 1x1 downsamples from 512 "
-         "input channels at batch 32 (1.04-1.10x; benchmarks/results/dispatch.md); at batch 1 this is the one 1x1 "
-         "conv native does not win (0.96x, benchmarks/results/pointwise_conv.md)",
+         "input channels at batch 32 (1.04-1.10x; benchmarks/results/dispatch.md); the one 1x1 conv native does not "
+         "win (0.95x at batch 1, 0.91x at 32; benchmarks/results/pointwise_conv.md)",
          when=lambda s: _is_1x1(s) and _stride(s) == 2 and s["c_in"] >= 512,
          condition="1x1, groups 1, stride 2, c_in >= 512"),
-    Rule("conv2d", ("avx512_vnni",), "native", "a residual add with a float output (ResNet's last block, before "
-         "the pooling) is fused in native's epilogue only; oneDNN and FBGEMM add it on fp32 after the conv: "
-         "ResNet-50's layer4.2.conv3 at batch 32 4.5x faster than oneDNN, 1.7x than FBGEMM "
-         "(benchmarks/results/dispatch.md)", when=lambda s: _is_1x1(s) and s.get("float_residual", 0),
-         condition="1x1, groups 1, unpadded, residual with a float output"),
     Rule("conv2d", ("avx512_vnni",), "native", "1x1 convs as one GEMM over the channels-last pixels, residual and "
-         "relu fused: at batch 1 1.1-1.8x faster than the best of oneDNN and FBGEMM on every 1x1 conv of ResNet-50 "
-         "and MobileNetV2 but the stride-2 downsample (row above), 1.2-2.7x with a residual; at batch 32 it ties or "
-         "wins up to ~1M output values, and oneDNN is up to 10% ahead above (benchmarks/results/pointwise_conv.md)",
-         when=lambda s: _is_1x1(s) and _out_pixels(s) * s["c_out"] <= 1 << 20,
-         condition="1x1, groups 1, unpadded, n*oh*ow*c_out <= 1M"),
+         "relu fused: faster than the best of oneDNN and FBGEMM on every 1x1 conv of ResNet-50 and MobileNetV2 at "
+         "batch 1 (1.11-1.93x; with a residual 1.44-2.77x) and at batch 32 (1.00-1.19x; with a residual 1.03-1.94x) "
+         "but the stride-2 downsample from 1024 channels (row above). A residual with a float output (ResNet's last "
+         "block) only native fuses: 4.5x oneDNN at batch 32 (benchmarks/results/pointwise_conv.md, dispatch.md)",
+         when=_is_1x1, condition="1x1, groups 1, unpadded"),
     Rule("conv2d", ("avx512_vnni",), "onednn", "oneDNN fuses the residual add (sum post-op), FBGEMM adds it "
          "on fp32 after the conv: from 32k output values oneDNN is 1.15-3.4x faster at batch 1 and 7-33x at "
          "batch 32 (ResNet-50, MobileNetV2; benchmarks/results/dispatch.md)",

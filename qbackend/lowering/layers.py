@@ -35,8 +35,7 @@ class LayerSpec:
     def shape_key(self) -> dict:
         """The shape the dispatch rules look at, with the epilogue flags that change the ranking:
         linear `gelu` (FBGEMM runs GELU unfused, on fp32), conv2d `int8_residual` (FBGEMM adds
-        the residual unfused, on fp32; oneDNN fuses it as a sum post-op) and `float_residual` (a
-        residual add with a float output: only the native provider fuses it)."""
+        the residual unfused, on fp32; oneDNN fuses it as a sum post-op)."""
         xs, ws = self.x_shape, tuple(self.weight.shape)
         if self.kind == "linear":
             m = 1
@@ -46,7 +45,7 @@ class LayerSpec:
         g = self.geometry
         return {"n": xs[0], "c_in": xs[1], "c_out": ws[0], "h": xs[2], "w": xs[3], "kernel": tuple(ws[2:]),
                 "stride": tuple(g["stride"]), "padding": tuple(g["padding"]), "groups": g["groups"],
-                "int8_residual": int(self.residual == "int8"), "float_residual": int(self.residual == "float32")}
+                "int8_residual": int(self.residual == "int8")}
 
 
 def _is_8bit(qp: QParams) -> bool:
