@@ -60,9 +60,9 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     # ---- linear (static and dynamic share the GEMM) ------------------------------------------
-    Rule("linear", ("avx512_vnni",), "native", "qbackend's own VNNI GEMM: faster than the best of FBGEMM and oneDNN "
-         "on 23 of the kernel benchmark's 24 Linear shapes (up to 1.9x at M <= 4; 92-93% of the measured VNNI peak "
-         "at M = 2048, K = N = 4096) and within 2% on the 24th; ~3 us per call at 1x64x64 "
+    Rule("linear", ("avx512_vnni",), "native", "qbackend's own VNNI GEMM: the fastest on 47 of the kernel benchmark's "
+         "48 Linear rows (24 shapes at 1 and 2 threads; the 48th a tie), up to 1.9x the best of FBGEMM and oneDNN at "
+         "M <= 4, 93-97% of the measured VNNI peak at M = 2048, K = N = 4096, ~3 us per call at 1x64x64 "
          "(benchmarks/results/kernels_native.md)"),
     Rule("linear", ("amx",), "native", "at M <= 4 the GEMM is bound by reading the weight, where AMX does not help: "
          "the native VNNI GEMM beats FBGEMM there on AVX512-VNNI (1.1-1.9x), and FBGEMM beat oneDNN's AMX "
@@ -92,11 +92,12 @@ RULES: tuple[Rule, ...] = (
          "group (ResNeXt g=32: 2.3x, kernel-facts)",
          when=lambda s: 1 < s["groups"] < s["c_in"] and _channels_per_group(s) <= 8,
          condition="1 < groups < c_in and c_in/groups <= 8"),
-    Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins ResNet-50's stride-2 1x1 downsamples from 512 "
-         "input channels at batch 32 (1.04-1.10x; benchmarks/results/dispatch.md); the one 1x1 conv native does not "
-         "win (0.95x at batch 1, 0.91x at 32; benchmarks/results/pointwise_conv.md)",
-         when=lambda s: _is_1x1(s) and _stride(s) == 2 and s["c_in"] >= 512,
-         condition="1x1, groups 1, stride 2, c_in >= 512"),
+    Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins stride-2 1x1 convs from 1024 input channels, the one "
+         "1x1 conv native does not win: ResNet-50's layer4 downsample 1.26x / 1.20x at batch 1 / 32 "
+         "(benchmarks/results/dispatch.md), 1024->512 1.05x / 1.10x (benchmarks/results/pointwise_conv.md). From "
+         "512 channels native is ahead (layer3's downsample: 1.14x at batch 1, dispatch.md)",
+         when=lambda s: _is_1x1(s) and _stride(s) == 2 and s["c_in"] >= 1024,
+         condition="1x1, groups 1, stride 2, c_in >= 1024"),
     Rule("conv2d", ("avx512_vnni",), "native", "1x1 convs as one GEMM over the channels-last pixels, residual and "
          "relu fused: faster than the best of oneDNN and FBGEMM on every 1x1 conv of ResNet-50 and MobileNetV2 at "
          "batch 1 (1.11-1.93x; with a residual 1.44-2.77x) and at batch 32 (1.00-1.19x; with a residual 1.03-1.94x) "
