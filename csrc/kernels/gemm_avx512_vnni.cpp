@@ -168,6 +168,16 @@ inline void dot_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t K, 
     }
 }
 
+// float(r[m][n0 + i] - r_zp) for the first `mask` lanes of a 16-column vector of the residual
+// (a plain load for a full vector: masked loads are slow on some CPUs, see store()).
+inline __m512 residual(const GemmArgs& g, int64_t m, int64_t n0, __mmask16 mask) {
+  const uint8_t* rp = g.r + m * g.ldr + n0;
+  const __m128i rb = mask == static_cast<__mmask16>(0xffff) ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rp))
+                                                            : _mm_maskz_loadu_epi8(mask, rp);
+  const __m512i ri = g.r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(ri, _mm512_set1_epi32(g.r_zp)));
+}
+
 // One MR x (NV * 16) tile of rows m0.. and panel p.
 template <int MR, int NV, bool I8>
 void tile(const GemmArgs& g, int64_t m0, int64_t p) {
@@ -204,13 +214,7 @@ void tile(const GemmArgs& g, int64_t m0, int64_t p) {
       for (int r = 0; r < MR; ++r) {
         __m512 t = _mm512_fmadd_ps(
             _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums + r * NV + v), zp_colsum)), s2, b2);
-        if (g.r) {
-          const uint8_t* rp = g.r + (m0 + r) * g.ldr + n0;
-          const __m128i rb = valid >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rp))
-                                         : _mm_maskz_loadu_epi8(mask, rp);
-          const __m512i ri = g.r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
-          t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ri, _mm512_set1_epi32(g.r_zp))), r2, t);
-        }
+        if (g.r) t = _mm512_fmadd_ps(residual(g, m0 + r, n0, mask), r2, t);
         const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, q_lo), q_hi)), out_zp);
         uint8_t* dst = static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0;
         const __m128i bytes = g.out_type == GemmOut::u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q);
@@ -223,14 +227,7 @@ void tile(const GemmArgs& g, int64_t m0, int64_t p) {
     for (int r = 0; r < MR; ++r) {
       const int64_t m = m0 + r;
       __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums + r * NV + v), zp_colsum)), scale, bias);
-      if (g.r) {
-        const uint8_t* rp = g.r + m * g.ldr + n0;
-        const __m128i rb = valid >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rp))
-                                       : _mm_maskz_loadu_epi8(mask, rp);
-        const __m512i ri = g.r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
-        y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ri, _mm512_set1_epi32(g.r_zp))),
-                            _mm512_set1_ps(g.r_scale), y);
-      }
+      if (g.r) y = _mm512_fmadd_ps(residual(g, m, n0, mask), _mm512_set1_ps(g.r_scale), y);
       if (g.post == GemmPost::relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
       else if (g.post == GemmPost::gelu) y = gelu(y);
       store(g, y, m, n0, mask);

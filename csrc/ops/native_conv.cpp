@@ -21,8 +21,6 @@ namespace qbackend {
 namespace {
 
 using kernels::GemmArgs;
-using kernels::GemmOut;
-using kernels::GemmPost;
 
 void check_geometry(const Conv2dParams& p, int64_t KH, int64_t KW) {
   TORCH_CHECK_VALUE(KH == 1 && KW == 1 && p.groups == 1 && p.padding[0] == 0 && p.padding[1] == 0,
@@ -38,54 +36,35 @@ at::Tensor native_conv2d_prepack(const at::Tensor& weight, at::IntArrayRef strid
   return native::pack(weight.reshape({weight.size(0), weight.size(1)}).contiguous());
 }
 
-GemmOut out_type(at::ScalarType t) {
-  switch (t) {
-    case at::kByte: return GemmOut::u8;
-    case at::kChar: return GemmOut::s8;
-    case at::kBFloat16: return GemmOut::bf16;
-    default: return GemmOut::f32;
-  }
-}
+// What the checks established, for the kernel call.
+struct Checked {
+  std::vector<int64_t> shape;  // the output's [N, OC, OH, OW]
+  native::PackedView w;
+  Conv2dParams p;
+  checks::PostOp op;
+};
 
 // y (or accum, when it takes the result) [N, OC, OH, OW] channels-last.
-void conv_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
-               const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-               at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
-               int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
-               const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point,
-               at::Tensor& y) {
+void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_zero_point,
+               const at::Tensor& w_scales, const std::optional<at::Tensor>& bias, double output_scale,
+               int64_t output_zero_point, at::ScalarType output_dtype, const std::optional<at::Tensor>& accum,
+               double accum_scale, int64_t accum_zero_point, at::Tensor& y) {
   const at::Tensor xc = x.contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor ws = w_scales.contiguous();
   const at::Tensor b = bias.has_value() && bias->defined() ? bias->contiguous() : at::Tensor();
   const bool has_accum = accum.has_value() && accum->defined();
   const at::Tensor r = has_accum ? accum->contiguous(at::MemoryFormat::ChannelsLast) : at::Tensor();
-  const native::PackedView w = native::unpack(w_packed, "w_packed");
-  const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
+  const native::PackedView& w = c.w;
+  const Conv2dParams& p = c.p;
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   const int64_t OH = y.size(2), OW = y.size(3);
-  const checks::PostOp op = checks::post_op(post_op);
 
-  GemmArgs g;
-  g.N = w.N;
-  g.K = w.K;
-  g.a_int8 = x.scalar_type() == at::kChar;
-  g.a_zp = static_cast<int32_t>(x_zero_point) + (g.a_int8 ? 128 : 0);
-  g.b = w.panels;
-  g.colsum = w.colsum;
-  g.w_scales = ws.const_data_ptr<float>();
-  g.bias = b.defined() ? b.const_data_ptr<float>() : nullptr;
-  g.x_scale = static_cast<float>(x_scale);
+  GemmArgs g = native::gemm_args(w, x.scalar_type(), x_zero_point, x_scale, ws, b, c.op, output_dtype, output_scale,
+                                 output_zero_point);
   g.r_int8 = has_accum && r.scalar_type() == at::kChar;
   g.r_zp = static_cast<int32_t>(accum_zero_point);
   g.r_scale = static_cast<float>(accum_scale);
   g.ldr = w.N;
-  g.post = op == checks::PostOp::relu ? GemmPost::relu : op == checks::PostOp::gelu ? GemmPost::gelu : GemmPost::none;
-  g.out_type = out_type(output_dtype);
-  g.ldc = w.N;
-  if (checks::is_int8_type(output_dtype)) {
-    g.out_inv_scale = 1.0f / static_cast<float>(output_scale);
-    g.out_zp = static_cast<int32_t>(output_zero_point);
-  }
   const uint8_t* xp = static_cast<const uint8_t*>(xc.const_data_ptr());
   const uint8_t* rp = has_accum ? static_cast<const uint8_t*>(r.const_data_ptr()) : nullptr;
   uint8_t* yp = static_cast<uint8_t*>(y.data_ptr());
@@ -117,13 +96,13 @@ void conv_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point, const 
   });
 }
 
-// The checks of both entry points; returns the output shape.
-std::vector<int64_t> check_all(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
-                               const at::Tensor& w_scales, const std::optional<at::Tensor>& bias,
-                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                               int64_t groups, double output_scale, int64_t output_zero_point,
-                               at::ScalarType output_dtype, const std::string& post_op,
-                               const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
+// The checks of both entry points.
+Checked check_all(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
+                  const at::Tensor& w_scales, const std::optional<at::Tensor>& bias,
+                  at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                  int64_t groups, double output_scale, int64_t output_zero_point,
+                  at::ScalarType output_dtype, const std::string& post_op,
+                  const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
   checks::activation(x, x_scale, x_zero_point);
   const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
   const native::PackedView w = native::unpack(w_packed, "w_packed");
@@ -132,11 +111,10 @@ std::vector<int64_t> check_all(const at::Tensor& x, double x_scale, int64_t x_ze
   checks::scales(w_scales, w.N, "w_scales");
   checks::bias(bias, w.N);
   checks::output_qparams(output_scale, output_zero_point, output_dtype);
-  checks::post_op(post_op);
-  const std::vector<int64_t> shape{x.size(0), w.N, o[0], o[1]};
-  check_accum(accum, accum_scale, accum_zero_point, shape);
+  Checked c{{x.size(0), w.N, o[0], o[1]}, w, p, checks::post_op(post_op)};
+  check_accum(accum, accum_scale, accum_zero_point, c.shape);
   native::gemm_kernels();  // raises on a CPU without the kernels
-  return shape;
+  return c;
 }
 
 at::Tensor native_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_point, const at::Tensor& w_packed,
@@ -144,13 +122,14 @@ at::Tensor native_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
                          at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, double output_scale,
                          int64_t output_zero_point, at::ScalarType output_dtype, const std::string& post_op,
                          const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
-  const auto shape = check_all(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
-                               output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
-                               accum_zero_point);
-  at::Tensor y = at::empty(shape, at::TensorOptions().dtype(output_dtype).memory_format(at::MemoryFormat::ChannelsLast));
+  const Checked c = check_all(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
+                              output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
+                              accum_zero_point);
+  at::Tensor y =
+      at::empty(c.shape, at::TensorOptions().dtype(output_dtype).memory_format(at::MemoryFormat::ChannelsLast));
   if (y.numel() == 0) return y;
-  conv_impl(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups, output_scale,
-            output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point, y);
+  conv_impl(c, x, x_scale, x_zero_point, w_scales, bias, output_scale, output_zero_point, output_dtype, accum,
+            accum_scale, accum_zero_point, y);
   return y;
 }
 
@@ -164,17 +143,18 @@ void native_conv2d_add_(const at::Tensor& x, double x_scale, int64_t x_zero_poin
   TORCH_CHECK_VALUE(accum.scalar_type() == output_dtype, "native_conv2d_add_ writes the result into accum, so accum "
                     "must have the output dtype ", checks::dtype_name(output_dtype), ", got ",
                     checks::dtype_name(accum.scalar_type()));
-  check_all(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups, output_scale,
-            output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point);
+  const Checked c = check_all(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
+                              output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
+                              accum_zero_point);
   if (accum.numel() == 0) return;
   if (accum.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-    conv_impl(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups, output_scale,
-              output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point, accum);
+    conv_impl(c, x, x_scale, x_zero_point, w_scales, bias, output_scale, output_zero_point, output_dtype, accum,
+              accum_scale, accum_zero_point, accum);
     return;
   }
   at::Tensor y = at::empty(accum.sizes(), accum.options().memory_format(at::MemoryFormat::ChannelsLast));
-  conv_impl(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups, output_scale,
-            output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point, y);
+  conv_impl(c, x, x_scale, x_zero_point, w_scales, bias, output_scale, output_zero_point, output_dtype, accum,
+            accum_scale, accum_zero_point, y);
   accum.copy_(y);
 }
 

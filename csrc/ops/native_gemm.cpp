@@ -91,4 +91,34 @@ void run(const kernels::GemmArgs& g) {
   });
 }
 
+kernels::GemmArgs gemm_args(const PackedView& w, at::ScalarType x_dtype, int64_t x_zero_point, double x_scale,
+                            const at::Tensor& w_scales, const at::Tensor& bias, checks::PostOp op,
+                            at::ScalarType output_dtype, double output_scale, int64_t output_zero_point) {
+  using kernels::GemmOut;
+  using kernels::GemmPost;
+  kernels::GemmArgs g;
+  g.N = w.N;
+  g.K = w.K;
+  g.a_int8 = x_dtype == at::kChar;
+  g.a_zp = static_cast<int32_t>(x_zero_point) + (g.a_int8 ? 128 : 0);
+  g.b = w.panels;
+  g.colsum = w.colsum;
+  g.w_scales = w_scales.const_data_ptr<float>();
+  g.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  g.x_scale = static_cast<float>(x_scale);
+  g.post = op == checks::PostOp::relu ? GemmPost::relu : op == checks::PostOp::gelu ? GemmPost::gelu : GemmPost::none;
+  switch (output_dtype) {
+    case at::kByte: g.out_type = GemmOut::u8; break;
+    case at::kChar: g.out_type = GemmOut::s8; break;
+    case at::kBFloat16: g.out_type = GemmOut::bf16; break;
+    default: g.out_type = GemmOut::f32;
+  }
+  g.ldc = w.N;
+  if (checks::is_int8_type(output_dtype)) {
+    g.out_inv_scale = 1.0f / static_cast<float>(output_scale);
+    g.out_zp = static_cast<int32_t>(output_zero_point);
+  }
+  return g;
+}
+
 }  // namespace qbackend::native

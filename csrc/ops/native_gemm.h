@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include "kernels/gemm_kernels.h"
+#include "ops/checks.h"
 
 namespace qbackend::native {
 
@@ -30,5 +31,12 @@ PackedView unpack(const at::Tensor& packed, const char* name);
 const kernels::GemmKernels& gemm_kernels();
 // Runs g over all rows and columns, on one thread below the size where a second one pays off.
 void run(const kernels::GemmArgs& g);
+
+// The GEMM arguments the linear and conv ops share: the weight, x's zero point (int8 x is read as
+// uint8 with zero point + 128), scales, bias (contiguous, or undefined), post-op and output type
+// with its requantization (ldc = N). The caller sets M, a, lda, out and the residual.
+kernels::GemmArgs gemm_args(const PackedView& w, at::ScalarType x_dtype, int64_t x_zero_point, double x_scale,
+                            const at::Tensor& w_scales, const at::Tensor& bias, checks::PostOp op,
+                            at::ScalarType output_dtype, double output_scale, int64_t output_zero_point);
 
 }  // namespace qbackend::native

@@ -19,8 +19,6 @@ namespace qbackend {
 namespace {
 
 using kernels::GemmArgs;
-using kernels::GemmOut;
-using kernels::GemmPost;
 
 at::Tensor native_linear_prepack(const at::Tensor& weight) {
   checks::dtype(weight, at::kChar, "weight");
@@ -30,22 +28,8 @@ at::Tensor native_linear_prepack(const at::Tensor& weight) {
   return native::pack(weight.contiguous());
 }
 
-GemmOut out_type(at::ScalarType t) {
-  switch (t) {
-    case at::kByte: return GemmOut::u8;
-    case at::kChar: return GemmOut::s8;
-    case at::kBFloat16: return GemmOut::bf16;
-    default: return GemmOut::f32;
-  }
-}
-
-GemmPost post(checks::PostOp op) {
-  return op == checks::PostOp::relu ? GemmPost::relu : op == checks::PostOp::gelu ? GemmPost::gelu : GemmPost::none;
-}
-
 struct Common {
   native::PackedView w;
-  at::Tensor x2;    // [M, K], rows contiguous
   at::Tensor bias;  // contiguous or undefined
   at::Tensor ws;    // contiguous
   std::vector<int64_t> shape;
@@ -75,30 +59,17 @@ at::Tensor rows_of(const at::Tensor& x, int64_t M, int64_t K) {
   return x2.stride(1) == 1 && (M <= 1 || x2.stride(0) >= K) ? x2 : x2.contiguous();
 }
 
-at::Tensor run_linear(const Common& c, const at::Tensor& x2, bool x_int8, int32_t x_zp_u8, float x_scale,
-                      at::ScalarType output_dtype, double output_scale, int64_t output_zero_point, GemmPost p) {
+// y [M, N] of x2 (rows with unit stride, x_dtype / x_zero_point as the caller's x).
+at::Tensor run_linear(const Common& c, const at::Tensor& x2, at::ScalarType x_dtype, int64_t x_zero_point,
+                      double x_scale, checks::PostOp op, at::ScalarType output_dtype, double output_scale,
+                      int64_t output_zero_point) {
   at::Tensor y = at::empty({c.M, c.w.N}, at::TensorOptions().dtype(output_dtype));
-  GemmArgs g;
+  GemmArgs g = native::gemm_args(c.w, x_dtype, x_zero_point, x_scale, c.ws, c.bias, op, output_dtype, output_scale,
+                                 output_zero_point);
   g.M = c.M;
-  g.N = c.w.N;
-  g.K = c.w.K;
   g.a = static_cast<const uint8_t*>(x2.const_data_ptr());
   g.lda = c.M > 1 ? x2.stride(0) : c.w.K;
-  g.a_int8 = x_int8;
-  g.a_zp = x_zp_u8;
-  g.b = c.w.panels;
-  g.colsum = c.w.colsum;
-  g.w_scales = c.ws.const_data_ptr<float>();
-  g.bias = c.bias.defined() ? c.bias.const_data_ptr<float>() : nullptr;
-  g.x_scale = x_scale;
-  g.post = p;
-  g.out_type = out_type(output_dtype);
   g.out = y.data_ptr();
-  g.ldc = c.w.N;
-  if (checks::is_int8_type(output_dtype)) {
-    g.out_inv_scale = 1.0f / static_cast<float>(output_scale);
-    g.out_zp = static_cast<int32_t>(output_zero_point);
-  }
   native::run(g);
   return y;
 }
@@ -112,10 +83,8 @@ at::Tensor native_linear(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   const checks::PostOp op = checks::post_op(post_op);
   native::gemm_kernels();  // raises on a CPU without the kernels, before anything else
   if (c.M == 0) return at::empty(c.shape, at::TensorOptions().dtype(output_dtype));
-  const bool x_int8 = x.scalar_type() == at::kChar;
-  const at::Tensor x2 = rows_of(x, c.M, c.w.K);
-  return run_linear(c, x2, x_int8, static_cast<int32_t>(x_zero_point) + (x_int8 ? 128 : 0),
-                    static_cast<float>(x_scale), output_dtype, output_scale, output_zero_point, post(op))
+  return run_linear(c, rows_of(x, c.M, c.w.K), x.scalar_type(), x_zero_point, x_scale, op, output_dtype,
+                    output_scale, output_zero_point)
       .view(c.shape);
 }
 
@@ -130,7 +99,7 @@ at::Tensor native_linear_dynamic(const at::Tensor& x, const at::Tensor& w_packed
   const at::Tensor x2 = x.reshape({c.M, c.w.K}).contiguous();
   const DynamicQParams qp = choose_dynamic_qparams(x2, reduce_range, "x");
   const at::Tensor xq = quantize_u8(x2, qp.scale, qp.zero_point);
-  return run_linear(c, xq, false, qp.zero_point, qp.scale, at::kFloat, 1.0, 0, post(op)).view(c.shape);
+  return run_linear(c, xq, at::kByte, qp.zero_point, qp.scale, op, at::kFloat, 1.0, 0).view(c.shape);
 }
 
 }  // namespace
