@@ -1,20 +1,27 @@
 """Accuracy of INT8 flows against FP32 on the model zoo (qbackend.models): for each ModelCase, FP32,
 the torch.ao peer (FX static on the x86 engine, or dynamic for dynamic cases and for models FX
-cannot trace; benchmarks/peers/torch_ao.py) and qbackend (``qbackend.quantize(model,
-example_inputs, calibration)`` for static cases, ``qbackend.quantize_dynamic(model)`` for dynamic
-ones), all calibrated on the SAME batches, each on its own deep copy of the model.
+cannot trace; benchmarks/peers/torch_ao.py), PT2E with X86InductorQuantizer (static cases;
+benchmarks/peers/pt2e.py, the converted model run eagerly: the same quantize/dequantize numerics
+Inductor compiles) and qbackend (``qbackend.quantize(model, example_inputs, calibration)`` for
+static cases, ``qbackend.quantize_dynamic(model)`` for dynamic ones; the default config searches
+SmoothQuant for LayerNorm-fed Linears, so transformers are also run without it,
+``QuantConfig(smoothquant=None)``), all calibrated on the SAME batches, each on its own deep
+copy of the model.
 
 Reported per model and flow: the output SQNR against FP32 over the evaluation batches,
 10 * log10(sum(ref^2) / sum((ref - out)^2)) with ref and out the case's main output tensors of all
 evaluation batches concatenated; the task metric where the case has one (top-1 % on the digits test
 split); the time to quantize (prepare + calibrate + convert). A flow that fails is a row with its
-error, not a crash.
+error, not a crash. Transformers (bert_base, transformer_outliers) also get the sentence-embedding cosine: mean pooling of
+last_hidden_state over the real tokens, L2-normalised, cosine to FP32's per sequence (mean and
+minimum over the evaluation sequences).
 
     python benchmarks/accuracy.py [--models resnet18,digits_cnn] [--quick] [--out benchmarks/results/accuracy.md]
 
 Sizes (batches of batch_size; calibration / evaluation batches), full | --quick:
 ResNet-18/50, MobileNetV2: images 224, batch 8, 4 / 2 | images 64, batch 2, 2 / 2.
 BERT-base: seq 128, batch 8, 4 / 2 | 2 layers (of 12), seq 32, batch 2, 2 / 2.
+Pre-LN encoder with outliers (6 layers, 384 wide): seq 128, batch 8, 4 / 2 | 2 layers, seq 32, batch 2, 2 / 2.
 LSTM classifier: seq 64, batch 16, 4 / 2 | seq 16, batch 4, 2 / 2.
 Digits CNN: batch 32, all 5 calibration batches / all 16 test batches (both modes).
 --residual-gamma G builds the CNNs with their residual branches' last BatchNorm weight G (default
@@ -45,13 +52,14 @@ sys.path.insert(0, str(HERE.parent))
 import qbackend  # noqa: E402
 from _machine import git_commit  # noqa: E402
 from peers.torch_ao import torch_ao_dynamic, torch_ao_static  # noqa: E402
-from qbackend.models import MODELS, ModelCase  # noqa: E402
+from qbackend.models import MODELS, ModelCase, sentence_embeddings  # noqa: E402
 
 FULL = {
     "resnet18": dict(batch_size=8, image_size=224, num_calibration_batches=4, num_eval_batches=2),
     "resnet50": dict(batch_size=8, image_size=224, num_calibration_batches=4, num_eval_batches=2),
     "mobilenet_v2": dict(batch_size=8, image_size=224, num_calibration_batches=4, num_eval_batches=2),
     "bert_base": dict(batch_size=8, seq_len=128, num_calibration_batches=4, num_eval_batches=2),
+    "transformer_outliers": dict(batch_size=8, seq_len=128, num_calibration_batches=4, num_eval_batches=2),
     "lstm_classifier": dict(batch_size=16, seq_len=64, num_calibration_batches=4, num_eval_batches=2),
     "digits_cnn": dict(batch_size=32),
 }
@@ -60,6 +68,8 @@ QUICK = {
     "resnet50": dict(batch_size=2, image_size=64, num_calibration_batches=2, num_eval_batches=2),
     "mobilenet_v2": dict(batch_size=2, image_size=64, num_calibration_batches=2, num_eval_batches=2),
     "bert_base": dict(batch_size=2, seq_len=32, num_calibration_batches=2, num_eval_batches=2, num_hidden_layers=2),
+    "transformer_outliers": dict(batch_size=2, seq_len=32, num_calibration_batches=2, num_eval_batches=2,
+                          num_hidden_layers=2),
     "lstm_classifier": dict(batch_size=4, seq_len=16, num_calibration_batches=2, num_eval_batches=2),
     "digits_cnn": dict(batch_size=32),
 }
@@ -73,6 +83,7 @@ class Row:
     metric: float | None = None
     seconds: float | None = None
     note: str = ""
+    cosine: tuple[float, float] | None = None  # sentence embeddings vs FP32: (mean, min)
 
 
 def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
@@ -82,10 +93,24 @@ def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
     return math.inf if noise == 0.0 else 10.0 * math.log10(signal / noise)
 
 
+def is_transformer(case: ModelCase) -> bool:
+    return case.name in ("bert_base", "transformer_outliers")
+
+
 @torch.no_grad()
-def outputs(case: ModelCase, model) -> torch.Tensor:
-    """The case's main output over all evaluation batches, flattened and concatenated."""
-    return torch.cat([case.output(model(*batch)).detach().float().reshape(-1) for batch in case.evaluation])
+def outputs(case: ModelCase, model) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the case's main output over all evaluation batches, flattened and concatenated; the
+    sentence embeddings [sequences, hidden] for transformers, else None)."""
+    outs = [case.output(model(*batch)).detach().float() for batch in case.evaluation]
+    emb = None
+    if is_transformer(case):
+        emb = torch.cat([sentence_embeddings(o, batch[1]) for o, batch in zip(outs, case.evaluation)])
+    return torch.cat([o.reshape(-1) for o in outs]), emb
+
+
+def cosines(ref: torch.Tensor, out: torch.Tensor) -> tuple[float, float]:
+    c = torch.nn.functional.cosine_similarity(ref.double(), out.double(), dim=-1)
+    return float(c.mean()), float(c.min())
 
 
 def error_note(e: BaseException) -> str:
@@ -104,25 +129,69 @@ def quantize_torch_ao(case: ModelCase, model):
 def quantize_qbackend(case: ModelCase, model):
     if case.mode == "dynamic":
         return qbackend.quantize_dynamic(model), "qbackend.quantize_dynamic"
-    return (qbackend.quantize(model, case.example_inputs, case.calibration),
-            f"qbackend.quantize ({len(case.calibration)} calibration batches)")
+    qmodel = qbackend.quantize(model, case.example_inputs, case.calibration)
+    return qmodel, f"qbackend.quantize, default config ({len(case.calibration)} calibration batches)" + \
+        smoothquant_summary(qmodel)
 
 
-FLOWS = {"torch.ao": quantize_torch_ao, "qbackend": quantize_qbackend}
+def quantize_pt2e(case: ModelCase, model):
+    from peers.pt2e import export_model, quantize_exported
+
+    gm = export_model(model, case.example_inputs)
+    converted, info = quantize_exported(gm, case.calibration)
+    return converted, f"torchao {_torchao_version()}; {info}; run eagerly (no Inductor)"
+
+
+def _torchao_version() -> str:
+    try:
+        import torchao
+
+        return torchao.__version__
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def smoothquant_summary(qmodel) -> str:
+    found = [v["smoothquant"] for v in qmodel.qbackend_activations.values() if "smoothquant" in v]
+    if not found:
+        return ""
+    used = [f for f in found if f["alpha"] is not None]
+    alphas = sorted({f["alpha"] for f in used})
+    return (f"; SmoothQuant: {len(used)} of {len(found)} LayerNorm outputs smoothed"
+            + (f", alpha {min(alphas):g}-{max(alphas):g}" if alphas else ""))
+
+
+def quantize_qbackend_no_smoothquant(case: ModelCase, model):
+    config = qbackend.QuantConfig(smoothquant=None)
+    qmodel = qbackend.quantize(model, case.example_inputs, case.calibration, config=config)
+    return qmodel, f"QuantConfig(smoothquant=None) ({len(case.calibration)} calibration batches)"
+
+
+# flow -> (quantize function, which cases it runs on)
+FLOWS = {
+    "torch.ao": (quantize_torch_ao, lambda case: True),
+    "PT2E (X86InductorQuantizer)": (quantize_pt2e, lambda case: case.mode == "static"),
+    "qbackend, SmoothQuant off": (quantize_qbackend_no_smoothquant, is_transformer),
+    "qbackend": (quantize_qbackend, lambda case: True),
+}
 
 
 def run_case(case: ModelCase, verbose: bool) -> list[Row]:
-    ref = outputs(case, case.model)
+    ref, ref_emb = outputs(case, case.model)
     rows = [Row(case.name, "FP32", math.inf, case.metric(case.model) if case.metric else None, None,
-                f"mode {case.mode}")]
-    for flow, quantize in FLOWS.items():
+                f"mode {case.mode}", (1.0, 1.0) if ref_emb is not None else None)]
+    for flow, (quantize, applies) in FLOWS.items():
+        if not applies(case):
+            continue
         row = Row(case.name, flow)
         try:
             model = copy.deepcopy(case.model)
             t0 = time.perf_counter()
             qmodel, row.note = quantize(case, model)
             row.seconds = time.perf_counter() - t0
-            row.sqnr = sqnr_db(ref, outputs(case, qmodel))
+            out, emb = outputs(case, qmodel)
+            row.sqnr = sqnr_db(ref, out)
+            row.cosine = cosines(ref_emb, emb) if emb is not None else None
             row.metric = case.metric(qmodel) if case.metric else None
         except Exception as e:  # noqa: BLE001  (a failing flow is a row, not a crash)
             row.note = error_note(e)
@@ -139,9 +208,11 @@ def fmt(v: float | None, spec: str) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| model | flow | SQNR vs FP32 (dB) | top-1 (%) | quantize (s) | notes |", "|---|---|---|---|---|---|"]
+    lines = ["| model | flow | SQNR vs FP32 (dB) | embedding cosine, mean / min | top-1 (%) | quantize (s) | notes |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.model} | {r.flow} | {fmt(r.sqnr, '.1f')} | {fmt(r.metric, '.2f')} | "
+        cos = "-" if r.cosine is None else f"{r.cosine[0]:.5f} / {r.cosine[1]:.5f}"
+        lines.append(f"| {r.model} | {r.flow} | {fmt(r.sqnr, '.1f')} | {cos} | {fmt(r.metric, '.2f')} | "
                      f"{fmt(r.seconds, '.1f')} | {r.note} |")
     return "\n".join(lines)
 
@@ -192,7 +263,7 @@ def main(argv=None) -> int:
         case_rows = run_case(case, args.verbose)
         rows += case_rows
         print(table(case_rows).split("\n", 2)[2], f"  [{time.perf_counter() - t0:.1f} s]", flush=True)
-    report = "\n\n".join(["# INT8 accuracy vs FP32: qbackend and torch.ao on the model zoo",
+    report = "\n\n".join(["# INT8 accuracy vs FP32: qbackend, PT2E and torch.ao on the model zoo",
                           header(args.quick, sizes, (load_before, os.getloadavg()[0])), table(rows)])
     print("\n" + report)
     if args.out:

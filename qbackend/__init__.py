@@ -10,7 +10,7 @@ or `qbackend.quantize(model, example_inputs, calibration_data)` in one call, and
 """
 from ._extension import _C  # noqa: F401  (loads the extension, applies QBACKEND_ISA)
 from .api import PreparedModel, calibrate, convert, prepare, quantize, quantize_dynamic
-from .config import EmbeddingConfig, ObserverSpec, QuantConfig
+from .config import EmbeddingConfig, ObserverSpec, QuantConfig, SmoothQuantConfig
 from .dispatch import cpu_features
 from .explain import explain
 from .nn.model import QuantizedModel
@@ -19,4 +19,5 @@ from .serialization import load, save
 
 __version__ = "0.1.0"
 __all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "PreparedModel", "QuantizedModel",
-           "QuantConfig", "ObserverSpec", "EmbeddingConfig", "save", "load", "explain", "compare", "cpu_features", "__version__"]
+           "QuantConfig", "ObserverSpec", "EmbeddingConfig", "SmoothQuantConfig", "save", "load", "explain", "compare",
+           "cpu_features", "__version__"]

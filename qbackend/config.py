@@ -4,10 +4,12 @@
 activation ranges and which the weight ranges (`ObserverSpec`, a name from `OBSERVERS` plus its
 keyword arguments), how embedding tables are stored (`EmbeddingConfig`: rowwise 8 or 4 bits,
 weight-only, for tables of at least `min_weights` values; `embedding=None` keeps them FP32),
-and overrides by module type and by module name; an override of `None`
-keeps that module in FP32. `config.for_module(name, module)` resolves them: the longest matching
-name (exact, or a dotted prefix: "encoder.layer.0" covers "encoder.layer.0.attention.query"),
-then the most specific module type (MRO order), then the config itself.
+and overrides by module type and by module name; an override of `None` keeps that module in
+FP32; `smoothquant` (a `SmoothQuantConfig`, model-wide: read from the config passed to prepare,
+not from overrides) moves activation outliers into the Linears' weights.
+`config.for_module(name, module)` resolves the overrides: the longest matching name (exact, or a
+dotted prefix: "encoder.layer.0" covers "encoder.layer.0.attention.query"), then the most
+specific module type (MRO order), then the config itself.
 """
 from __future__ import annotations
 
@@ -42,12 +44,17 @@ class EmbeddingConfig:
     bits: 8 or 4 per value; qparams_dtype: the per-row scale and bias, torch.float16 (4 bytes a
     row; what fbgemm_gpu's kernels take) or torch.float32; min_weights: tables with fewer values
     (rows x dim) stay FP32 (the default quantizes large tables only: 1M values = 4 MB in FP32);
-    provider: "builtin", "fbgemm" or "fbgemm_gpu" (None: the dispatcher decides)."""
+    provider: "builtin", "fbgemm" or "fbgemm_gpu" (None: the dispatcher decides);
+    transformer_tables: also quantize tables whose lookups feed a LayerNorm (a transformer's token
+    and position embeddings). Off by default: their error rides the residual stream to the output
+    (measured on a post-LN BERT with outlier LayerNorm channels: 57 dB output SQNR with FP32
+    tables, 31 dB with rowwise 8-bit ones), and they are a lookup, not compute."""
 
     bits: int = 8
     qparams_dtype: torch.dtype = torch.float16
     min_weights: int = 1 << 20
     provider: str | None = None
+    transformer_tables: bool = False
 
     def __post_init__(self):
         if self.bits not in (8, 4):
@@ -60,6 +67,33 @@ class EmbeddingConfig:
         if self.provider is not None and self.provider not in EMBEDDING_PROVIDER_NAMES:
             raise ValueError(f"EmbeddingConfig.provider must be one of {', '.join(EMBEDDING_PROVIDER_NAMES)} or "
                              f"None, got {self.provider!r}")
+
+
+@dataclass(frozen=True)
+class SmoothQuantConfig:
+    """SmoothQuant for static Linears (qbackend/lowering/smoothquant.py): per input channel c, the
+    activation is divided by s_c and the weights' column c multiplied by it, with
+    s_c = max|x_c|^alpha / max|w_c|^(1 - alpha) and alpha searched per activation value on the
+    calibration data to minimise the Linears' quantized output error.
+
+    alphas: the grid searched (no smoothing is always a candidate too); sample_rows: rows of each
+    smoothed activation kept from calibration (uniformly sampled) for the search; min_gain: the
+    relative error reduction a smoothing must bring over none to be used."""
+
+    alphas: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+    sample_rows: int = 1024
+    min_gain: float = 0.02
+
+    def __post_init__(self):
+        alphas = tuple(float(a) for a in self.alphas)
+        if not alphas or any(not 0.0 <= a <= 1.0 for a in alphas):
+            raise ValueError(f"SmoothQuantConfig.alphas must be a non-empty sequence of values in [0, 1], "
+                             f"got {self.alphas!r}")
+        object.__setattr__(self, "alphas", alphas)
+        if isinstance(self.sample_rows, bool) or not isinstance(self.sample_rows, int) or self.sample_rows < 16:
+            raise ValueError(f"SmoothQuantConfig.sample_rows must be an int >= 16, got {self.sample_rows!r}")
+        if not 0.0 <= float(self.min_gain) < 1.0:
+            raise ValueError(f"SmoothQuantConfig.min_gain must be in [0, 1), got {self.min_gain!r}")
 
 
 @dataclass(frozen=True)
@@ -99,8 +133,16 @@ class QuantConfig:
     provider: str | None = None
     # Embedding tables (nn.Embedding / nn.EmbeddingBag): rowwise weight-only; None keeps them FP32.
     embedding: EmbeddingConfig | None = field(default_factory=EmbeddingConfig)
+    # SmoothQuant for static Linears (graph capture only): "auto" (the default) searches it with
+    # SmoothQuantConfig() for Linears fed by a LayerNorm (transformer blocks; measured to help on
+    # both transformers of benchmarks/accuracy.py); a SmoothQuantConfig for every Linear input it
+    # can smooth; None: off.
+    smoothquant: SmoothQuantConfig | str | None = "auto"
 
     def __post_init__(self):
+        if not (self.smoothquant is None or self.smoothquant == "auto"
+                or isinstance(self.smoothquant, SmoothQuantConfig)):
+            raise TypeError(f"smoothquant must be 'auto', a SmoothQuantConfig or None, got {self.smoothquant!r}")
         if self.embedding is not None and not isinstance(self.embedding, EmbeddingConfig):
             raise TypeError(f"embedding must be an EmbeddingConfig or None, got {type(self.embedding).__name__}")
         if self.provider is not None and self.provider not in PROVIDER_NAMES:

@@ -31,6 +31,8 @@ from .embeddings import rewrite_embeddings
 from .graph_utils import quiet_treespec_deprecation
 from .layers import build_layer
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
+from . import smoothquant
+from .fold import get_attr_value
 from .plan import is_transparent
 from .prepare import ActivationObserver, PreparedGraph
 
@@ -58,6 +60,8 @@ class _Rewriter:
         self.dequantized: dict[fx.Node, fx.Node] = {}  # dequantize node -> the int8 output's original node
         self.replaced: dict[fx.Node, fx.Node] = {}     # original output node -> the float node now in its place
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        self.channel_smooth: dict[fx.Node, torch.Tensor] = {}  # value -> s, divided in its quantize op
+        self.weight_smooth: dict[str, torch.Tensor] = {}       # layer name -> s, multiplied into its weight
 
     def _after(self, node: fx.Node):
         if node.op == "placeholder":
@@ -85,7 +89,7 @@ class _Rewriter:
             with self.graph.inserting_after(value):
                 node = self.graph.call_function(value.target, (parts, *value.args[1:]), dict(value.kwargs))
         else:
-            node = self._quantize(self.replaced.get(value, value), qp)
+            node = self._quantize(self.replaced.get(value, value), qp, self.channel_smooth.get(value))
         self.qmap[value] = (node, qp)
         return self.qmap[value]
 
@@ -96,11 +100,12 @@ class _Rewriter:
             return self.qmap[value][0]
         return self._quantize(self.replaced.get(value, value), qp)
 
-    def _quantize(self, src: fx.Node, qp: QParams) -> fx.Node:
-        """A Quantize module call right after the float value src."""
+    def _quantize(self, src: fx.Node, qp: QParams, smooth: torch.Tensor | None = None) -> fx.Node:
+        """A Quantize module call right after the float value src (dividing channel c by smooth[c]
+        first, when given: SmoothQuant)."""
         top = reference.QRANGE[qp.dtype][1]
         module = Quantize(qp.scale, qp.zero_point, qp.dtype, qp.qmax if qp.qmax < top else None,
-                          value=self.value_ids[id(qp)])
+                          value=self.value_ids[id(qp)], channel_divisor=smooth)
         with self._after(src):
             return self.graph.call_module(self._add_border("quantize", module), (src,))
 
@@ -124,6 +129,8 @@ class _Rewriter:
             args = (self.replaced.get(op.x, op.x),)
         out_qp = self.qparams[op.output] if op.output in plan.int8_outputs else None
         spec = op.layer_spec(self.gm)
+        if op.name in self.weight_smooth:
+            spec.weight = smoothquant.smoothed_weight(spec.weight, self.weight_smooth[op.name])
         if op.accum is not None:
             spec.residual = "int8" if out_qp is not None else "float32"
         module, why = build_layer(spec, x_qp, out_qp, acc_qp, tune=self.tune)
@@ -174,6 +181,26 @@ def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict]:
     return qparams, value_ids, table
 
 
+def _search_smoothing(prepared: PreparedGraph, qparams: dict, value_ids: dict, table: dict) -> dict:
+    """SmoothQuant's search for each candidate value (lowering/smoothquant.py): node -> Smoothing
+    for the values it smooths; their qparams and activation-table entries become the smoothed
+    value's, and every candidate's table entry says what the search found."""
+    chosen = {}
+    observers = {m.observer.name: m.observer for m in prepared.gm.modules() if isinstance(m, ActivationObserver)}
+    for group in prepared.smooth_groups:
+        name = prepared.plan.observed[group.value]
+        sm = smoothquant.choose(group, prepared.gm.get_submodule(group.stats), observers[name],
+                                [get_attr_value(prepared.gm, op.weight) for op in group.ops],
+                                [op.config for op in group.ops], [op.name for op in group.ops],
+                                smoothquant.resolve(prepared.config.smoothquant))
+        table[name]["smoothquant"] = sm.info()
+        if sm.factors is not None:
+            qparams[group.value], value_ids[id(sm.qparams)] = sm.qparams, name
+            table[name]["range"] = list(sm.range)
+            chosen[group.value] = sm
+    return chosen
+
+
 def convert_graph(prepared: PreparedGraph, warn: bool = True, tune=None):
     """((the int8 GraphModule over flat inputs, input spec, output spec), per-layer info: kind, mode,
     module path, why its provider, ..., the activation table)."""
@@ -183,6 +210,7 @@ def convert_graph(prepared: PreparedGraph, warn: bool = True, tune=None):
 
 def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
     qparams, value_ids, activations = _compute_qparams(prepared)  # ObserverError naming a layer without data
+    smoothed = _search_smoothing(prepared, qparams, value_ids, activations)
     src = prepared.gm
     memo = {id(t): t for t in list(src.parameters()) + list(src.buffers())}
     gm = copy.deepcopy(src, memo)
@@ -194,16 +222,27 @@ def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
     plan.int8_cats = {node_map[n] for n in prepared.plan.int8_cats}
     plan.int8_outputs = {node_map[n] for n in prepared.plan.int8_outputs}
     rw = _Rewriter(gm, _Prepared(plan), qparams, value_ids, tune)
+    for group in prepared.smooth_groups:
+        sm = smoothed.get(group.value)
+        if sm is None:
+            continue
+        for op in group.ops:
+            rw.weight_smooth[op.name] = sm.factors
+        if sm.fold == "layer_norm":
+            smoothquant.fold_layer_norm(gm, node_map[group.value], sm.factors)
+        else:
+            rw.channel_smooth[node_map[group.value]] = sm.factors
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for op in sorted(ops, key=lambda o: order[o.output]):
         rw.rewrite(op)
     rw.layers.update(rewrite_embeddings(gm, [dataclasses.replace(e, node=node_map[e.node], weight=node_map[e.weight])
                                              for e in prepared.embeddings]))
+    recorders = (ActivationObserver, smoothquant.ChannelStats)
     for node in list(gm.graph.nodes):
-        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), ActivationObserver):
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), recorders):
             gm.graph.erase_node(node)
     for name, m in list(gm.named_children()):
-        if isinstance(m, ActivationObserver):
+        if isinstance(m, recorders):
             delattr(gm, name)
     for node in list(gm.graph.nodes):  # export's input guards: shapes are checked by the kernels
         if node.op == "call_module" and node.target == "_guards_fn":
@@ -268,6 +307,8 @@ def _drop_unused_attributes(gm: fx.GraphModule) -> None:
         if name not in used:
             owner, _, attr = name.rpartition(".")
             mod = gm.get_submodule(owner) if owner else gm
+            if type(mod).__module__.startswith("qbackend."):
+                continue  # the state of qbackend's own modules (a Quantize's SmoothQuant factors)
             delattr(mod, attr)
     gm.delete_all_unused_submodules()
     for name, mod in sorted(gm.named_modules(), key=lambda kv: -kv[0].count(".")):

@@ -3,8 +3,10 @@ table is a parameter (nn.Embedding, nn.EmbeddingBag, or F.embedding(_bag) on a p
 matched at prepare time (weight-only: nothing to calibrate) and, at convert, replaced by a
 QuantizedEmbedding / QuantizedEmbeddingBag module (rowwise 8 or 4 bits, per the module's
 EmbeddingConfig) on the provider the dispatcher picks. Tables under the config's min_weights,
-and modules the config keeps in FP32, are left alone silently; max bags, max_norm and bags whose
-offset2bag / bag_size outputs are used stay FP32 with the reason (FP32FallbackWarning)."""
+and modules the config keeps in FP32, are left alone silently; max bags, max_norm, bags whose
+offset2bag / bag_size outputs are used and (unless EmbeddingConfig.transformer_tables) lookups
+that feed a LayerNorm through adds (a transformer's token embeddings) stay FP32 with the reason
+(FP32FallbackWarning)."""
 from __future__ import annotations
 
 import operator
@@ -50,6 +52,22 @@ def _arg(node: fx.Node, i: int, name: str, default):
     return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
 
 
+def feeds_layer_norm(node: fx.Node, depth: int = 4) -> bool:
+    """Whether node's value reaches an aten.layer_norm through at most `depth` elementwise adds
+    (token + position + type embeddings, then LayerNorm: a transformer's input)."""
+    frontier = [node]
+    for _ in range(depth + 1):
+        nxt = []
+        for n in frontier:
+            for u in n.users:
+                if u.op == "call_function" and u.target is aten.layer_norm.default and u.args[0] is n:
+                    return True
+                if u.op == "call_function" and u.target in (aten.add.Tensor, aten.add_.Tensor):
+                    nxt.append(u)
+        frontier = nxt
+    return False
+
+
 def match_embeddings(gm: fx.GraphModule, model: torch.nn.Module, config: QuantConfig):
     """(embedding ops to quantize, [(name, reason) of tables the config asked for but that stay FP32])."""
     ops, skipped, calls = [], [], {}
@@ -86,6 +104,9 @@ def match_embeddings(gm: fx.GraphModule, model: torch.nn.Module, config: QuantCo
             why = f"its table is {table.dtype}, not float32"
         elif ecfg.bits == 4 and table.shape[1] % 2:
             why = "4-bit tables need an even embedding dim"
+        elif kind == "embedding" and not ecfg.transformer_tables and feeds_layer_norm(node):
+            why = ("a transformer's embedding (its lookups feed a LayerNorm): kept in float, its error would ride "
+                   "the residual stream (EmbeddingConfig(transformer_tables=True) quantizes it)")
         elif kind == "embedding":
             pad = _arg(node, 2, "padding_idx", -1)
             op.padding_idx = None if pad is None or pad < 0 else int(pad)

@@ -16,6 +16,7 @@ from .graph_utils import record_example_shapes
 from .fold import fold_batchnorm
 from .patterns import QuantizableOp, match
 from .plan import Plan, make_plan
+from .smoothquant import STATS_PREFIX, ChannelStats, SmoothGroup, find_groups, fold_kind, resolve
 
 OBSERVER_PREFIX = "qbackend_observer_"
 
@@ -38,9 +39,12 @@ class PreparedGraph:
     """The captured graph with observers, and what convert needs to rewrite it."""
 
     def __init__(self, gm: fx.GraphModule, ops: list[QuantizableOp], plan: Plan, skipped: list, folded: int,
-                 embeddings: list[EmbeddingOp] | None = None):
+                 embeddings: list[EmbeddingOp] | None = None, smooth_groups: list[SmoothGroup] | None = None,
+                 config: QuantConfig | None = None):
         self.gm, self.ops, self.plan, self.skipped, self.folded = gm, ops, plan, skipped, folded
         self.embeddings = list(embeddings or [])  # weight-only tables, rewritten at convert
+        self.smooth_groups = list(smooth_groups or [])  # SmoothQuant candidates, searched at convert
+        self.config = config
 
     def observers(self) -> dict[str, Observer]:
         """Observer name (layer.input / layer.output) -> observer."""
@@ -88,6 +92,12 @@ def prepare_graph(model: nn.Module, example_inputs: tuple, config: QuantConfig,
     ops, skipped = match(gm, model, config)
     embeddings, skipped_tables = match_embeddings(gm, model, config)
     plan = make_plan(ops)
+    smooth_groups = []
+    sq = resolve(config.smoothquant)
+    if sq is not None:  # before the observers: the LayerNorm fold looks at users
+        groups = find_groups(plan, ops, layer_norm_only=config.smoothquant == "auto")
+        for i, (value, readers) in enumerate(groups.items()):
+            smooth_groups.append(SmoothGroup(value, readers, f"{STATS_PREFIX}{i}", fold_kind(value, readers)))
     for i, (node, name) in enumerate(plan.observed.items()):
         spec = _observer_spec_for(plan, node)
         mod_name = f"{OBSERVER_PREFIX}{i}"
@@ -97,5 +107,12 @@ def prepare_graph(model: nn.Module, example_inputs: tuple, config: QuantConfig,
             anchor = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
         with gm.graph.inserting_after(anchor):
             gm.graph.call_module(mod_name, (node,))
+    for group in smooth_groups:
+        gm.add_submodule(group.stats, ChannelStats(plan.observed[group.value], sq.sample_rows))
+        anchor = group.value
+        if anchor.op == "placeholder":
+            anchor = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+        with gm.graph.inserting_after(anchor):
+            gm.graph.call_module(group.stats, (group.value,))
     gm.recompile()
-    return PreparedGraph(gm, ops, plan, skipped + skipped_tables, folded, embeddings)
+    return PreparedGraph(gm, ops, plan, skipped + skipped_tables, folded, embeddings, smooth_groups, config)

@@ -8,14 +8,15 @@ the benchmarks and the CLI demo. Everything is deterministic given `seed`.
 
 MODELS maps a name to its case builder; every builder takes keyword arguments only:
 batch_size, num_calibration_batches, num_eval_batches, seed, plus image_size (resnet18, resnet50,
-mobilenet_v2), seq_len (bert_base, lstm_classifier) and BertConfig overrides (bert_base).
+mobilenet_v2), seq_len (bert_base, transformer_outliers, lstm_classifier) and config overrides
+(bert_base; transformer_outliers, a 6-layer 384-wide pre-LN encoder with injected outliers).
 transformers and scikit-learn are imported only by the BERT and digits builders.
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from .bert import bert_base, bert_base_case, bert_inputs
+from .bert import bert_base, bert_base_case, bert_inputs, sentence_embeddings, transformer_outliers_case
 from .case import ModelCase
 from .dlrm import DLRM, dlrm, dlrm_case, dlrm_inputs
 from .digits import DigitsCNN, digits_cnn_case, train_digits_cnn
@@ -28,6 +29,7 @@ MODELS: dict[str, Callable[..., ModelCase]] = {
     "resnet50": resnet50_case,
     "mobilenet_v2": mobilenet_v2_case,
     "bert_base": bert_base_case,
+    "transformer_outliers": transformer_outliers_case,
     "lstm_classifier": lstm_classifier_case,
     "digits_cnn": digits_cnn_case,
     "dlrm": dlrm_case,
@@ -36,6 +38,7 @@ MODELS: dict[str, Callable[..., ModelCase]] = {
 __all__ = [
     "MODELS", "ModelCase",
     "ResNet", "resnet18", "resnet50", "MobileNetV2", "mobilenet_v2", "bert_base", "bert_inputs",
+    "transformer_outliers_case", "sentence_embeddings",
     "LSTMClassifier", "lstm_classifier", "DigitsCNN", "train_digits_cnn",
     "resnet18_case", "resnet50_case", "mobilenet_v2_case", "bert_base_case", "lstm_classifier_case",
     "digits_cnn_case", "DLRM", "dlrm", "dlrm_case", "dlrm_inputs",

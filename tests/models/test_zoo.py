@@ -28,6 +28,8 @@ SMALL = {
     "mobilenet_v2": (dict(batch_size=2, image_size=64, num_calibration_batches=2, num_eval_batches=2), (2, 1000)),
     "bert_base": (dict(batch_size=3, seq_len=16, num_calibration_batches=2, num_eval_batches=2, **TINY_BERT),
                   (3, 16, 64)),
+    "transformer_outliers": (dict(batch_size=2, seq_len=16, num_calibration_batches=2, num_eval_batches=2,
+                                  num_hidden_layers=2), (2, 16, 384)),
     "lstm_classifier": (dict(batch_size=3, seq_len=12, num_calibration_batches=2, num_eval_batches=2), (3, 4)),
     "digits_cnn": (dict(batch_size=16, num_calibration_batches=3, num_eval_batches=4), (16, 10)),
     "dlrm": (dict(batch_size=4, num_tables=2, rows=100, dim=8, num_calibration_batches=2, num_eval_batches=2,
@@ -47,8 +49,8 @@ def build(name: str, **overrides) -> ModelCase:
 
 
 def test_registry_names():
-    assert set(MODELS) == {"resnet18", "resnet50", "mobilenet_v2", "bert_base", "lstm_classifier", "digits_cnn",
-                           "dlrm"}
+    assert set(MODELS) == {"resnet18", "resnet50", "mobilenet_v2", "bert_base", "transformer_outliers",
+                           "lstm_classifier", "digits_cnn", "dlrm"}
 
 
 @pytest.mark.parametrize("name", list(SMALL))
