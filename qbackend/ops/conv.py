@@ -61,14 +61,6 @@ def _onednn_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stri
                      dilation, output_dtype)
 
 
-@torch.library.register_fake("qbackend::onednn_conv2d_add_")
-def _onednn_conv2d_add_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation,
-                            groups, output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
-                            accum_zero_point):
-    check_same_device(x, w_packed=w_packed, w_scales=w_scales, bias=bias, accum=accum)
-    return None  # the result is written into accum
-
-
 @torch.library.register_fake("qbackend::native_conv2d_prepack")
 def _native_conv2d_prepack_fake(weight, stride, padding, dilation, groups):
     oc, ic = weight.shape[:2]
@@ -84,9 +76,12 @@ def _native_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stri
     return _conv_out(x, w_scales.shape[0], (1, 1), stride, padding, dilation, output_dtype)
 
 
-@torch.library.register_fake("qbackend::native_conv2d_add_")
-def _native_conv2d_add_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation,
-                            groups, output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
-                            accum_zero_point):
+def _conv2d_add_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
+                     output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale, accum_zero_point):
     check_same_device(x, w_packed=w_packed, w_scales=w_scales, bias=bias, accum=accum)
     return None  # the result is written into accum
+
+
+# The in-place residual convs share one signature and return nothing.
+for _provider in ("native", "onednn"):
+    torch.library.register_fake(f"qbackend::{_provider}_conv2d_add_")(_conv2d_add_fake)

@@ -43,34 +43,16 @@ def _native_linear_prepack_fake(weight):
     return weight.new_empty((_C.native_packed_size(n, k),), dtype=torch.uint8)
 
 
-@torch.library.register_fake("qbackend::native_linear")
-def _native_linear_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
-                        output_zero_point, output_dtype, post_op):
+def _linear_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale, output_zero_point, output_dtype,
+                 post_op):
     return _linear_out(x, w_scales, output_dtype, w_packed, bias)
 
 
-@torch.library.register_fake("qbackend::native_linear_dynamic")
-def _native_linear_dynamic_fake(x, w_packed, w_scales, bias, reduce_range, post_op):
+def _linear_dynamic_fake(x, w_packed, w_scales, bias, reduce_range, post_op):
     return _linear_out(x, w_scales, torch.float32, w_packed, bias)
 
 
-@torch.library.register_fake("qbackend::fbgemm_linear")
-def _fbgemm_linear_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
-                        output_zero_point, output_dtype, post_op):
-    return _linear_out(x, w_scales, output_dtype, w_packed, bias)
-
-
-@torch.library.register_fake("qbackend::onednn_linear")
-def _onednn_linear_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, output_scale,
-                        output_zero_point, output_dtype, post_op):
-    return _linear_out(x, w_scales, output_dtype, w_packed, bias)
-
-
-@torch.library.register_fake("qbackend::fbgemm_linear_dynamic")
-def _fbgemm_linear_dynamic_fake(x, w_packed, w_scales, bias, reduce_range, post_op):
-    return _linear_out(x, w_scales, torch.float32, w_packed, bias)
-
-
-@torch.library.register_fake("qbackend::onednn_linear_dynamic")
-def _onednn_linear_dynamic_fake(x, w_packed, w_scales, bias, reduce_range, post_op):
-    return _linear_out(x, w_scales, torch.float32, w_packed, bias)
+# Every provider's linear ops share one signature and one output shape (N from w_scales).
+for _provider in ("native", "fbgemm", "onednn"):
+    torch.library.register_fake(f"qbackend::{_provider}_linear")(_linear_fake)
+    torch.library.register_fake(f"qbackend::{_provider}_linear_dynamic")(_linear_dynamic_fake)
