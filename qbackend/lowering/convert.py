@@ -164,10 +164,7 @@ class _Rewriter:
 def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict]:
     """(node -> QParams, id(QParams) -> value name, the activation table: value name -> the float
     range and quantization settings its qparams came from)."""
-    by_name = {}
-    for m in prepared.gm.modules():
-        if isinstance(m, ActivationObserver):
-            by_name[m.observer.name] = m.observer
+    by_name = prepared.observers()
     qparams, value_ids, table = {}, {}, {}
     for node, name in prepared.plan.observed.items():
         obs = by_name[name]
@@ -186,7 +183,7 @@ def _search_smoothing(prepared: PreparedGraph, qparams: dict, value_ids: dict, t
     for the values it smooths; their qparams and activation-table entries become the smoothed
     value's, and every candidate's table entry says what the search found."""
     chosen = {}
-    observers = {m.observer.name: m.observer for m in prepared.gm.modules() if isinstance(m, ActivationObserver)}
+    observers = prepared.observers()
     for group in prepared.smooth_groups:
         name = prepared.plan.observed[group.value]
         sm = smoothquant.choose(group, prepared.gm.get_submodule(group.stats), observers[name],

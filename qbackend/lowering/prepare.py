@@ -77,6 +77,17 @@ def _batchable(example_inputs: tuple, example_kwargs: dict | None) -> tuple[tupl
     return tuple(two(x) for x in example_inputs), {k: two(v) for k, v in kwargs.items()}, True
 
 
+def _record_after(gm: fx.GraphModule, node: fx.Node, name: str, recorder: nn.Module) -> None:
+    """Add `recorder` as submodule `name` and call it on node's value right after node (after the
+    last placeholder for an input: the placeholders stay first)."""
+    gm.add_submodule(name, recorder)
+    anchor = node
+    if node.op == "placeholder":
+        anchor = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+    with gm.graph.inserting_after(anchor):
+        gm.graph.call_module(name, (node,))
+
+
 def prepare_graph(model: nn.Module, example_inputs: tuple, config: QuantConfig,
                   example_kwargs: dict | None = None) -> PreparedGraph:
     """Raises lowering.capture.CaptureError if the model cannot be captured."""
@@ -100,19 +111,8 @@ def prepare_graph(model: nn.Module, example_inputs: tuple, config: QuantConfig,
             smooth_groups.append(SmoothGroup(value, readers, f"{STATS_PREFIX}{i}", fold_kind(value, readers)))
     for i, (node, name) in enumerate(plan.observed.items()):
         spec = _observer_spec_for(plan, node)
-        mod_name = f"{OBSERVER_PREFIX}{i}"
-        gm.add_submodule(mod_name, ActivationObserver(spec.create(name)))
-        anchor = node
-        if node.op == "placeholder":  # keep the placeholders first
-            anchor = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
-        with gm.graph.inserting_after(anchor):
-            gm.graph.call_module(mod_name, (node,))
+        _record_after(gm, node, f"{OBSERVER_PREFIX}{i}", ActivationObserver(spec.create(name)))
     for group in smooth_groups:
-        gm.add_submodule(group.stats, ChannelStats(plan.observed[group.value], sq.sample_rows))
-        anchor = group.value
-        if anchor.op == "placeholder":
-            anchor = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
-        with gm.graph.inserting_after(anchor):
-            gm.graph.call_module(group.stats, (group.value,))
+        _record_after(gm, group.value, group.stats, ChannelStats(plan.observed[group.value], sq.sample_rows))
     gm.recompile()
     return PreparedGraph(gm, ops, plan, skipped + skipped_tables, folded, embeddings, smooth_groups, config)

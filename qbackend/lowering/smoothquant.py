@@ -113,10 +113,14 @@ class Smoothing:
                 "error": self.error, "error_unsmoothed": self.error_unsmoothed}
 
 
+def is_layer_norm(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is aten.layer_norm.default
+
+
 def _layer_norm_parts(node: fx.Node):
     """(weight node, bias node) of an aten.layer_norm whose affine parameters are graph
     attributes, else None."""
-    if node.op != "call_function" or node.target is not aten.layer_norm.default or len(node.args) < 4:
+    if not is_layer_norm(node) or len(node.args) < 4:
         return None
     w, b = node.args[2], node.args[3]
     if isinstance(w, fx.Node) and w.op == "get_attr" and isinstance(b, fx.Node) and b.op == "get_attr":
@@ -127,10 +131,6 @@ def _layer_norm_parts(node: fx.Node):
 def resolve(setting) -> SmoothQuantConfig | None:
     """QuantConfig.smoothquant -> the settings to use ("auto": the defaults), or None (off)."""
     return SmoothQuantConfig() if setting == "auto" else setting
-
-
-def is_layer_norm(node: fx.Node) -> bool:
-    return node.op == "call_function" and node.target is aten.layer_norm.default
 
 
 def find_groups(plan: Plan, ops: list, layer_norm_only: bool = False) -> dict[fx.Node, list]:
@@ -172,13 +172,20 @@ def _fake_quant_weight(w: torch.Tensor, config: QuantConfig, name: str) -> torch
     return q.float() * scales[:, None]
 
 
+def _column_max(weights: list[torch.Tensor]) -> torch.Tensor:
+    """max over the Linears and their rows of |w[:, c]|: [C]."""
+    return torch.stack([w.detach().float().abs().amax(dim=0) for w in weights]).amax(dim=0)
+
+
+def _factors(absmax: torch.Tensor, w_max: torch.Tensor, alpha: float) -> torch.Tensor:
+    a, w = absmax.float().clamp_min(1e-5), w_max.clamp_min(1e-5)
+    return (a.pow(alpha) / w.pow(1.0 - alpha)).clamp(_S_MIN, _S_MAX)
+
+
 def factors_for(absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
     """s_c = max|x_c|^alpha / max|w_c|^(1 - alpha), clamped to [1e-5, 1e5] (channels that are
     all zero in x or in every weight get finite factors)."""
-    w_max = torch.stack([w.detach().float().abs().amax(dim=0) for w in weights]).amax(dim=0)
-    a = absmax.float().clamp_min(1e-5)
-    w_max = w_max.clamp_min(1e-5)
-    return (a.pow(alpha) / w_max.pow(1.0 - alpha)).clamp(_S_MIN, _S_MAX)
+    return _factors(absmax, _column_max(weights), alpha)
 
 
 @torch.no_grad()
@@ -190,20 +197,22 @@ def choose(group: SmoothGroup, stats: ChannelStats, observer: Observer, weights:
     if stats.sample is None or stats.absmax is None:
         return Smoothing(name, None, None, float("nan"), float("nan"), group.fold)
     x = stats.sample
-    refs = [x @ w.detach().float().t() for w in weights]
+    weights = [w.detach().float() for w in weights]
+    w_max = _column_max(weights)
+    refs = [x @ w.t() for w in weights]
     norms = [float(r.pow(2).sum()) for r in refs]
 
     def error(xq: torch.Tensor, s: torch.Tensor | None) -> float:
         total = 0.0
         for w, c, n, ref, norm in zip(weights, configs, names, refs, norms):
-            wq = _fake_quant_weight(w.detach().float() if s is None else w.detach().float() * s, c, n)
+            wq = _fake_quant_weight(w if s is None else w * s, c, n)
             total += float((xq @ wq.t() - ref).pow(2).sum()) / max(norm, 1e-30)
         return total / len(weights)
 
     base = error(_fake_quant_act(x, observer.compute_qparams()), None)
     best = (base, None, None, None)
     for alpha in sq.alphas:
-        s = factors_for(stats.absmax, weights, alpha)
+        s = _factors(stats.absmax, w_max, alpha)
         obs = _fresh_like(observer)
         obs.update(x / s)
         qp = obs.compute_qparams()
@@ -225,18 +234,23 @@ def _fresh_like(observer: Observer) -> Observer:
     return fresh
 
 
+def _replace_attr(gm: fx.GraphModule, user: fx.Node, index: int, value: torch.Tensor) -> None:
+    """Make argument `index` of `user` (a get_attr) read `value`, registered as a new attribute."""
+    old = user.args[index]
+    name = register_constant(gm, f"{old.target}_smoothed", value)
+    with gm.graph.inserting_before(user):
+        attr = gm.graph.get_attr(name)
+    args = list(user.args)
+    args[index] = attr
+    user.args = tuple(args)
+
+
 def fold_layer_norm(gm: fx.GraphModule, value: fx.Node, s: torch.Tensor) -> None:
     """Divide the LayerNorm's weight and bias by s (new attributes; the originals, shared with the
     user's model, are not touched)."""
-    w_node, b_node = _layer_norm_parts(value)
-    for i, node in ((2, w_node), (3, b_node)):
-        new = (get_attr_value(gm, node).detach().float() / s).to(get_attr_value(gm, node).dtype)
-        name = register_constant(gm, f"{node.target}_smoothed", new)
-        with gm.graph.inserting_before(value):
-            attr = gm.graph.get_attr(name)
-        args = list(value.args)
-        args[i] = attr
-        value.args = tuple(args)
+    for i, node in zip((2, 3), _layer_norm_parts(value)):
+        t = get_attr_value(gm, node)
+        _replace_attr(gm, value, i, (t.detach().float() / s).to(t.dtype))
 
 
 def smoothed_weight(weight: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -259,10 +273,7 @@ def fold_fp32(gm: fx.GraphModule, value: fx.Node, linears: list[fx.Node], s: tor
         with gm.graph.inserting_after(inv):
             divided = gm.graph.call_function(aten.mul.Tensor, (value, inv))
     for anchor in linears:
-        w = get_attr_value(gm, anchor.args[1])
-        name = register_constant(gm, f"{anchor.args[1].target}_smoothed", smoothed_weight(w, s))
-        with gm.graph.inserting_before(anchor):
-            attr = gm.graph.get_attr(name)
-        anchor.args = (divided, attr, *anchor.args[2:])
+        _replace_attr(gm, anchor, 1, smoothed_weight(get_attr_value(gm, anchor.args[1]), s))
+        anchor.args = (divided, *anchor.args[1:])
     gm.graph.lint()
     gm.recompile()

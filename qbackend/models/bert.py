@@ -78,11 +78,19 @@ def bert_base_case(*, batch_size: int = 8, num_calibration_batches: int = 4, num
     if seq_len > model.config.max_position_embeddings:
         raise ValueError(f"bert_base: seq_len {seq_len} > max_position_embeddings "
                          f"{model.config.max_position_embeddings}")
+    return encoder_case("bert_base", model, batch_size, num_calibration_batches, num_eval_batches, seq_len, seed)
+
+
+def encoder_case(name: str, model: nn.Module, batch_size: int, num_calibration_batches: int, num_eval_batches: int,
+                 seq_len: int, seed: int) -> ModelCase:
+    """A static ModelCase for a transformers encoder taking (input_ids, attention_mask):
+    calibration (seed + 2; the first batch is also the example) and evaluation (seed + 3) batches
+    from bert_inputs, output last_hidden_state, no metric."""
     vocab = model.config.vocab_size
     g_cal, g_eval = generator(seed + 2), generator(seed + 3)
     calibration = [bert_inputs(batch_size, seq_len, g_cal, vocab) for _ in range(num_calibration_batches)]
     evaluation = [bert_inputs(batch_size, seq_len, g_eval, vocab) for _ in range(num_eval_batches)]
-    return ModelCase(name="bert_base", model=model, example_inputs=calibration[0], calibration=calibration,
+    return ModelCase(name=name, model=model, example_inputs=calibration[0], calibration=calibration,
                      evaluation=evaluation, output=last_hidden_state, metric=None, mode="static")
 
 
@@ -134,13 +142,8 @@ def transformer_outliers_case(*, batch_size: int = 8, num_calibration_batches: i
     if seq_len + 2 > model.config.max_position_embeddings:
         raise ValueError(f"transformer_outliers: seq_len {seq_len} too long for max_position_embeddings "
                          f"{model.config.max_position_embeddings}")
-    vocab = model.config.vocab_size
-    g_cal, g_eval = generator(seed + 2), generator(seed + 3)
-    calibration = [bert_inputs(batch_size, seq_len, g_cal, vocab) for _ in range(num_calibration_batches)]
-    evaluation = [bert_inputs(batch_size, seq_len, g_eval, vocab) for _ in range(num_eval_batches)]
-    return ModelCase(name="transformer_outliers", model=model, example_inputs=calibration[0],
-                     calibration=calibration, evaluation=evaluation, output=last_hidden_state, metric=None,
-                     mode="static")
+    return encoder_case("transformer_outliers", model, batch_size, num_calibration_batches, num_eval_batches,
+                        seq_len, seed)
 
 
 def sentence_embeddings(last_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
