@@ -99,6 +99,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_isa_cap", &set_isa_cap, "cap our kernels and FBGEMM at an ISA level (-1 = none)",
         pybind11::arg("level"), pybind11::arg("allow_avx_vnni") = true);
   m.def("avx_vnni_usable", &qbackend::cpu::avx_vnni_usable);
+  m.def("bf16_usable", &qbackend::cpu::bf16_usable);
   m.def("isa_cap", &qbackend::cpu::level_cap);
   m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
   m.def("native_packed_size", &native_packed_size, "bytes of the native provider's packed N x K weight");

@@ -6,7 +6,8 @@ keyword arguments), how embedding tables are stored (`EmbeddingConfig`: rowwise 
 weight-only, for tables of at least `min_weights` values; `embedding=None` keeps them FP32),
 and overrides by module type and by module name; an override of `None` keeps that module in
 FP32; `smoothquant` (a `SmoothQuantConfig`, model-wide: read from the config passed to prepare,
-not from overrides) moves activation outliers into the Linears' weights.
+not from overrides) moves activation outliers into the Linears' weights; `bf16` (model-wide too)
+lets float work outside int8 use BF16 where the CPU has it, False keeps it all FP32.
 `config.for_module(name, module)` resolves the overrides: the longest matching name (exact, or a
 dotted prefix: "encoder.layer.0" covers "encoder.layer.0.attention.query"), then the most
 specific module type (MRO order), then the config itself.
@@ -138,8 +139,17 @@ class QuantConfig:
     # both transformers of benchmarks/accuracy.py); a SmoothQuantConfig for every Linear input it
     # can smooth; None: off.
     smoothquant: SmoothQuantConfig | str | None = "auto"
+    # BF16 for float work outside int8 where this CPU has native BF16 (AVX512-BF16 / AMX), model-wide
+    # (graph capture only): today the fused attention core's two matrix products (bf16 operands,
+    # fp32 accumulation and softmax; the kernel checks the CPU on each call, so a model saved on a
+    # BF16 machine runs fp32 products elsewhere). LayerNorm, residual adds and the rest stay FP32:
+    # torch's BF16 kernels for them measure slower than FP32 on AVX512-BF16 CPUs (benchmarks note).
+    # False: every float op in FP32.
+    bf16: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.bf16, bool):
+            raise TypeError(f"bf16 must be True or False, got {self.bf16!r}")
         if not (self.smoothquant is None or self.smoothquant == "auto"
                 or isinstance(self.smoothquant, SmoothQuantConfig)):
             raise TypeError(f"smoothquant must be 'auto', a SmoothQuantConfig or None, got {self.smoothquant!r}")

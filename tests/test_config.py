@@ -29,6 +29,7 @@ def test_every_named_observer_builds():
     (lambda: QuantConfig(by_type={int: None}), TypeError, "nn.Module subclasses"),
     (lambda: QuantConfig(by_name={"": None}), TypeError, "non-empty"),
     (lambda: QuantConfig(by_name={"fc": "fp32"}), TypeError, "QuantConfig or None"),
+    (lambda: QuantConfig(bf16="auto"), TypeError, "bf16 must be True or False"),
 ])
 def test_bad_configs_fail_when_made(make, exc, text):
     with pytest.raises(exc, match=text):

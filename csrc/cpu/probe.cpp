@@ -132,6 +132,7 @@ void set_level_cap(int cap) { g_cap.store(cap, std::memory_order_relaxed); }
 int level_cap() { return g_cap.load(std::memory_order_relaxed); }
 
 bool avx_vnni_usable() { return g_avx_vnni_allowed.load() && probe().avx_vnni.os && usable_level() >= 1; }
+bool bf16_usable() { return probe().avx512_bf16.os && usable_level() >= 3; }
 void set_avx_vnni_allowed(bool allowed) { g_avx_vnni_allowed.store(allowed); }
 
 }  // namespace qbackend::cpu

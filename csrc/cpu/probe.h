@@ -27,6 +27,9 @@ int level_cap();
 // AVX-VNNI (the VEX-encoded u8 x s8 dot product of AVX2-class CPUs) may be used by oneDNN: true
 // unless QBACKEND_ISA capped below it (avx2, avx512), and the CPU and OS have it.
 bool avx_vnni_usable();
+// AVX512-BF16 (vdpbf16ps, vcvtneps2bf16): the CPU and OS have it and QBACKEND_ISA does not cap
+// below avx512_vnni (the level of the CPUs that have it).
+bool bf16_usable();
 void set_avx_vnni_allowed(bool allowed);
 
 }  // namespace qbackend::cpu

@@ -9,7 +9,9 @@ stays usable). In the order the fused chains end:
   float value. Its output is int8 where the plan says some consumer reads int8; float consumers
   of an int8 value get one dequantize op, shared;
 * dynamic and weight-only ops become their module, float in and out;
-* the float chain that was replaced, and the observers, are dropped (dead code).
+* the float chain that was replaced, and the observers, are dropped (dead code);
+* attention cores (torch's SDPA) become qbackend's fused attention, with the quantize of their
+  output folded in (lowering/attention.py).
 
 Every compute op left in FP32 (by op name and count), and every conv/linear that could not be
 quantized, with the reason, is listed in one warning (FP32FallbackWarning).
@@ -27,6 +29,7 @@ from torch import fx
 from ..observers import QParams
 from ..ops import reference
 from ..nn.quant import Dequantize, Quantize
+from .attention import fuse_attention
 from .embeddings import rewrite_embeddings
 from .graph_utils import quiet_treespec_deprecation
 from .layers import build_layer
@@ -245,6 +248,8 @@ def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
+    if fuse_attention(gm, bf16_products=prepared.config is None or prepared.config.bf16):
+        gm.graph.eliminate_dead_code()
     _donate_dead_residuals(gm)
     _drop_unused_attributes(gm)
     _name_layers_by_path(gm, rw.layers)

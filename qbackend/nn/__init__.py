@@ -4,6 +4,7 @@
   QuantizedConv2d, WeightOnlyConv2d                            (conv.py)
   DynamicQuantizedLSTM                                         (lstm.py)
   QuantizedEmbedding, QuantizedEmbeddingBag                    (embedding.py: weight-only, rowwise 8/4-bit)
+  FusedAttention                                               (attention.py: SDPA with its output quantize fused)
 
 The static modules take and give plain uint8 tensors with the qparams they were built with (the
 lowering wires them so activations stay in int8 between them); the dynamic and weight-only ones
@@ -13,6 +14,7 @@ from .conv import QuantizedConv2d, WeightOnlyConv2d
 from .linear import DynamicQuantizedLinear, QuantizedLinear, WeightOnlyLinear
 from .embedding import QuantizedEmbedding, QuantizedEmbeddingBag
 from .lstm import DynamicQuantizedLSTM
+from .attention import FusedAttention
 
 __all__ = ["QuantizedConv2d", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear",
-           "DynamicQuantizedLSTM", "QuantizedEmbedding", "QuantizedEmbeddingBag"]
+           "DynamicQuantizedLSTM", "QuantizedEmbedding", "QuantizedEmbeddingBag", "FusedAttention"]

@@ -87,3 +87,98 @@ def test_sentence_embeddings_close_to_fp32(small_bert):
     h[row, -1] += 100.0
     assert ids[row, -1] == PAD_ID
     torch.testing.assert_close(sentence_embeddings(h, mask), e_ref)
+
+
+def _attention_modules(qmodel):
+    from qbackend.nn import FusedAttention
+    return [m for m in qmodel.modules() if isinstance(m, FusedAttention)]
+
+
+def _sdpa_nodes(qmodel):
+    return [n for n in qmodel.graph_module.graph.nodes
+            if n.op == "call_function" and n.target is torch.ops.aten.scaled_dot_product_attention.default]
+
+
+def test_attention_core_is_fused_with_its_quantize(small_bert):
+    """Each layer's SDPA became one qbackend::attention writing the uint8 input of the attention
+    output Linear (no Quantize border left behind it), with that value's qparams."""
+    _, qmodel = small_bert
+    fused = _attention_modules(qmodel)
+    assert len(fused) == SMALL["num_hidden_layers"] and not _sdpa_nodes(qmodel)
+    gm = qmodel.graph_module
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), type(fused[0])):
+            m = gm.get_submodule(node.target)
+            assert m.out_dtype == torch.uint8 and m.value in qmodel.qbackend_activations
+            assert all(not (u.op == "call_module" and isinstance(gm.get_submodule(u.target), qbackend.nn.quant.Quantize))
+                       for u in node.users)
+            assert m.bf16_products  # the default config
+
+
+def _graph_dtypes(gm):
+    out = set()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            out.add(val.dtype)
+    for t in list(gm.parameters()) + list(gm.buffers()):
+        out.add(t.dtype)
+    return out
+
+
+def test_bf16_switch_off_gives_an_fp32_only_graph():
+    """QuantConfig(bf16=False): no bfloat16 value, parameter or buffer anywhere in the graph, the
+    fused attention computes fp32 products, and its outputs equal a model whose attention core is
+    torch's fp32 SDPA up to fp32 rounding. With the default (bf16=True) on a CPU with AVX512-BF16
+    the attention's products are bf16: the output moves, by less than INT8's own error."""
+    model = bert_base(seed=0, **SMALL)
+    g = torch.Generator().manual_seed(3)
+    cal = [bert_inputs(4, 24, g, vocab_size=2000) for _ in range(2)]
+    ids, mask = bert_inputs(4, 24, g, vocab_size=2000)
+    q32 = qbackend.quantize(model, cal[0], cal, config=qbackend.QuantConfig(bf16=False))
+    assert torch.bfloat16 not in _graph_dtypes(q32.graph_module)
+    assert all(not m.bf16_products for m in _attention_modules(q32))
+    y32 = _hidden(q32, ids, mask)
+    # the same model with each fused attention swapped back for torch's SDPA + quantize
+    for m in _attention_modules(q32):
+        m.forward = _sdpa_then_quantize(m)
+    torch.testing.assert_close(_hidden(q32, ids, mask), y32, rtol=0, atol=float(y32.abs().max()) * 1e-2)
+    qbf = qbackend.quantize(model, cal[0], cal)
+    assert all(m.bf16_products for m in _attention_modules(qbf))
+    ybf, ref = _hidden(qbf, ids, mask), _hidden(model, ids, mask)
+    from qbackend._extension import _C
+    if _C.bf16_usable():
+        assert not torch.equal(ybf, y32)
+    assert sqnr(ref, ybf) > sqnr(ref, y32) - 0.5 and sqnr(ref, y32) > 25.0
+
+
+def _sdpa_then_quantize(m):
+    def forward(q, k, v, mask=None):
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, mask, scale=m.scale)
+        return torch.ops.qbackend.quantize_per_tensor(y, m.out_scale, m.out_zero_point, m.out_dtype)
+    return forward
+
+
+def test_fused_attention_survives_save_load_and_seven_bit_requantization(small_bert, tmp_path):
+    from qbackend.lowering.rebind import requantize_activations
+    _, qmodel = small_bert
+    g = torch.Generator().manual_seed(5)
+    ids, mask = bert_inputs(2, 16, g, vocab_size=2000)
+    path = tmp_path / "bert.qb"
+    qbackend.save(qmodel, path)
+    loaded = qbackend.load(path)
+    assert torch.equal(_hidden(loaded, ids, mask), _hidden(qmodel, ids, mask))
+    changed = requantize_activations(loaded, seven_bit=True)
+    for m in _attention_modules(loaded):
+        assert m.value in changed and m.qmax == 127
+    assert int(_hidden_attention_max(loaded, ids, mask)) <= 127
+
+
+def _hidden_attention_max(qmodel, ids, mask):
+    top = []
+    hooks = [m.register_forward_hook(lambda mod, inp, out: top.append(int(out.max())))
+             for m in _attention_modules(qmodel)]
+    _hidden(qmodel, ids, mask)
+    for h in hooks:
+        h.remove()
+    return max(top)

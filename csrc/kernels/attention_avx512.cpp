@@ -1,0 +1,24 @@
+// AVX512 (F/BW/VL/DQ) fused attention with fp32 products (kernels/attention_avx512_impl.h). Only
+// this file is compiled for AVX512 (pragma below, after the includes); call it only when
+// qbackend::cpu::usable_level() >= 2.
+
+// GCC 12 warns falsely about the `__Y = __Y` inside _mm512_undefined_* (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "kernels/attention_kernels.h"
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include "kernels/attention_avx512_impl.h"
+
+namespace qbackend::kernels {
+
+size_t attention_scratch_floats(const AttentionProblem& p) {
+  return p.bf16_products ? attention_detail::scratch_words_bf16(p) : attention_detail::scratch_words_f32(p);
+}
+
+void attention_rows_avx512(const AttentionProblem& p, int64_t b, int64_t h, int64_t i0, int64_t i1, float* scratch) {
+  attention_detail::rows_f32(p, b, h, i0, i1, scratch);
+}
+
+}  // namespace qbackend::kernels

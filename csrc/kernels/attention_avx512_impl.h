@@ -1,0 +1,410 @@
+// The AVX512 attention kernel's body, included by two translation units after their target
+// pragma: attention_avx512.cpp (fp32 products) and attention_avx512_bf16.cpp (bf16 products with
+// fp32 accumulation, vdpbf16ps; defines QBACKEND_ATTENTION_BF16 and adds avx512bf16 to its target).
+//
+// Per call (one (batch, head), a range of query rows): k is transposed once into a key-major
+// panel, v brought into the layout the P v loop reads; then per block of R = 8 query rows: the
+// rows times scale; scores s [R][Skp] by a register-tiled loop (8 rows x 32 keys of fp32
+// accumulators); each row masked, exponentiated against its maximum and summed (fp32); out =
+// (P v) / sum by a second tiled loop (4 rows x 64 output columns), converted and stored straight
+// into the output row.
+//
+// fp32 path: kt [D][Skp] fp32 (zero columns past Sk); fp32 v read in place, bf16 v widened.
+// bf16 path: q, k, P and v rounded to bf16 (nearest even) and multiplied in pairs along the
+//   reduced dimension: kt [Dp/2][Skp] of (k[j][d], k[j][d+1]) pairs, vt [Skp2/2][Dvp] of
+//   (v[j][e], v[j+1][e]) pairs (Dp, Skp2: D, Sk rounded up to even; zero padding).
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "kernels/attention_kernels.h"
+
+namespace qbackend::kernels::attention_detail {
+
+constexpr int64_t W = 16;  // fp32 lanes
+constexpr int64_t R = 8;   // query rows per block
+
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+inline __mmask16 tail_mask(int64_t n) { return n >= W ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+
+inline __m512 widen_bf16(const uint16_t* p, __mmask16 m) {  // bf16 bits -> fp32 (exact)
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+inline float widen_bf16(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// n values of a row (fp32 or bf16) times mul, into dst (fp32).
+inline void widen_row(const void* src, AttnIn in, int64_t n, float mul, float* dst) {
+  const __m512 s = _mm512_set1_ps(mul);
+  for (int64_t i = 0; i < n; i += W) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 x = in == AttnIn::f32 ? _mm512_maskz_loadu_ps(m, static_cast<const float*>(src) + i)
+                                       : widen_bf16(static_cast<const uint16_t*>(src) + i, m);
+    _mm512_mask_storeu_ps(dst + i, m, _mm512_mul_ps(x, s));
+  }
+}
+
+// exp(x) in fp32 for x <= 0 (x - row max): Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2,
+// then a degree-7 Taylor polynomial (truncation error < 6e-9 relative) scaled by 2^n. Below -104
+// the result is 0 (-inf included); NaN stays NaN.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // second operand returned when it is NaN
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// s[r][j0 .. j0 + 16 NJ) = sum_d qb[r][d] kt[d][j] for the R rows.
+template <int NJ>
+inline void qk_tile(const float* qb, int64_t D, const float* kt, int64_t Skp, int64_t j0, float* s) {
+  __m512 acc[R][NJ];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NJ; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    const float* kr = kt + d * Skp + j0;
+    __m512 kv[NJ];
+    for (int c = 0; c < NJ; ++c) kv[c] = _mm512_loadu_ps(kr + c * W);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 qv = _mm512_set1_ps(qb[r * D + d]);
+      for (int c = 0; c < NJ; ++c) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NJ; ++c) _mm512_storeu_ps(s + r * Skp + j0 + c * W, acc[r][c]);
+}
+
+// Masks row i's scores, replaces them by exp(score - max) (0 past the causal limit) and returns
+// 1 / sum (0 when every key is masked).
+inline float softmax_row(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, float* row) {
+  const int64_t n = p.causal ? std::min(p.Sk, i + 1) : p.Sk;
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const char* mrow = nullptr;
+  if (p.mask_kind != AttnMask::none) {
+    const int64_t off = b * p.m_sb + h * p.m_sh + i * p.m_si;
+    const int64_t size = p.mask_kind == AttnMask::boolean ? 1 : p.mask_kind == AttnMask::f32 ? 4 : 2;
+    mrow = static_cast<const char*>(p.mask) + off * size;
+  }
+  __m512 vmax = ninf;
+  for (int64_t j = 0; j < n; j += W) {
+    const __mmask16 m = tail_mask(n - j);
+    __m512 x = _mm512_maskz_loadu_ps(m, row + j);
+    switch (p.mask_kind) {
+      case AttnMask::none: break;
+      case AttnMask::boolean: {
+        const __m128i bytes = _mm_maskz_loadu_epi8(m, mrow + j);
+        const __mmask16 keep = _mm_mask_cmpneq_epi8_mask(m, bytes, _mm_setzero_si128());
+        x = _mm512_mask_blend_ps(keep, ninf, x);
+        break;
+      }
+      case AttnMask::f32: x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(mrow) + j)); break;
+      case AttnMask::bf16: x = _mm512_add_ps(x, widen_bf16(reinterpret_cast<const uint16_t*>(mrow) + j, m)); break;
+    }
+    _mm512_mask_storeu_ps(row + j, m, x);
+    vmax = _mm512_mask_max_ps(vmax, m, vmax, x);
+  }
+  const float mx = _mm512_reduce_max_ps(vmax);
+  if (n == 0 || mx == -std::numeric_limits<float>::infinity()) {
+    std::fill(row, row + p.Sk, 0.0f);
+    return 0.0f;
+  }
+  const __m512 vm = _mm512_set1_ps(mx);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += W) {
+    const __mmask16 m = tail_mask(n - j);
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vm));
+    _mm512_mask_storeu_ps(row + j, m, e);
+    vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
+  }
+  std::fill(row + n, row + p.Sk, 0.0f);
+  return 1.0f / _mm512_reduce_add_ps(vsum);
+}
+
+inline void store_bf16(uint16_t* dst, __m512 v, __mmask16 m) {  // fp32 -> bf16, round to nearest even
+  __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  // NaN keeps a quiet NaN pattern instead of rounding into infinity
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  b = _mm512_mask_or_epi32(rounded, nan, b, _mm512_set1_epi32(0x00400000));
+  _mm256_mask_storeu_epi16(dst, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)));
+}
+
+// Stores y (16 lanes under mask m) at element e of output row `dst` in the problem's output type.
+inline void store_out(const AttentionProblem& p, void* dst, int64_t e, __m512 y, __mmask16 m) {
+  switch (p.out_kind) {
+    case AttnOut::f32: _mm512_mask_storeu_ps(static_cast<float*>(dst) + e, m, y); return;
+    case AttnOut::bf16: store_bf16(static_cast<uint16_t*>(dst) + e, y, m); return;
+    case AttnOut::u8:
+    case AttnOut::s8: {
+      const bool u8 = p.out_kind == AttnOut::u8;
+      const float lo = float((u8 ? 0 : -128) - p.out_zp), hi = float((u8 ? 255 : 127) - p.out_zp);
+      __m512 v = _mm512_div_ps(y, _mm512_set1_ps(p.out_scale));
+      v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);  // NaN -> zero point
+      v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+      const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(p.out_zp));
+      _mm_mask_storeu_epi8(static_cast<char*>(dst) + e, m, _mm512_cvtepi32_epi8(q));
+      return;
+    }
+  }
+}
+
+// out rows r0 .. r0 + 4 (those < rows) of the block, columns [e0, e0 + 16 NZ) (the last chunk
+// masked by `last`): sum_j s[r][j] v[j][e] times inv[r].
+template <int NZ>
+inline void pv_tile(const AttentionProblem& p, const float* s, int64_t Skp, const float* v, int64_t v_si,
+                    int64_t e0, __mmask16 last, const float* inv, void* const* out_rows, int rows) {
+  constexpr int RR = 4;
+  __m512 acc[RR][NZ];
+  for (int r = 0; r < RR; ++r)
+    for (int c = 0; c < NZ; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < p.Sk; ++j) {
+    const float* vr = v + j * v_si + e0;
+    __m512 vv[NZ];
+    for (int c = 0; c < NZ; ++c) vv[c] = c + 1 < NZ ? _mm512_loadu_ps(vr + c * W) : _mm512_maskz_loadu_ps(last, vr + c * W);
+    for (int r = 0; r < RR; ++r) {
+      const __m512 pr = _mm512_set1_ps(s[r * Skp + j]);
+      for (int c = 0; c < NZ; ++c) acc[r][c] = _mm512_fmadd_ps(pr, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < std::min(rows, RR); ++r) {
+    const __m512 sc = _mm512_set1_ps(inv[r]);
+    for (int c = 0; c < NZ; ++c)
+      store_out(p, out_rows[r], e0 + c * W, _mm512_mul_ps(acc[r][c], sc), c + 1 < NZ ? __mmask16(0xFFFF) : last);
+  }
+}
+
+inline int64_t out_elem_size(AttnOut o) { return o == AttnOut::f32 ? 4 : o == AttnOut::bf16 ? 2 : 1; }
+inline int64_t in_elem_size(AttnIn t) { return t == AttnIn::f32 ? 4 : 2; }
+
+inline size_t scratch_words_f32(const AttentionProblem& p) {
+  const int64_t Skp = round_up(std::max<int64_t>(p.Sk, 1), W);
+  const int64_t vp = p.in == AttnIn::bf16 ? p.Sk * p.Dv : 0;
+  return size_t(p.D * Skp + vp + R * p.D + R * Skp + R);
+}
+
+inline void rows_f32(const AttentionProblem& p, int64_t b, int64_t h, int64_t i0, int64_t i1, float* scratch) {
+  const int64_t Skp = round_up(std::max<int64_t>(p.Sk, 1), W);
+  const int64_t esz = in_elem_size(p.in);
+  float* kt = scratch;
+  float* vp = kt + p.D * Skp;
+  float* qb = vp + (p.in == AttnIn::bf16 ? p.Sk * p.Dv : 0);
+  float* s = qb + R * p.D;
+  float* inv = s + R * Skp;
+
+  // k -> kt [D][Skp] (fp32, zero columns past Sk)
+  const char* kbase = static_cast<const char*>(p.k) + (b * p.k_sb + h * p.k_sh) * esz;
+  for (int64_t j = 0; j < p.Sk; ++j) {
+    const char* kr = kbase + j * p.k_si * esz;
+    if (p.in == AttnIn::f32) {
+      const float* f = reinterpret_cast<const float*>(kr);
+      for (int64_t d = 0; d < p.D; ++d) kt[d * Skp + j] = f[d];
+    } else {
+      const uint16_t* f = reinterpret_cast<const uint16_t*>(kr);
+      for (int64_t d = 0; d < p.D; ++d) kt[d * Skp + j] = widen_bf16(f[d]);
+    }
+  }
+  for (int64_t d = 0; d < p.D; ++d) std::fill(kt + d * Skp + p.Sk, kt + (d + 1) * Skp, 0.0f);
+
+  // v: fp32 in place, bf16 widened into vp [Sk][Dv]
+  const char* vbase = static_cast<const char*>(p.v) + (b * p.v_sb + h * p.v_sh) * esz;
+  const float* v = reinterpret_cast<const float*>(vbase);
+  int64_t v_si = p.v_si;
+  if (p.in == AttnIn::bf16) {
+    for (int64_t j = 0; j < p.Sk; ++j) widen_row(vbase + j * p.v_si * esz, p.in, p.Dv, 1.0f, vp + j * p.Dv);
+    v = vp;
+    v_si = p.Dv;
+  }
+
+  const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + h * p.q_sh) * esz;
+  char* obase = static_cast<char*>(p.out) + (b * p.o_sb + h * p.o_sh) * out_elem_size(p.out_kind);
+  for (int64_t ib = i0; ib < i1; ib += R) {
+    const int rows = int(std::min<int64_t>(R, i1 - ib));
+    for (int r = 0; r < R; ++r) {
+      if (r < rows) widen_row(qbase + (ib + r) * p.q_si * esz, p.in, p.D, p.scale, qb + r * p.D);
+      else std::fill(qb + r * p.D, qb + (r + 1) * p.D, 0.0f);
+    }
+    int64_t j0 = 0;
+    for (; j0 + 2 * W <= Skp; j0 += 2 * W) qk_tile<2>(qb, p.D, kt, Skp, j0, s);
+    if (j0 < Skp) qk_tile<1>(qb, p.D, kt, Skp, j0, s);
+    for (int r = 0; r < R; ++r) inv[r] = r < rows ? softmax_row(p, b, h, ib + r, s + r * Skp) : 0.0f;
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+      void* out_rows[4];
+      for (int r = 0; r < 4; ++r) out_rows[r] = obase + (ib + r0 + std::min(r, rows - r0 - 1)) * p.o_si * out_elem_size(p.out_kind);
+      const float* sr = s + r0 * Skp;
+      const float* ir = inv + r0;
+      const int n = rows - r0;
+      for (int64_t e0 = 0; e0 < p.Dv; e0 += 4 * W) {
+        const int64_t left = p.Dv - e0;
+        const int nz = int(std::min<int64_t>(4, (left + W - 1) / W));
+        const __mmask16 last = tail_mask(left - (nz - 1) * W);
+        switch (nz) {
+          case 4: pv_tile<4>(p, sr, Skp, v, v_si, e0, last, ir, out_rows, n); break;
+          case 3: pv_tile<3>(p, sr, Skp, v, v_si, e0, last, ir, out_rows, n); break;
+          case 2: pv_tile<2>(p, sr, Skp, v, v_si, e0, last, ir, out_rows, n); break;
+          default: pv_tile<1>(p, sr, Skp, v, v_si, e0, last, ir, out_rows, n); break;
+        }
+      }
+    }
+  }
+}
+
+// Scratch (in 4-byte words): kt Dh*Skp, vt Sh*Dvp, q R*Dh, s R*Skp (fp32), P R*Sh, inv R, and
+// a staging row of max(Dh, Dvp).
+inline size_t scratch_words_bf16(const AttentionProblem& p) {
+  const int64_t Skp = round_up(std::max<int64_t>(p.Sk, 1), W), Dh = (p.D + 1) / 2, Sh = (p.Sk + 1) / 2;
+  const int64_t Dvp = round_up(p.Dv, W);
+  return size_t(Dh * Skp + Sh * Dvp + R * Dh + R * Skp + R * Sh + R + std::max(Dh, Dvp));
+}
+
+#ifdef QBACKEND_ATTENTION_BF16
+// ---- bf16 products ----
+
+// n values of a row (fp32 or bf16) times mul, rounded to bf16, into dst; dst[n] = 0 if n is odd.
+inline void bf16_row(const void* src, AttnIn in, int64_t n, float mul, uint16_t* dst) {
+  const __m512 s = _mm512_set1_ps(mul);
+  for (int64_t i = 0; i < n; i += W) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 x = in == AttnIn::f32 ? _mm512_maskz_loadu_ps(m, static_cast<const float*>(src) + i)
+                                       : widen_bf16(static_cast<const uint16_t*>(src) + i, m);
+    _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(x, s)));
+  }
+  if (n & 1) dst[n] = 0;
+}
+
+template <int NJ>
+inline void qk_tile_bf16(const uint32_t* qp, int64_t Dh, const uint32_t* kt, int64_t Skp, int64_t j0, float* s) {
+  __m512 acc[R][NJ];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NJ; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < Dh; ++d) {
+    const uint32_t* kr = kt + d * Skp + j0;
+    __m512bh kv[NJ];
+    for (int c = 0; c < NJ; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kr + c * W);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512bh qv = (__m512bh)_mm512_set1_epi32(int(qp[r * Dh + d]));
+      for (int c = 0; c < NJ; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], qv, kv[c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NJ; ++c) _mm512_storeu_ps(s + r * Skp + j0 + c * W, acc[r][c]);
+}
+
+template <int NZ>
+inline void pv_tile_bf16(const AttentionProblem& p, const uint32_t* pp, int64_t Sh, const uint32_t* vt, int64_t Dvp,
+                         int64_t e0, __mmask16 last, const float* inv, void* const* out_rows, int rows) {
+  constexpr int RR = 4;
+  __m512 acc[RR][NZ];
+  for (int r = 0; r < RR; ++r)
+    for (int c = 0; c < NZ; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < Sh; ++j) {
+    const uint32_t* vr = vt + j * Dvp + e0;
+    __m512bh vv[NZ];
+    for (int c = 0; c < NZ; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(vr + c * W);
+    for (int r = 0; r < RR; ++r) {
+      const __m512bh pr = (__m512bh)_mm512_set1_epi32(int(pp[r * Sh + j]));
+      for (int c = 0; c < NZ; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pr, vv[c]);
+    }
+  }
+  for (int r = 0; r < std::min(rows, RR); ++r) {
+    const __m512 sc = _mm512_set1_ps(inv[r]);
+    for (int c = 0; c < NZ; ++c)
+      store_out(p, out_rows[r], e0 + c * W, _mm512_mul_ps(acc[r][c], sc), c + 1 < NZ ? __mmask16(0xFFFF) : last);
+  }
+}
+
+inline void rows_bf16(const AttentionProblem& p, int64_t b, int64_t h, int64_t i0, int64_t i1, float* scratch) {
+  const int64_t Skp = round_up(std::max<int64_t>(p.Sk, 1), W), Dh = (p.D + 1) / 2, Sh = (p.Sk + 1) / 2;
+  const int64_t Dvp = round_up(p.Dv, W);
+  const int64_t esz = in_elem_size(p.in);
+  uint32_t* kt = reinterpret_cast<uint32_t*>(scratch);
+  uint32_t* vt = kt + Dh * Skp;
+  uint32_t* qp = vt + Sh * Dvp;
+  float* s = reinterpret_cast<float*>(qp + R * Dh);
+  uint32_t* pp = reinterpret_cast<uint32_t*>(s + R * Skp);
+  float* inv = reinterpret_cast<float*>(pp + R * Sh);
+  uint32_t* row = reinterpret_cast<uint32_t*>(inv + R);  // one k row, or two v rows, in bf16
+
+  const char* kbase = static_cast<const char*>(p.k) + (b * p.k_sb + h * p.k_sh) * esz;
+  for (int64_t j = 0; j < p.Sk; ++j) {  // row j of k as bf16 pairs -> column j of kt
+    bf16_row(kbase + j * p.k_si * esz, p.in, p.D, 1.0f, reinterpret_cast<uint16_t*>(row));
+    for (int64_t d = 0; d < Dh; ++d) kt[d * Skp + j] = row[d];
+  }
+  for (int64_t d = 0; d < Dh; ++d) std::fill(kt + d * Skp + p.Sk, kt + (d + 1) * Skp, 0u);
+
+  const char* vbase = static_cast<const char*>(p.v) + (b * p.v_sb + h * p.v_sh) * esz;
+  uint16_t* v2 = reinterpret_cast<uint16_t*>(row);  // rows j and j + 1 of v in bf16, side by side
+  for (int64_t jh = 0; jh < Sh; ++jh) {
+    const int64_t j = 2 * jh;
+    bf16_row(vbase + j * p.v_si * esz, p.in, p.Dv, 1.0f, v2);
+    if (j + 1 < p.Sk) bf16_row(vbase + (j + 1) * p.v_si * esz, p.in, p.Dv, 1.0f, v2 + Dvp);
+    else std::fill(v2 + Dvp, v2 + Dvp + p.Dv, uint16_t(0));
+    uint32_t* out = vt + jh * Dvp;
+    for (int64_t e = 0; e < p.Dv; ++e) out[e] = uint32_t(v2[e]) | (uint32_t(v2[Dvp + e]) << 16);
+    std::fill(out + p.Dv, out + Dvp, 0u);
+  }
+
+  const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + h * p.q_sh) * esz;
+  char* obase = static_cast<char*>(p.out) + (b * p.o_sb + h * p.o_sh) * out_elem_size(p.out_kind);
+  for (int64_t ib = i0; ib < i1; ib += R) {
+    const int rows = int(std::min<int64_t>(R, i1 - ib));
+    for (int r = 0; r < R; ++r) {
+      if (r < rows) bf16_row(qbase + (ib + r) * p.q_si * esz, p.in, p.D, p.scale, reinterpret_cast<uint16_t*>(qp + r * Dh));
+      else std::fill(qp + r * Dh, qp + (r + 1) * Dh, 0u);
+    }
+    int64_t j0 = 0;
+    for (; j0 + 2 * W <= Skp; j0 += 2 * W) qk_tile_bf16<2>(qp, Dh, kt, Skp, j0, s);
+    if (j0 < Skp) qk_tile_bf16<1>(qp, Dh, kt, Skp, j0, s);
+    for (int r = 0; r < R; ++r) {
+      inv[r] = r < rows ? softmax_row(p, b, h, ib + r, s + r * Skp) : 0.0f;
+      if (r < rows) bf16_row(s + r * Skp, AttnIn::f32, p.Sk, 1.0f, reinterpret_cast<uint16_t*>(pp + r * Sh));
+      else std::fill(pp + r * Sh, pp + (r + 1) * Sh, 0u);
+    }
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+      void* out_rows[4];
+      for (int r = 0; r < 4; ++r)
+        out_rows[r] = obase + (ib + r0 + std::min(r, rows - r0 - 1)) * p.o_si * out_elem_size(p.out_kind);
+      const int n = rows - r0;
+      for (int64_t e0 = 0; e0 < p.Dv; e0 += 4 * W) {
+        const int64_t left = p.Dv - e0;
+        const int nz = int(std::min<int64_t>(4, (left + W - 1) / W));
+        const __mmask16 last = tail_mask(left - (nz - 1) * W);
+        const uint32_t* pr = pp + r0 * Sh;
+        switch (nz) {
+          case 4: pv_tile_bf16<4>(p, pr, Sh, vt, Dvp, e0, last, inv + r0, out_rows, n); break;
+          case 3: pv_tile_bf16<3>(p, pr, Sh, vt, Dvp, e0, last, inv + r0, out_rows, n); break;
+          case 2: pv_tile_bf16<2>(p, pr, Sh, vt, Dvp, e0, last, inv + r0, out_rows, n); break;
+          default: pv_tile_bf16<1>(p, pr, Sh, vt, Dvp, e0, last, inv + r0, out_rows, n); break;
+        }
+      }
+    }
+  }
+}
+#endif  // QBACKEND_ATTENTION_BF16
+
+}  // namespace qbackend::kernels::attention_detail

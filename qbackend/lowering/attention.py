@@ -1,0 +1,83 @@
+"""The attention-core pass of convert: each torch scaled_dot_product_attention left in the graph
+becomes a FusedAttention module (qbackend::attention, csrc/kernels/attention_avx512*.cpp), and a
+Quantize border that is its only reader is folded into it (the kernel writes uint8 directly).
+
+Taken: dropout 0, no grouped-query broadcast, 4-D float32/bfloat16 q, k, v with equal batch and
+head sizes, a bool or float mask (or is_causal, not both). Anything else stays torch's SDPA.
+The mask is a float input of the op, never observed or quantized.
+"""
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from ..nn.attention import FusedAttention
+from ..nn.quant import Quantize
+
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+
+
+def _bind(node: fx.Node) -> dict:
+    bound = dict(zip(_ARGS, node.args))
+    bound.update(node.kwargs)
+    return bound
+
+
+def _val(arg):
+    return arg.meta.get("val") if isinstance(arg, fx.Node) else None
+
+
+def _eligible(a: dict) -> bool:
+    if a.get("dropout_p", 0.0) != 0.0 or a.get("enable_gqa", False):
+        return False
+    vals = [_val(a.get(k)) for k in ("query", "key", "value")]
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.dtype in (torch.float32, torch.bfloat16)
+               for t in vals):
+        return False
+    q, k, v = vals
+    if len({q.dtype, k.dtype, v.dtype}) != 1 or q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2]:
+        return False
+    mask = a.get("attn_mask")
+    if mask is not None:
+        m = _val(mask)
+        if not isinstance(m, torch.Tensor) or m.dtype not in (torch.bool, torch.float32, torch.bfloat16):
+            return False
+        if a.get("is_causal", False):
+            return False
+    scale = a.get("scale")
+    return scale is None or isinstance(scale, (int, float))
+
+
+def fuse_attention(gm: fx.GraphModule, bf16_products: bool) -> int:
+    """Rewrite the eligible SDPA calls of gm in place; returns how many."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not _SDPA:
+            continue
+        a = _bind(node)
+        if not _eligible(a):
+            continue
+        readers = list(node.users)
+        quant = None
+        if len(readers) == 1 and readers[0].op == "call_module":
+            m = gm.get_submodule(readers[0].target)
+            if isinstance(m, Quantize) and m.channel_divisor is None:
+                quant = (readers[0], m)
+        kwargs = dict(scale=a.get("scale"), is_causal=bool(a.get("is_causal", False)), bf16_products=bf16_products)
+        if quant is not None:
+            m = quant[1]
+            kwargs.update(out_dtype=m.dtype, out_scale=m.scale, out_zero_point=m.zero_point, qmax=m.qmax, value=m.value)
+        name = f"qbackend_attention_{count}"
+        gm.add_submodule(name, FusedAttention(**kwargs))
+        with gm.graph.inserting_after(node):
+            call = gm.graph.call_module(name, (a["query"], a["key"], a["value"], a.get("attn_mask")))
+        if quant is not None:
+            quant[0].replace_all_uses_with(call)
+            gm.graph.erase_node(quant[0])
+        else:
+            call.meta["val"] = node.meta.get("val")
+            node.replace_all_uses_with(call)
+        gm.graph.erase_node(node)
+        count += 1
+    return count
