@@ -47,7 +47,8 @@ synthetic images / sequences, not calibration data; BERT: last_hidden_state).
 Where qbackend (its faster variant) is slower than the best peer at a batch size, the report adds a
 torch.profiler breakdown of qbackend's models at that batch size (top ops by self CPU time).
 
-Sizes: images 224x224, BERT-base (12 layers) sequence 128; batch sizes 1 and 32 (BERT: 1 and 8);
+Sizes: images 224x224, BERT-base (12 layers) sequence 128, encoder_384 (6 layers, 384 wide, the shape of
+MiniLM-L6 sentence encoders) sequence 64; batch sizes 1 and 32 (BERT-base: 1 and 8; encoder_384: 32);
 --quick: ResNet-18 on 64x64 images, batch sizes 1 and 4, a few short timing rounds (a smoke run for
 CI, no meaningful numbers).
 """
@@ -97,7 +98,11 @@ from qbackend.models.bert import bert_inputs  # noqa: E402
 from qbackend.models.case import generator  # noqa: E402
 from qbackend.models.synthetic import synthetic_images  # noqa: E402
 
-MODELS = ("resnet18", "resnet50", "mobilenet_v2", "bert_base")
+MODELS = ("resnet18", "resnet50", "mobilenet_v2", "bert_base", "encoder_384")
+# BERT-style encoders: name -> BertConfig overrides (bert_base's layer count comes from Sizes).
+# encoder_384: 6 layers, hidden 384, 12 heads, FFN 1536 (the shape of MiniLM-L6 sentence encoders).
+ENCODERS = {"bert_base": {}, "encoder_384": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12,
+                                                 intermediate_size=1536)}
 
 # (key, label, python modules it needs, pip packages to install them)
 FLOWS: list[tuple[str, str, tuple[str, ...], str]] = [
@@ -124,9 +129,10 @@ class Sizes:
     image_size: int = 224
     seq_len: int = 128
     bert_layers: int = 12
+    encoder_seq_len: int = 64  # encoder_384's sequence length
     calib_batch: int = 8
     calib_batches: int = 4
-    batch_sizes: dict = field(default_factory=lambda: {"bert_base": (1, 8)})
+    batch_sizes: dict = field(default_factory=lambda: {"bert_base": (1, 8), "encoder_384": (32,)})
     default_batches: tuple = (1, 32)
     # timing (benchmarks/_timing.measure)
     blocks: int = 25
@@ -141,8 +147,8 @@ class Sizes:
 
 
 FULL = Sizes()
-QUICK = Sizes(image_size=64, seq_len=32, bert_layers=2, calib_batch=2, calib_batches=2,
-              batch_sizes={"bert_base": (1, 2)}, default_batches=(1, 4), blocks=3, block_s=0.02, warmup_s=0.02,
+QUICK = Sizes(image_size=64, seq_len=32, bert_layers=2, encoder_seq_len=16, calib_batch=2, calib_batches=2,
+              batch_sizes={"bert_base": (1, 2), "encoder_384": (2,)}, default_batches=(1, 4), blocks=3, block_s=0.02, warmup_s=0.02,
               budget_s=2.0, min_blocks=2, profile_iters=2)
 
 
@@ -183,7 +189,7 @@ class Bench:
 
     @property
     def is_transformer(self) -> bool:
-        return self.name == "bert_base"
+        return self.name in ENCODERS
 
     def fresh_model(self) -> nn.Module:
         return copy.deepcopy(self.model).eval()
@@ -210,14 +216,17 @@ class Row:
 
 
 def build_bench(name: str, sizes: Sizes, threads: int, tmpdir: str, seed: int = 0) -> Bench:
-    if name == "bert_base":
-        case = CASES[name](batch_size=sizes.calib_batch, num_calibration_batches=sizes.calib_batches,
-                           num_eval_batches=1, seq_len=sizes.seq_len, seed=seed,
-                           num_hidden_layers=sizes.bert_layers)
+    if name in ENCODERS:
+        seq_len = sizes.seq_len if name == "bert_base" else sizes.encoder_seq_len
+        overrides = {"num_hidden_layers": sizes.bert_layers, **ENCODERS[name]}
+        if name != "bert_base" and sizes is QUICK:
+            overrides["num_hidden_layers"] = 2
+        case = CASES["bert_base"](batch_size=sizes.calib_batch, num_calibration_batches=sizes.calib_batches,
+                                  num_eval_batches=1, seq_len=seq_len, seed=seed, **overrides)
         model = BertOutput(case.model).eval()
         vocab = case.model.config.vocab_size
         g = generator(seed + 4)
-        inputs = {b: bert_inputs(b, sizes.seq_len, g, vocab) for b in sizes.batches(name)}
+        inputs = {b: bert_inputs(b, seq_len, g, vocab) for b in sizes.batches(name)}
     else:
         case = CASES[name](batch_size=sizes.calib_batch, num_calibration_batches=sizes.calib_batches,
                            num_eval_batches=1, image_size=sizes.image_size, seed=seed)
@@ -630,8 +639,9 @@ def header(args, sizes: Sizes, names: list[str], flows: list[str], load: list[fl
         f"{elapsed / 60:.1f} min; 1-minute load average before / after: {load[0]:.2f} / {load[1]:.2f} (a shared "
         "machine: compare flows within a table, not across runs).",
         f"- Models: {', '.join(names)}; images {sizes.image_size}x{sizes.image_size}; BERT-base "
-        f"{sizes.bert_layers} layers, sequence {sizes.seq_len}, random weights, varied real lengths (attention "
-        f"mask); batch sizes {bs}. Calibration: the same {sizes.calib_batches} batches of {sizes.calib_batch} for "
+        f"{sizes.bert_layers} layers, sequence {sizes.seq_len}; encoder_384 (6 layers, hidden 384, 12 heads, FFN "
+        f"1536) sequence {sizes.encoder_seq_len}; random weights, varied real lengths (attention mask); batch sizes "
+        f"{bs}. Calibration: the same {sizes.calib_batches} batches of {sizes.calib_batch} for "
         "every flow.",
         f"- Timing: {sizes.blocks} interleaved rounds (a flow stops after {sizes.min_blocks} once it has spent "
         f"{sizes.budget_s:.0f} s), blocks of >= {sizes.block_s} s after {sizes.warmup_s} s of warm-up; times and "

@@ -182,3 +182,37 @@ def _hidden_attention_max(qmodel, ids, mask):
     for h in hooks:
         h.remove()
     return max(top)
+
+
+def _distilbert():
+    from transformers import DistilBertConfig, DistilBertModel
+    torch.manual_seed(0)
+    return DistilBertModel(DistilBertConfig(n_layers=2, dim=128, n_heads=4, hidden_dim=256, vocab_size=2000)).eval()
+
+
+def _roberta():
+    from transformers import RobertaConfig, RobertaModel
+    torch.manual_seed(0)
+    return RobertaModel(RobertaConfig(num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+                                      intermediate_size=256, vocab_size=2000), add_pooling_layer=False).eval()
+
+
+@pytest.mark.parametrize("build", [_distilbert, _roberta], ids=["DistilBertModel", "RobertaModel"])
+def test_other_encoders_quantize_with_fused_attention(build):
+    """DistilBERT (its own attention module and FFN naming) and RoBERTa (padding-aware positions)
+    go through the same path: every attention core fused, every Linear int8, close to FP32, and
+    padded rows give the real tokens the outputs of the unpadded sequence."""
+    model = build()
+    g = torch.Generator().manual_seed(4)
+    cal = [bert_inputs(4, 24, g, vocab_size=2000) for _ in range(3)]
+    qmodel = qbackend.quantize(model, cal[0], cal)
+    assert len(_attention_modules(qmodel)) == 2 and not _sdpa_nodes(qmodel)
+    assert sum(info["kind"] == "linear" for info in qmodel.qbackend_layers.values()) == 12
+    ids, mask = bert_inputs(3, 20, g, vocab_size=2000, min_len=6)
+    ref, out = _hidden(model, ids, mask), _hidden(qmodel, ids, mask)
+    real = mask.bool()
+    assert sqnr(ref[real], out[real]) > 25.0
+    n = int(mask[1].sum())
+    assert n < 20
+    alone = _hidden(qmodel, ids[1:2, :n], mask[1:2, :n])[0]
+    torch.testing.assert_close(out[1, :n], alone, rtol=0, atol=2e-3)
