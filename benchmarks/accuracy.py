@@ -131,7 +131,7 @@ def quantize_qbackend(case: ModelCase, model):
         return qbackend.quantize_dynamic(model), "qbackend.quantize_dynamic"
     qmodel = qbackend.quantize(model, case.example_inputs, case.calibration)
     return qmodel, f"qbackend.quantize, default config ({len(case.calibration)} calibration batches)" + \
-        smoothquant_summary(qmodel)
+        smoothquant_summary(qmodel) + gptq_summary(qmodel)
 
 
 def quantize_pt2e(case: ModelCase, model):
@@ -167,10 +167,36 @@ def quantize_qbackend_no_smoothquant(case: ModelCase, model):
     return qmodel, f"QuantConfig(smoothquant=None) ({len(case.calibration)} calibration batches)"
 
 
+def quantize_qbackend_nearest(case: ModelCase, model):
+    config = qbackend.QuantConfig(weight_rounding="nearest", smoothquant=None)
+    qmodel = qbackend.quantize(model, case.example_inputs, case.calibration, config=config)
+    return qmodel, (f"QuantConfig(weight_rounding='nearest', smoothquant=None): plain per-channel rounding, "
+                    f"no SmoothQuant ({len(case.calibration)} calibration batches)")
+
+
+def quantize_qbackend_no_gptq(case: ModelCase, model):
+    config = qbackend.QuantConfig(weight_rounding="nearest")
+    qmodel = qbackend.quantize(model, case.example_inputs, case.calibration, config=config)
+    return qmodel, f"QuantConfig(weight_rounding='nearest') ({len(case.calibration)} calibration batches)" + \
+        smoothquant_summary(qmodel)
+
+
+def gptq_summary(qmodel) -> str:
+    gains = [v["weight_rounding"].get("gain_db") for v in qmodel.qbackend_layers.values()
+             if v.get("weight_rounding", {}).get("method") == "gptq"]
+    gains = [g for g in gains if g is not None]
+    if not gains:
+        return ""
+    return (f"; GPTQ rounding on {len(gains)} Linears (calibration output error {min(gains):.1f}-{max(gains):.1f} dB "
+            "below nearest rounding)")
+
+
 # flow -> (quantize function, which cases it runs on)
 FLOWS = {
     "torch.ao": (quantize_torch_ao, lambda case: True),
     "PT2E (X86InductorQuantizer)": (quantize_pt2e, lambda case: case.mode == "static"),
+    "qbackend, nearest rounding, SmoothQuant off": (quantize_qbackend_nearest, is_transformer),
+    "qbackend, nearest rounding (no GPTQ)": (quantize_qbackend_no_gptq, is_transformer),
     "qbackend, SmoothQuant off": (quantize_qbackend_no_smoothquant, is_transformer),
     "qbackend": (quantize_qbackend, lambda case: True),
 }

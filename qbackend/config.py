@@ -33,6 +33,7 @@ OBSERVERS: Mapping[str, type[Observer]] = MappingProxyType({
     "mse": MSEObserver,
 })
 MODES = ("static", "dynamic", "weight_only")
+WEIGHT_ROUNDINGS = ("gptq", "nearest")
 PROVIDER_NAMES = ("fbgemm", "onednn", "reference")  # qbackend.ops.providers.PROVIDERS
 EMBEDDING_PROVIDER_NAMES = ("builtin", "fbgemm", "fbgemm_gpu")  # qbackend.ops.embedding.EMBEDDING_PROVIDERS
 
@@ -146,10 +147,17 @@ class QuantConfig:
     # torch's BF16 kernels for them measure slower than FP32 on AVX512-BF16 CPUs (benchmarks note).
     # False: every float op in FP32.
     bf16: bool = True
+    # How static Linears' int8 weights are rounded (per layer): "gptq" (the default) chooses each
+    # weight's level to minimise the layer's output error on the calibration data (H = X^T X,
+    # lowering/gptq.py; same scales, same kernels); "nearest" rounds each weight on its own.
+    weight_rounding: str = "gptq"
 
     def __post_init__(self):
         if not isinstance(self.bf16, bool):
             raise TypeError(f"bf16 must be True or False, got {self.bf16!r}")
+        if self.weight_rounding not in WEIGHT_ROUNDINGS:
+            raise ValueError(f"weight_rounding must be one of {', '.join(WEIGHT_ROUNDINGS)}, "
+                             f"got {self.weight_rounding!r}")
         if not (self.smoothquant is None or self.smoothquant == "auto"
                 or isinstance(self.smoothquant, SmoothQuantConfig)):
             raise TypeError(f"smoothquant must be 'auto', a SmoothQuantConfig or None, got {self.smoothquant!r}")

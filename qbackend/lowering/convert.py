@@ -3,7 +3,8 @@
 Works on a copy of the prepared GraphModule (parameters shared, not copied; the prepared model
 stays usable). In the order the fused chains end:
 
-* each static op becomes one call of its qbackend.nn module, placed where its chain ended, fed
+* each static op becomes one call of its qbackend.nn module (static Linears' weights rounded by
+  GPTQ on their input's calibration Hessian unless the config says "nearest": lowering/gptq.py), placed where its chain ended, fed
   the int8 form of its input (and residual): the output of the producing int8 op, a transparent
   op (max pool, view, flatten) re-run on int8 data, or a quantize op right after the observed
   float value. Its output is int8 where the plan says some consumer reads int8; float consumers
@@ -31,6 +32,8 @@ from ..ops import reference
 from ..nn.quant import Dequantize, Quantize
 from .attention import fuse_attention
 from .embeddings import rewrite_embeddings
+from . import gptq
+from .gptq import HessianStats
 from .graph_utils import quiet_treespec_deprecation
 from .layers import build_layer
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
@@ -65,6 +68,8 @@ class _Rewriter:
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.channel_smooth: dict[fx.Node, torch.Tensor] = {}  # value -> s, divided in its quantize op
         self.weight_smooth: dict[str, torch.Tensor] = {}       # layer name -> s, multiplied into its weight
+        self.hessians: dict[str, tuple[str, torch.Tensor]] = {}  # layer -> (its input's recorder, H unsmoothed)
+        self._factors: dict[tuple, tuple] = {}                  # (recorder, smoothing) -> (H, gptq.factor(H))
 
     def _after(self, node: fx.Node):
         if node.op == "placeholder":
@@ -118,6 +123,19 @@ class _Rewriter:
         self.gm.add_submodule(name, module)
         return name
 
+    def _hessian(self, layer: str, smooth: torch.Tensor | None) -> tuple:
+        """(H, gptq.factor(H)) of the layer's input as the int8 layer reads it (smoothed by SmoothQuant:
+        X / s has H' = diag(1/s) H diag(1/s)); factored once per input and smoothing (query, key and
+        value share theirs)."""
+        stats, h = self.hessians[layer]
+        key = (stats, None if smooth is None else id(smooth))
+        if key not in self._factors:
+            if smooth is not None:
+                inv = 1.0 / smooth.double()
+                h = h * inv[:, None] * inv[None, :]
+            self._factors[key] = (h, gptq.factor(h))
+        return self._factors[key]
+
     def rewrite(self, op) -> None:
         plan = self.prepared.plan
         static = op.config.mode == "static"
@@ -132,8 +150,11 @@ class _Rewriter:
             args = (self.replaced.get(op.x, op.x),)
         out_qp = self.qparams[op.output] if op.output in plan.int8_outputs else None
         spec = op.layer_spec(self.gm)
-        if op.name in self.weight_smooth:
-            spec.weight = smoothquant.smoothed_weight(spec.weight, self.weight_smooth[op.name])
+        smooth = self.weight_smooth.get(op.name)
+        if smooth is not None:
+            spec.weight = smoothquant.smoothed_weight(spec.weight, smooth)
+        if op.name in self.hessians:
+            spec.hessian, spec.hessian_factor = self._hessian(op.name, smooth)
         if op.accum is not None:
             spec.residual = "int8" if out_qp is not None else "float32"
         module, why = build_layer(spec, x_qp, out_qp, acc_qp, tune=self.tune)
@@ -151,6 +172,8 @@ class _Rewriter:
                                 "output": "int8" if out_qp is not None else "float32",
                                 "shape": spec.shape_key(), "x_shape": list(spec.x_shape),
                                 "forced": op.config.provider}
+        if spec.rounding is not None:
+            self.layers[op.name]["weight_rounding"] = _rounding_record(spec.rounding)
         if out_qp is not None:
             self.qmap[op.output] = (call, out_qp)
             deq_mod = Dequantize(out_qp.scale, out_qp.zero_point, out_qp.dtype, value=self.value_ids[id(out_qp)])
@@ -162,6 +185,20 @@ class _Rewriter:
         else:
             op.output.replace_all_uses_with(call)
             self.replaced[op.output] = call
+
+
+def _rounding_record(info: dict) -> dict:
+    """A layer's weight-rounding report: the method, and GPTQ's proxy output error against nearest
+    rounding's in dB (how much less output error its rounding makes on the calibration data)."""
+    import math
+
+    rec = {"method": info["method"]}
+    before, after = info.get("proxy_error_nearest"), info.get("proxy_error")
+    if before and after and before > 0 and after > 0:
+        rec["gain_db"] = round(10 * math.log10(before / after), 2)
+    if "why" in info:
+        rec["why"] = info["why"]
+    return rec
 
 
 def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict]:
@@ -232,12 +269,16 @@ def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
             smoothquant.fold_layer_norm(gm, node_map[group.value], sm.factors)
         else:
             rw.channel_smooth[node_map[group.value]] = sm.factors
+    for layer, stats in prepared.hessians.items():
+        h = prepared.gm.get_submodule(stats).hessian
+        if h is not None:
+            rw.hessians[layer] = (stats, h)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for op in sorted(ops, key=lambda o: order[o.output]):
         rw.rewrite(op)
     rw.layers.update(rewrite_embeddings(gm, [dataclasses.replace(e, node=node_map[e.node], weight=node_map[e.weight])
                                              for e in prepared.embeddings]))
-    recorders = (ActivationObserver, smoothquant.ChannelStats)
+    recorders = (ActivationObserver, smoothquant.ChannelStats, HessianStats)
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), recorders):
             gm.graph.erase_node(node)

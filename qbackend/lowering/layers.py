@@ -1,5 +1,5 @@
 """Building the quantized module for one layer: quantize its weight (the config's weight
-observer), route it to a provider (qbackend.dispatch.route, from its example shape), pack the
+observer's scales; GPTQ rounding where the spec carries its input's Hessian), route it to a provider (qbackend.dispatch.route, from its example shape), pack the
 weight, and wrap it in the qbackend.nn module for its mode. Used by the graph lowering and by the
 module-swap fallback alike (a `LayerSpec` says all it needs)."""
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..nn._weights import quantize_weight
 from ..observers import QParams
 from ..ops import PackedConv2dWeight, PackedLinearWeight, get_provider
 from ..ops.conv import conv2d_output_hw
+from .gptq import gptq_round
 
 
 @dataclass
@@ -31,6 +32,9 @@ class LayerSpec:
     geometry: dict = field(default_factory=dict)  # conv2d: stride, padding, dilation, groups (pairs / int)
     post_op: str = "none"
     residual: str | None = None       # conv2d with a fused residual add: its output, "int8" | "float32"
+    hessian: torch.Tensor | None = None  # linear: H = X^T X of its input, for GPTQ rounding (lowering/gptq.py)
+    hessian_factor: tuple | None = None  # gptq.factor(hessian), when already computed (shared inputs)
+    rounding: dict | None = None      # set by build_layer: how the weight was rounded (GPTQ's report)
 
     def shape_key(self) -> dict:
         """The shape the dispatch rules look at, with the epilogue flags that change the ranking:
@@ -169,6 +173,9 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
     mode = spec.config.mode
     w_obs = spec.config.weight.create(f"{spec.name}.weight")
     q, scales = quantize_weight(spec.weight, w_obs, spec.name)
+    if spec.hessian is not None and spec.kind == "linear":
+        q, spec.rounding = gptq_round(spec.weight, scales, spec.hessian, w_obs.qmin, w_obs.qmax, nearest=q,
+                                      factored=spec.hessian_factor)
     if mode == "weight_only":
         if spec.kind == "linear":
             return WeightOnlyLinear(q, scales, spec.bias), "weight-only (FP32 compute)"

@@ -13,9 +13,10 @@ from ..observers import Observer
 from .capture import capture
 from .embeddings import EmbeddingOp, match_embeddings
 from .graph_utils import record_example_shapes
-from .fold import fold_batchnorm
+from .fold import fold_batchnorm, get_attr_value
 from .patterns import QuantizableOp, match
 from .plan import Plan, make_plan
+from .gptq import HESSIAN_PREFIX, MAX_FEATURES, HessianStats
 from .smoothquant import STATS_PREFIX, ChannelStats, SmoothGroup, find_groups, fold_kind, resolve
 
 OBSERVER_PREFIX = "qbackend_observer_"
@@ -40,8 +41,9 @@ class PreparedGraph:
 
     def __init__(self, gm: fx.GraphModule, ops: list[QuantizableOp], plan: Plan, skipped: list, folded: int,
                  embeddings: list[EmbeddingOp] | None = None, smooth_groups: list[SmoothGroup] | None = None,
-                 config: QuantConfig | None = None):
+                 config: QuantConfig | None = None, hessians: dict[str, str] | None = None):
         self.gm, self.ops, self.plan, self.skipped, self.folded = gm, ops, plan, skipped, folded
+        self.hessians = dict(hessians or {})  # layer name -> its input's HessianStats submodule (GPTQ)
         self.embeddings = list(embeddings or [])  # weight-only tables, rewritten at convert
         self.smooth_groups = list(smooth_groups or [])  # SmoothQuant candidates, searched at convert
         self.config = config
@@ -114,5 +116,15 @@ def prepare_graph(model: nn.Module, example_inputs: tuple, config: QuantConfig,
         _record_after(gm, node, f"{OBSERVER_PREFIX}{i}", ActivationObserver(spec.create(name)))
     for group in smooth_groups:
         _record_after(gm, group.value, group.stats, ChannelStats(plan.observed[group.value], sq.sample_rows))
+    hessians, by_value = {}, {}
+    for op in ops:
+        if op.kind != "linear" or op.config.mode != "static" or op.config.weight_rounding != "gptq" \
+                or get_attr_value(gm, op.weight).shape[1] > MAX_FEATURES:
+            continue
+        if op.x not in by_value:
+            by_value[op.x] = f"{HESSIAN_PREFIX}{len(by_value)}"
+            _record_after(gm, op.x, by_value[op.x], HessianStats(f"{op.name}.input"))
+        hessians[op.name] = by_value[op.x]
     gm.recompile()
-    return PreparedGraph(gm, ops, plan, skipped + skipped_tables, folded, embeddings, smooth_groups, config)
+    return PreparedGraph(gm, ops, plan, skipped + skipped_tables, folded, embeddings, smooth_groups, config,
+                         hessians)
