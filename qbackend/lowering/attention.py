@@ -64,7 +64,8 @@ def fuse_attention(gm: fx.GraphModule, bf16_products: bool) -> int:
             m = gm.get_submodule(readers[0].target)
             if isinstance(m, Quantize) and m.channel_divisor is None:
                 quant = (readers[0], m)
-        kwargs = dict(scale=a.get("scale"), is_causal=bool(a.get("is_causal", False)), bf16_products=bf16_products)
+        kwargs = dict(scale=a.get("scale"), is_causal=bool(a.get("is_causal", False)), bf16_products=bf16_products,
+                      out_dtype=_val(a["query"]).dtype)  # SDPA's output dtype, unless a quantize is fused
         if quant is not None:
             m = quant[1]
             kwargs.update(out_dtype=m.dtype, out_scale=m.scale, out_zero_point=m.zero_point, qmax=m.qmax, value=m.value)

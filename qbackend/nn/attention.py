@@ -1,8 +1,8 @@
 """FusedAttention: a transformer's attention core (torch's scaled_dot_product_attention in the
 captured graph) as one qbackend::attention call, with the quantize of its output fused in.
 
-Float q, k, v (and the mask) in; out float32 or, when the lowering fused the Quantize border that
-followed it, uint8/int8 with that border's qparams (`value` names the activation, so a model
+Float q, k, v (and the mask) in; out in q's float dtype (what SDPA returns) or, when the lowering
+fused the Quantize border that followed it, uint8/int8 with that border's qparams (`value` names the activation, so a model
 requantized for another CPU updates it like a Quantize). `bf16_products`: the two matrix products
 in bf16 with fp32 accumulation where the CPU has AVX512-BF16 (decided by the kernel on each call,
 so a model saved on a BF16 machine runs fp32 products elsewhere); False keeps them fp32.
@@ -24,8 +24,8 @@ class FusedAttention(nn.Module):
                  out_dtype: torch.dtype = torch.float32, out_scale: float = 1.0, out_zero_point: int = 0,
                  qmax: int | None = None, value: str | None = None):
         super().__init__()
-        if out_dtype not in (torch.float32, *QDTYPES):
-            raise TypeError(f"out_dtype must be float32, uint8 or int8, got {out_dtype}")
+        if out_dtype not in (torch.float32, torch.bfloat16, *QDTYPES):
+            raise TypeError(f"out_dtype must be float32, bfloat16, uint8 or int8, got {out_dtype}")
         if scale is not None and not math.isfinite(float(scale)):
             raise ValueError(f"scale must be finite, got {scale}")
         self.scale = None if scale is None else float(scale)

@@ -216,3 +216,32 @@ def test_other_encoders_quantize_with_fused_attention(build):
     assert n < 20
     alone = _hidden(qmodel, ids[1:2, :n], mask[1:2, :n])[0]
     torch.testing.assert_close(out[1, :n], alone, rtol=0, atol=2e-3)
+
+
+class _CausalBF16Attention(torch.nn.Module):
+    """A decoder-style block whose attention core runs in bfloat16 with is_causal=True."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True)
+        return self.out(y.float().transpose(1, 2).reshape(b, s, 32))
+
+
+def test_causal_bf16_attention_keeps_its_dtype():
+    """SDPA on bfloat16 tensors, causal: fused, its output stays bfloat16 (what SDPA returned), and
+    the model stays close to FP32."""
+    torch.manual_seed(0)
+    model = _CausalBF16Attention().eval()
+    g = torch.Generator().manual_seed(1)
+    cal = [(torch.randn(4, 9, 32, generator=g),) for _ in range(3)]
+    qmodel = qbackend.quantize(model, cal[0], cal)
+    (fused,) = _attention_modules(qmodel)
+    assert fused.is_causal and fused.out_dtype == torch.bfloat16
+    x = torch.randn(2, 9, 32, generator=g)
+    with torch.no_grad():
+        assert sqnr(model(x), qmodel(x)) > 25.0
