@@ -12,7 +12,8 @@ stays usable). In the order the fused chains end:
 * dynamic and weight-only ops become their module, float in and out;
 * the float chain that was replaced, and the observers, are dropped (dead code);
 * attention cores (torch's SDPA) become qbackend's fused attention, with the quantize of their
-  output folded in (lowering/attention.py).
+  output folded in (lowering/attention.py); a LayerNorm whose output is quantized becomes one
+  (add +) LayerNorm + quantize op (lowering/layer_norm.py).
 
 Every compute op left in FP32 (by op name and count), and every conv/linear that could not be
 quantized, with the reason, is listed in one warning (FP32FallbackWarning).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
 import warnings
 from collections import Counter
 
@@ -31,6 +33,7 @@ from ..observers import QParams
 from ..ops import reference
 from ..nn.quant import Dequantize, Quantize
 from .attention import fuse_attention
+from .layer_norm import fuse_layer_norms
 from .embeddings import rewrite_embeddings
 from . import gptq
 from .gptq import HessianStats
@@ -183,6 +186,8 @@ class _Rewriter:
             self.dequantized[deq] = op.output
             self.replaced[op.output] = deq
         else:
+            if isinstance(op.output.meta.get("val"), torch.Tensor):  # the float output: same shape and dtype
+                call.meta["val"] = op.output.meta["val"]
             op.output.replace_all_uses_with(call)
             self.replaced[op.output] = call
 
@@ -289,7 +294,8 @@ def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
-    if fuse_attention(gm, bf16_products=prepared.config is None or prepared.config.bf16):
+    fused = fuse_attention(gm, bf16_products=prepared.config is None or prepared.config.bf16)
+    if fused + fuse_layer_norms(gm):
         gm.graph.eliminate_dead_code()
     _donate_dead_residuals(gm)
     _drop_unused_attributes(gm)
@@ -412,7 +418,8 @@ def _remap(op, node_map):
     return new
 
 
-_NOT_COMPUTE = {ops_ns.quantize_per_tensor.default, ops_ns.dequantize_per_tensor.default, aten.clamp_max.default}
+_NOT_COMPUTE = {ops_ns.quantize_per_tensor.default, ops_ns.dequantize_per_tensor.default, aten.clamp_max.default,
+                operator.getitem}
 
 
 def fp32_ops(gm: fx.GraphModule) -> Counter:

@@ -23,6 +23,7 @@ from ..ops.embedding import get_embedding_provider
 from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear
 from ..nn._activation import StaticQParamsMixin
 from ..nn.attention import FusedAttention
+from ..nn.layer_norm import LayerNormQuantize
 from ..nn.quant import Dequantize, Quantize
 from ..observers import choose_qparams, default_reduce_range
 from ..ops import PackedConv2dWeight
@@ -47,7 +48,7 @@ def requantize_activations(qmodel, seven_bit: bool) -> list[str]:
     if not new:
         return []
     for m in qmodel.modules():
-        if isinstance(m, (Quantize, Dequantize, FusedAttention)) and m.value in new:
+        if isinstance(m, (Quantize, Dequantize, FusedAttention, LayerNormQuantize)) and m.value in new:
             qp = new[m.value]
             m.set_qparams(qp.scale, qp.zero_point, qp.qmax)
         elif isinstance(m, StaticQParamsMixin):

@@ -5,6 +5,7 @@
   DynamicQuantizedLSTM                                         (lstm.py)
   QuantizedEmbedding, QuantizedEmbeddingBag                    (embedding.py: weight-only, rowwise 8/4-bit)
   FusedAttention                                               (attention.py: SDPA with its output quantize fused)
+  LayerNormQuantize                                            (layer_norm.py: add + LayerNorm + quantize fused)
 
 The static modules take and give plain uint8 tensors with the qparams they were built with (the
 lowering wires them so activations stay in int8 between them); the dynamic and weight-only ones
@@ -15,6 +16,8 @@ from .linear import DynamicQuantizedLinear, QuantizedLinear, WeightOnlyLinear
 from .embedding import QuantizedEmbedding, QuantizedEmbeddingBag
 from .lstm import DynamicQuantizedLSTM
 from .attention import FusedAttention
+from .layer_norm import LayerNormQuantize
 
 __all__ = ["QuantizedConv2d", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear",
-           "DynamicQuantizedLSTM", "QuantizedEmbedding", "QuantizedEmbeddingBag", "FusedAttention"]
+           "DynamicQuantizedLSTM", "QuantizedEmbedding", "QuantizedEmbeddingBag", "FusedAttention",
+           "LayerNormQuantize"]

@@ -94,6 +94,26 @@ def _attention_modules(qmodel):
     return [m for m in qmodel.modules() if isinstance(m, FusedAttention)]
 
 
+def _layer_norm_modules(qmodel):
+    from qbackend.nn import LayerNormQuantize
+    return [m for m in qmodel.modules() if isinstance(m, LayerNormQuantize)]
+
+
+def test_layer_norms_are_fused_with_their_residual_add_and_quantize(small_bert):
+    """Every LayerNorm quantized for the next Linears became one add + LayerNorm + quantize call:
+    the embeddings' (no residual: its add broadcasts the position embeddings) and two per layer
+    (attention output + residual, FFN output + residual); no aten layer_norm or add is left behind
+    them, and no Quantize border."""
+    _, qmodel = small_bert
+    gm = qmodel.graph_module
+    mods = _layer_norm_modules(qmodel)
+    assert len(mods) == 1 + 2 * SMALL["num_hidden_layers"]
+    calls = [n for n in gm.graph.nodes if n.op == "call_module" and gm.get_submodule(n.target) in mods]
+    assert sum(n.args[1] is not None for n in calls) == 2 * SMALL["num_hidden_layers"]
+    assert not [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.layer_norm.default]
+    assert not [m for m in gm.modules() if isinstance(m, qbackend.nn.quant.Quantize)]
+
+
 def _sdpa_nodes(qmodel):
     return [n for n in qmodel.graph_module.graph.nodes
             if n.op == "call_function" and n.target is torch.ops.aten.scaled_dot_product_attention.default]
@@ -169,7 +189,7 @@ def test_fused_attention_survives_save_load_and_seven_bit_requantization(small_b
     loaded = qbackend.load(path)
     assert torch.equal(_hidden(loaded, ids, mask), _hidden(qmodel, ids, mask))
     changed = requantize_activations(loaded, seven_bit=True)
-    for m in _attention_modules(loaded):
+    for m in _attention_modules(loaded) + _layer_norm_modules(loaded):
         assert m.value in changed and m.qmax == 127
     assert int(_hidden_attention_max(loaded, ids, mask)) <= 127
 

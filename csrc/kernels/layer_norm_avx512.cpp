@@ -1,0 +1,79 @@
+// AVX512 (F/BW/VL/DQ) fused residual add + LayerNorm + quantize, one row per call
+// (kernels/layer_norm_kernels.h). Only this file is compiled for AVX512 (pragma below, after the
+// includes); call it only when qbackend::cpu::usable_level() >= 2.
+
+// GCC 12 warns falsely about the `__Y = __Y` inside _mm512_undefined_* (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/layer_norm_kernels.h"
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+namespace qbackend::kernels {
+namespace {
+
+constexpr int64_t W = 16;
+inline __mmask16 tail_mask(int64_t n) { return n >= W ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+
+// Full vectors take plain stores: masked stores are several times slower on AMD Zen 4/5.
+inline void store(float* p, __mmask16 m, __m512 v) {
+  if (m == __mmask16(0xFFFF)) _mm512_storeu_ps(p, v);
+  else _mm512_mask_storeu_ps(p, m, v);
+}
+inline void store(char* p, __mmask16 m, __m128i v) {
+  if (m == __mmask16(0xFFFF)) _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
+  else _mm_mask_storeu_epi8(p, m, v);
+}
+
+}  // namespace
+
+void layer_norm_quantize_row_avx512(const LayerNormQuantRow& p, const float* x, const float* r, float* y, void* q) {
+  const int64_t C = p.C;
+  // pass 1: s = x + r into y, and its sum; pass 2: the biased variance around the mean. Four
+  // accumulators in registers over runs of 64 values, so the adds do not wait on each other.
+  auto sum_row = [&](auto&& value) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t c = 0;
+    for (; c + 4 * W <= C; c += 4 * W) {
+      a0 = _mm512_add_ps(a0, value(c, __mmask16(0xFFFF)));
+      a1 = _mm512_add_ps(a1, value(c + W, __mmask16(0xFFFF)));
+      a2 = _mm512_add_ps(a2, value(c + 2 * W, __mmask16(0xFFFF)));
+      a3 = _mm512_add_ps(a3, value(c + 3 * W, __mmask16(0xFFFF)));
+    }
+    for (; c < C; c += W) a0 = _mm512_add_ps(a0, value(c, tail_mask(C - c)));
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  };
+  const float mean = sum_row([&](int64_t c, __mmask16 m) {
+    __m512 v = _mm512_maskz_loadu_ps(m, x + c);
+    if (r) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, r + c));
+    store(y + c, m, v);
+    return v;
+  }) / static_cast<float>(C);
+  const __m512 vmean = _mm512_set1_ps(mean);
+  const float var = sum_row([&](int64_t c, __mmask16 m) {
+    const __m512 d = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, y + c), vmean);
+    return _mm512_mul_ps(d, d);
+  }) / static_cast<float>(C);
+  const __m512 rstd = _mm512_set1_ps(1.0f / std::sqrt(var + p.eps));
+  // pass 3: normalise, affine, store y; quantize per channel, store q
+  const __m512i zp = _mm512_set1_epi32(p.zp);
+  const __m512 lo = _mm512_set1_ps(float(p.qmin - p.zp)), hi = _mm512_set1_ps(float(p.qmax - p.zp));
+  for (int64_t c = 0; c < C; c += W) {
+    const __mmask16 m = tail_mask(C - c);
+    __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, y + c), vmean), rstd);
+    if (p.w) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, p.w + c));
+    if (p.b) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, p.b + c));
+    store(y + c, m, v);
+    __m512 t = _mm512_div_ps(v, _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), m, p.scale + c));
+    t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t);  // NaN -> zero point
+    t = _mm512_min_ps(_mm512_max_ps(t, lo), hi);
+    const __m512i qi = _mm512_add_epi32(_mm512_cvtps_epi32(t), zp);
+    store(static_cast<char*>(q) + c, m, _mm512_cvtepi32_epi8(qi));
+  }
+}
+
+}  // namespace qbackend::kernels

@@ -1,0 +1,85 @@
+"""The LayerNorm pass of convert: a LayerNorm over the last dimension whose output is quantized by
+a Quantize border (the int8 input of the next Linears) becomes one LayerNormQuantize call
+(qbackend::layer_norm_quantize, csrc/kernels/layer_norm_avx512.cpp) giving both the float output
+and the int8 one; a residual add that only feeds the LayerNorm (post-LN blocks: dense output +
+residual) is folded in too. One pass over the rows instead of three ops (add, layer_norm, quantize).
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+
+from ..nn.layer_norm import LayerNormQuantize
+from ..nn.quant import Quantize
+
+aten = torch.ops.aten
+_ARGS = ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable")
+
+
+def _val(arg):
+    return arg.meta.get("val") if isinstance(arg, fx.Node) else None
+
+
+def _float32(arg, shape) -> bool:
+    v = _val(arg)
+    return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and tuple(v.shape) == tuple(shape)
+
+
+def _residual(x: fx.Node, shape) -> tuple[fx.Node, fx.Node] | None:
+    """(a, b) when x = a + b, a plain float32 add of two same-shape values read only here."""
+    if not (isinstance(x, fx.Node) and x.op == "call_function" and x.target is aten.add.Tensor
+            and len(x.users) == 1 and len(x.args) == 2 and not x.kwargs):
+        return None
+    a, b = x.args
+    return (a, b) if _float32(a, shape) and _float32(b, shape) else None
+
+
+def fuse_layer_norms(gm: fx.GraphModule) -> int:
+    """Rewrite the eligible LayerNorm + Quantize pairs of gm in place; returns how many."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.layer_norm.default:
+            continue
+        a = dict(zip(_ARGS, node.args))
+        a.update(node.kwargs)
+        val = _val(node)
+        shape = a.get("normalized_shape")
+        if not (isinstance(val, torch.Tensor) and val.dtype == torch.float32 and isinstance(shape, (list, tuple))
+                and len(shape) == 1 and isinstance(shape[0], int) and val.shape[-1] == shape[0]):
+            continue
+        if not all(w is None or (_val(w) is not None and _val(w).dtype == torch.float32 and _val(w).dim() == 1)
+                   for w in (a.get("weight"), a.get("bias"))):
+            continue
+        quants = [u for u in node.users
+                  if u.op == "call_module" and isinstance(gm.get_submodule(u.target), Quantize)]
+        if len(quants) != 1:
+            continue
+        qnode, qmod = quants[0], gm.get_submodule(quants[0].target)
+        x, residual = a["input"], None
+        pair = _residual(x, val.shape)
+        if pair is not None:
+            x, residual = pair
+        elif not _float32(x, val.shape):
+            continue
+        module = LayerNormQuantize(shape[0], a.get("eps", 1e-5), qmod.scale, qmod.zero_point, qmod.dtype, qmod.qmax,
+                                   qmod.value, qmod.channel_divisor)
+        name = f"qbackend_layer_norm_quantize_{count}"
+        gm.add_submodule(name, module)
+        with gm.graph.inserting_after(node):
+            call = gm.graph.call_module(name, (x, residual, a.get("weight"), a.get("bias")))
+        with gm.graph.inserting_after(call):
+            y = gm.graph.call_function(operator.getitem, (call, 0))
+        y.meta["val"] = val  # the LayerNorm's float output (a later LayerNorm's residual check reads it)
+        with gm.graph.inserting_after(y):
+            q = gm.graph.call_function(operator.getitem, (call, 1))
+        qnode.replace_all_uses_with(q)
+        gm.graph.erase_node(qnode)
+        node.replace_all_uses_with(y)
+        add = a["input"]
+        gm.graph.erase_node(node)
+        if residual is not None:
+            gm.graph.erase_node(add)
+        count += 1
+    return count

@@ -1,0 +1,17 @@
+"""The fake (meta) impl of torch.ops.qbackend.layer_norm_quantize (csrc/ops/layer_norm_ops.cpp):
+(residual add +) LayerNorm over the last dimension returning both the float output and its
+per-channel quantized form, in one pass over the row."""
+from __future__ import annotations
+
+import torch
+
+from .._extension import _C  # noqa: F401  (loads the .so, which registers the op)
+
+
+@torch.library.register_fake("qbackend::layer_norm_quantize")
+def _layer_norm_quantize_fake(x, residual, weight, bias, eps, scales, zero_point, dtype, qmax):
+    torch._check_type(x.dtype == torch.float32, lambda: "x must be float32")
+    torch._check_value(x.dim() >= 1, lambda: "x must have a last dimension")
+    torch._check_value(scales.dim() == 1 and scales.shape[0] == x.shape[-1],
+                       lambda: "scales must be 1-D with x's last dimension")
+    return torch.empty(x.shape, dtype=torch.float32, device=x.device), torch.empty(x.shape, dtype=dtype, device=x.device)
