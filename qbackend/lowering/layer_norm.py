@@ -13,6 +13,7 @@ from torch import fx
 
 from ..nn.layer_norm import LayerNormQuantize
 from ..nn.quant import Quantize
+from .fold import get_attr_value
 
 aten = torch.ops.aten
 _ARGS = ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable")
@@ -25,6 +26,14 @@ def _val(arg):
 def _float32(arg, shape) -> bool:
     v = _val(arg)
     return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and tuple(v.shape) == tuple(shape)
+
+
+def _is_vector(gm: fx.GraphModule, node, n: int) -> bool:
+    """node is a float32 [n] value (a parameter's get_attr, with or without recorded metadata)."""
+    t = _val(node)
+    if t is None and isinstance(node, fx.Node) and node.op == "get_attr":
+        t = get_attr_value(gm, node)
+    return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and tuple(t.shape) == (n,)
 
 
 def _residual(x: fx.Node, shape) -> tuple[fx.Node, fx.Node] | None:
@@ -49,8 +58,7 @@ def fuse_layer_norms(gm: fx.GraphModule) -> int:
         if not (isinstance(val, torch.Tensor) and val.dtype == torch.float32 and isinstance(shape, (list, tuple))
                 and len(shape) == 1 and isinstance(shape[0], int) and val.shape[-1] == shape[0]):
             continue
-        if not all(w is None or (_val(w) is not None and _val(w).dtype == torch.float32 and _val(w).dim() == 1)
-                   for w in (a.get("weight"), a.get("bias"))):
+        if not all(w is None or _is_vector(gm, w, shape[0]) for w in (a.get("weight"), a.get("bias"))):
             continue
         quants = [u for u in node.users
                   if u.op == "call_module" and isinstance(gm.get_submodule(u.target), Quantize)]

@@ -124,6 +124,8 @@ def test_smoothquant_beats_plain_int8_on_outliers(post_ln):
     borders = [m for m in smooth.modules()
                if isinstance(m, (Quantize, LayerNormQuantize)) and m.channel_divisor is not None]
     assert len(borders) == (1 if post_ln else 0)
+    # the LayerNorm itself runs fused with its quantize either way (pre-LN: with the folded weights)
+    assert sum(isinstance(m, LayerNormQuantize) for m in smooth.modules()) == 1
     assert check_layers(smooth, x) == 2  # each int8 layer exact on the integers it received
 
 
