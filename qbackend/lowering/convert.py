@@ -4,10 +4,10 @@ Works on a copy of the prepared GraphModule (parameters shared, not copied; the 
 stays usable). In the order the fused chains end:
 
 * each static op becomes one call of its qbackend.nn module (static Linears' weights rounded by
-  GPTQ on their input's calibration Hessian unless the config says "nearest": lowering/gptq.py), placed where its chain ended, fed
-  the int8 form of its input (and residual): the output of the producing int8 op, a transparent
-  op (max pool, view, flatten) re-run on int8 data, or a quantize op right after the observed
-  float value. Its output is int8 where the plan says some consumer reads int8; float consumers
+  GPTQ on their input's calibration Hessian unless the config says "nearest": lowering/gptq.py),
+  placed where its chain ended, fed the int8 form of its input (and residual): the output of the
+  producing int8 op, a transparent op (max pool, view, flatten) re-run on int8 data, or a quantize
+  op right after the observed float value. Its output is int8 where the plan says some consumer reads int8; float consumers
   of an int8 value get one dequantize op, shared;
 * dynamic and weight-only ops become their module, float in and out;
 * the float chain that was replaced, and the observers, are dropped (dead code);
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import operator
 import warnings
 from collections import Counter
@@ -195,8 +196,6 @@ class _Rewriter:
 def _rounding_record(info: dict) -> dict:
     """A layer's weight-rounding report: the method, and GPTQ's proxy output error against nearest
     rounding's in dB (how much less output error its rounding makes on the calibration data)."""
-    import math
-
     rec = {"method": info["method"]}
     before, after = info.get("proxy_error_nearest"), info.get("proxy_error")
     if before and after and before > 0 and after > 0:
