@@ -14,7 +14,8 @@ rounding (measured: weight-only SQNR to FP32 35.8 -> 46.2 dB).
   rows (fp32, K x K per input value: 36 MB for BERT-base's 3072-wide FFN input; rows with NaN or
   inf skipped);
 * convert: `gptq_round` returns the int8 weight for the layer's scales; it keeps nearest rounding
-  when its proxy error tr((W - Q) H (W - Q)^T) is not lower (and when H is unusable: no rows).
+  when its proxy error tr((W - Q) H (W - Q)^T) is not lower (measured on up to 256 output
+  channels, sampled) and when H is unusable (no rows).
 
 Settings: QuantConfig.weight_rounding ("gptq", the default, or "nearest"), per layer; Linears with
 more than `MAX_FEATURES` input features keep nearest rounding (H is K x K).
@@ -58,25 +59,36 @@ class HessianStats(nn.Module):
         return f"{self.name}: {self.rows} rows"
 
 
-def proxy_error(w: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, h: torch.Tensor) -> float:
+PROXY_ROWS = 256  # output channels the proxy error is measured on (all of them up to this many)
+
+
+def proxy_error(w: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, h: torch.Tensor,
+                rows: torch.Tensor | None = None) -> float:
     """tr((W - Q s) H (W - Q s)^T): the output error power of the rounding on the calibration rows
-    (fp32 products, summed in fp64)."""
+    (fp32 products, summed in fp64), over the output channels `rows` (all if None)."""
+    if rows is not None:
+        w, q, scales = w[rows], q[rows], scales[rows]
     e = w.float() - q.float() * scales.float()[:, None]
     return float(((e @ h.float()) * e).double().sum())
 
 
 def inverse_cholesky(h: torch.Tensor) -> torch.Tensor | None:
-    """The upper Cholesky factor of (H + damping)^-1 in fp32 (fp64 if fp32 is not enough), the
-    damping raised until H is positive definite; None if it never is."""
+    """The upper Cholesky factor U of (H + damping)^-1 (U^T U = (H + damping)^-1) in fp32 (fp64 if
+    fp32 is not enough), the damping raised until H is positive definite; None if it never is.
+
+    One Cholesky and one triangular inverse: with J the order reversal and J H J = L L^T,
+    H^-1 = (J L^-1 J)^T (J L^-1 J) and J L^-1 J is upper triangular."""
     k = h.shape[0]
     mean = max(float(torch.diagonal(h).mean()), 1e-12)
+    flipped = h.flip(0, 1)
     for dtype in (torch.float32, torch.float64):
         for damp in (DAMP, 0.1, 1.0):
-            hd = (h + damp * mean * torch.eye(k, dtype=h.dtype)).to(dtype)
-            factor, info = torch.linalg.cholesky_ex(hd)
+            hd = (flipped + damp * mean * torch.eye(k, dtype=h.dtype)).to(dtype)
+            lower, info = torch.linalg.cholesky_ex(hd)
             if int(info) == 0:
-                upper, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(factor), upper=True)
-                if int(info) == 0 and bool(torch.isfinite(upper).all()):
+                eye = torch.eye(k, dtype=dtype)
+                upper = torch.linalg.solve_triangular(lower, eye, upper=False).flip(0, 1)
+                if bool(torch.isfinite(upper).all()):
                     return upper.float()
     return None
 
@@ -84,7 +96,7 @@ def inverse_cholesky(h: torch.Tensor) -> torch.Tensor | None:
 def factor(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(column order, upper Cholesky factor of the reordered (H + damping)^-1): what GPTQ needs of
     H, shared by every Linear reading the same input; None when H has no energy or no factor."""
-    h = hessian.double().clone()
+    h = hessian.float().clone()
     diag = torch.diagonal(h)
     dead = diag <= 0
     if bool(dead.all()):
@@ -127,8 +139,9 @@ def gptq_round(weight: torch.Tensor, scales: torch.Tensor, hessian: torch.Tensor
         if i2 < k:
             wp[:, i2:].sub_(err @ u[i1:i2, i2:])
     q = q[:, torch.argsort(perm)].to(torch.int8)
-    before = proxy_error(w, nearest, scales, hessian)
-    after = proxy_error(w, q, scales, hessian)
+    rows = None if n <= PROXY_ROWS else torch.randperm(n, generator=torch.Generator().manual_seed(0))[:PROXY_ROWS]
+    before = proxy_error(w, nearest, scales, hessian, rows)
+    after = proxy_error(w, q, scales, hessian, rows)
     info = {"method": "gptq", "proxy_error_nearest": before, "proxy_error": after}
     if not after < before:
         return nearest, {**info, "method": "nearest", "why": "GPTQ did not lower the proxy error"}

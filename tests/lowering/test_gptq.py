@@ -131,3 +131,16 @@ def test_nearest_records_no_hessians():
 def test_config_rejects_unknown_rounding():
     with pytest.raises(ValueError, match="weight_rounding must be one of gptq, nearest"):
         qbackend.QuantConfig(weight_rounding="adaround")
+
+
+def test_inverse_cholesky_is_the_upper_factor_of_the_damped_inverse():
+    from qbackend.lowering.gptq import DAMP, inverse_cholesky
+
+    g = torch.Generator().manual_seed(9)
+    x = correlated_rows(300, 48, g, rank=6)
+    h = x.t().double() @ x.double()
+    u = inverse_cholesky(h.float())
+    assert u.dtype == torch.float32 and torch.equal(u, u.triu())
+    damped = h + DAMP * float(torch.diagonal(h).mean()) * torch.eye(48, dtype=torch.float64)
+    want = torch.linalg.inv(damped)
+    assert float((u.double().t() @ u.double() - want).abs().max()) <= 1e-4 * float(want.abs().max())
