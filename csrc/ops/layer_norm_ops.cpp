@@ -57,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor> layer_norm_quantize(const at::Tensor& x_in, c
   checks::scales(scales_in, C, "scales");
   checks::zero_point(zero_point, dtype, "zero_point");
   const int64_t qmin = dtype == at::kByte ? 0 : -128, top = dtype == at::kByte ? 255 : 127;
-  TORCH_CHECK_VALUE(qmax > zero_point && qmax <= top, "qmax must be in (zero_point, ", top, "], got ", qmax);
+  TORCH_CHECK_VALUE(qmax >= qmin && qmax <= top, "qmax must be in [", qmin, ", ", top, "], got ", qmax);
 
   const at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty(x.sizes(), x.options());

@@ -63,6 +63,14 @@ def test_seven_bit_qmax_and_leading_dims():
     assert torch.equal(q.double(), quantize(y, scales, 60, 0, 127))
 
 
+def test_zero_point_at_the_top_of_the_range():
+    """An int8 activation whose calibrated range is all <= 0 has zero point 127 = qmax."""
+    x = torch.randn(3, 20, generator=torch.Generator().manual_seed(4))
+    scales = torch.full((20,), 0.01)
+    y, q = ops.layer_norm_quantize(x, None, None, None, 1e-5, scales, 127, torch.int8, 127)
+    assert torch.equal(q.double(), quantize(y, scales, 127, -128, 127))
+
+
 def test_strided_inputs_are_accepted():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(24, 10, generator=g).t()  # [10, 24], not contiguous
