@@ -2,8 +2,6 @@
 // this file is compiled for AVX512 (pragma below, after the includes); call it only when
 // qbackend::cpu::usable_level() >= 2.
 
-// GCC 12 warns falsely about the `__Y = __Y` inside _mm512_undefined_* (GCC bug 105593, fixed in 13).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "kernels/attention_kernels.h"

@@ -2,8 +2,6 @@
 // softmax (kernels/attention_avx512_impl.h). Only this file is compiled with avx512bf16 (pragma
 // below, after the includes); call it only when qbackend::cpu::bf16_usable().
 
-// GCC 12 warns falsely about the `__Y = __Y` inside _mm512_undefined_* (GCC bug 105593, fixed in 13).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "kernels/attention_kernels.h"

@@ -23,33 +23,22 @@
 #include <limits>
 
 #include "kernels/attention_kernels.h"
+#include "kernels/avx512_common.h"
 
-namespace qbackend::kernels::attention_detail {
+namespace qbackend::kernels {
+namespace {  // internal linkage: the two translation units compile it for different targets
+namespace attention_detail {
 
-constexpr int64_t W = 16;  // fp32 lanes
-constexpr int64_t R = 8;   // query rows per block
+using avx512::round_bf16;
+using avx512::store;
+using avx512::tail_mask;
+using avx512::W;
+using avx512::widen_bf16;
+
+constexpr int64_t R = 8;  // query rows per block
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-inline __mmask16 tail_mask(int64_t n) { return n >= W ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
 
-// Full vectors take plain stores: masked stores are several times slower on AMD Zen 4/5.
-inline void store_ps(float* p, __mmask16 m, __m512 v) {
-  if (m == __mmask16(0xFFFF)) _mm512_storeu_ps(p, v);
-  else _mm512_mask_storeu_ps(p, m, v);
-}
-inline void store_epi16(uint16_t* p, __mmask16 m, __m256i v) {
-  if (m == __mmask16(0xFFFF)) _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
-  else _mm256_mask_storeu_epi16(p, m, v);
-}
-inline void store_epi8(char* p, __mmask16 m, __m128i v) {
-  if (m == __mmask16(0xFFFF)) _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
-  else _mm_mask_storeu_epi8(p, m, v);
-}
-
-inline __m512 widen_bf16(const uint16_t* p, __mmask16 m) {  // bf16 bits -> fp32 (exact)
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
 inline float widen_bf16(uint16_t b) {
   const uint32_t u = uint32_t(b) << 16;
   float f;
@@ -64,50 +53,54 @@ inline void widen_row(const void* src, AttnIn in, int64_t n, float mul, float* d
     const __mmask16 m = tail_mask(n - i);
     const __m512 x = in == AttnIn::f32 ? _mm512_maskz_loadu_ps(m, static_cast<const float*>(src) + i)
                                        : widen_bf16(static_cast<const uint16_t*>(src) + i, m);
-    store_ps(dst + i, m, _mm512_mul_ps(x, s));
+    store(dst + i, m, _mm512_mul_ps(x, s));
   }
 }
 
-// exp(x) in fp32 for x <= 0 (x - row max): Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2,
-// then a degree-7 Taylor polynomial (truncation error < 6e-9 relative) scaled by 2^n. Below -104
-// the result is 0 (-inf included); NaN stays NaN.
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // second operand returned when it is NaN
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
+// How the two matrix products multiply. A packed operand is an array of Words; the reduced
+// dimension advances one Word at a time.
+//   F32Products:  Word = float; fp32 FMAs.
+//   BF16Products: Word = uint32_t, a pair of bf16 values along the reduced dimension; vdpbf16ps
+//                 (defined with QBACKEND_ATTENTION_BF16 only: it needs the avx512bf16 target).
+struct F32Products {
+  using Word = float;
+  static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+  static __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+  static __m512 broadcast(float x) { return _mm512_set1_ps(x); }
+  static __m512 madd(__m512 acc, __m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, acc); }
+};
 
-// s[r][j0 .. j0 + 16 NJ) = sum_d qb[r][d] kt[d][j] for the R rows.
-template <int NJ>
-inline void qk_tile(const float* qb, int64_t D, const float* kt, int64_t Skp, int64_t j0, float* s) {
+// s[r][j0 .. j0 + 16 NJ) = sum_d q[r][d] kt[d][j] for the R rows (q: R rows of Dk Words; kt: Dk
+// rows of Skp Words).
+template <class P, int NJ>
+inline void qk_tile(const typename P::Word* q, int64_t Dk, const typename P::Word* kt, int64_t Skp, int64_t j0,
+                    float* s) {
+  using Vec = decltype(P::load(kt));
   __m512 acc[R][NJ];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NJ; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
-    const float* kr = kt + d * Skp + j0;
-    __m512 kv[NJ];
-    for (int c = 0; c < NJ; ++c) kv[c] = _mm512_loadu_ps(kr + c * W);
+  for (int64_t d = 0; d < Dk; ++d) {
+    const typename P::Word* kr = kt + d * Skp + j0;
+    Vec kv[NJ];
+    for (int c = 0; c < NJ; ++c) kv[c] = P::load(kr + c * W);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 qv = _mm512_set1_ps(qb[r * D + d]);
-      for (int c = 0; c < NJ; ++c) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
+      const Vec qv = P::broadcast(q[r * Dk + d]);
+      for (int c = 0; c < NJ; ++c) acc[r][c] = P::madd(acc[r][c], qv, kv[c]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NJ; ++c) _mm512_storeu_ps(s + r * Skp + j0 + c * W, acc[r][c]);
+}
+
+// The R x Skp scores of a block of query rows, 32 keys at a time (16 for the last).
+template <class P>
+inline void qk_block(const typename P::Word* q, int64_t Dk, const typename P::Word* kt, int64_t Skp, float* s) {
+  int64_t j0 = 0;
+  for (; j0 + 2 * W <= Skp; j0 += 2 * W) qk_tile<P, 2>(q, Dk, kt, Skp, j0, s);
+  if (j0 < Skp) qk_tile<P, 1>(q, Dk, kt, Skp, j0, s);
 }
 
 // Masks row i's scores, replaces them by exp(score - max) (0 past the causal limit) and returns
@@ -136,7 +129,7 @@ inline float softmax_row(const AttentionProblem& p, int64_t b, int64_t h, int64_
       case AttnMask::f32: x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(mrow) + j)); break;
       case AttnMask::bf16: x = _mm512_add_ps(x, widen_bf16(reinterpret_cast<const uint16_t*>(mrow) + j, m)); break;
     }
-    store_ps(row + j, m, x);
+    store(row + j, m, x);
     vmax = _mm512_mask_max_ps(vmax, m, vmax, x);
   }
   const float mx = _mm512_reduce_max_ps(vmax);
@@ -148,59 +141,56 @@ inline float softmax_row(const AttentionProblem& p, int64_t b, int64_t h, int64_
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += W) {
     const __mmask16 m = tail_mask(n - j);
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vm));
-    store_ps(row + j, m, e);
+    const __m512 e = avx512::exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vm));
+    store(row + j, m, e);
     vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
   }
   std::fill(row + n, row + p.Sk, 0.0f);
   return 1.0f / _mm512_reduce_add_ps(vsum);
 }
 
-inline void store_bf16(uint16_t* dst, __m512 v, __mmask16 m) {  // fp32 -> bf16, round to nearest even
-  __m512i b = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  // NaN keeps a quiet NaN pattern instead of rounding into infinity
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  b = _mm512_mask_or_epi32(rounded, nan, b, _mm512_set1_epi32(0x00400000));
-  store_epi16(dst, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)));
-}
-
 // Stores y (16 lanes under mask m) at element e of output row `dst` in the problem's output type.
 inline void store_out(const AttentionProblem& p, void* dst, int64_t e, __m512 y, __mmask16 m) {
   switch (p.out_kind) {
-    case AttnOut::f32: store_ps(static_cast<float*>(dst) + e, m, y); return;
-    case AttnOut::bf16: store_bf16(static_cast<uint16_t*>(dst) + e, y, m); return;
+    case AttnOut::f32: store(static_cast<float*>(dst) + e, m, y); return;
+    case AttnOut::bf16: store(static_cast<uint16_t*>(dst) + e, m, round_bf16(y)); return;
     case AttnOut::u8:
     case AttnOut::s8: {
       const bool u8 = p.out_kind == AttnOut::u8;
       const float lo = float((u8 ? 0 : -128) - p.out_zp), hi = float((u8 ? 255 : 127) - p.out_zp);
-      __m512 v = _mm512_div_ps(y, _mm512_set1_ps(p.out_scale));
-      v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);  // NaN -> zero point
-      v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
-      const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(p.out_zp));
-      store_epi8(static_cast<char*>(dst) + e, m, _mm512_cvtepi32_epi8(q));
+      const __m512i q = avx512::quantize(y, _mm512_set1_ps(p.out_scale), _mm512_set1_ps(lo), _mm512_set1_ps(hi),
+                                         _mm512_set1_epi32(p.out_zp));
+      store(static_cast<char*>(dst) + e, m, _mm512_cvtepi32_epi8(q));
       return;
     }
   }
 }
 
-// out rows r0 .. r0 + 4 (those < rows) of the block, columns [e0, e0 + 16 NZ) (the last chunk
-// masked by `last`): sum_j s[r][j] v[j][e] times inv[r].
-template <int NZ>
-inline void pv_tile(const AttentionProblem& p, const float* s, int64_t Skp, const float* v, int64_t v_si,
-                    int64_t e0, __mmask16 last, const float* inv, void* const* out_rows, int rows) {
+// Output rows r0 .. r0 + 4 (those < rows) of a block, columns [e0, e0 + 16 NZ) (the last chunk
+// masked by `last`): sum_j P[r][j] v[j][e] times inv[r], stored in the output type. P: rows of
+// p_stride Words, nj of them used; v: nj rows of v_stride Words.
+template <class P, int NZ>
+inline void pv_tile(const AttentionProblem& p, const typename P::Word* pr, int64_t p_stride, int64_t nj,
+                    const typename P::Word* v, int64_t v_stride, int64_t e0, __mmask16 last, const float* inv,
+                    void* const* out_rows, int rows) {
+  using Vec = decltype(P::load(v));
   constexpr int RR = 4;
   __m512 acc[RR][NZ];
+#pragma GCC unroll 4
   for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 4
     for (int c = 0; c < NZ; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < p.Sk; ++j) {
-    const float* vr = v + j * v_si + e0;
-    __m512 vv[NZ];
-    for (int c = 0; c < NZ; ++c) vv[c] = c + 1 < NZ ? _mm512_loadu_ps(vr + c * W) : _mm512_maskz_loadu_ps(last, vr + c * W);
+  const bool full = last == __mmask16(0xFFFF);  // masked loads in this loop cost ~40% on Zen 5
+  for (int64_t j = 0; j < nj; ++j) {
+    const typename P::Word* vr = v + j * v_stride + e0;
+    Vec vv[NZ];
+#pragma GCC unroll 4
+    for (int c = 0; c < NZ; ++c) vv[c] = c + 1 < NZ || full ? P::load(vr + c * W) : P::load(vr + c * W, last);
+#pragma GCC unroll 4
     for (int r = 0; r < RR; ++r) {
-      const __m512 pr = _mm512_set1_ps(s[r * Skp + j]);
-      for (int c = 0; c < NZ; ++c) acc[r][c] = _mm512_fmadd_ps(pr, vv[c], acc[r][c]);
+      const Vec pj = P::broadcast(pr[r * p_stride + j]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NZ; ++c) acc[r][c] = P::madd(acc[r][c], pj, vv[c]);
     }
   }
   for (int r = 0; r < std::min(rows, RR); ++r) {
@@ -211,6 +201,32 @@ inline void pv_tile(const AttentionProblem& p, const float* s, int64_t Skp, cons
 }
 
 inline int64_t out_elem_size(AttnOut o) { return o == AttnOut::f32 ? 4 : o == AttnOut::bf16 ? 2 : 1; }
+
+// out = (P v) / sum for the `rows` query rows from ib of head (b, h) (obase: that head's output),
+// 4 rows x 64 columns at a time.
+template <class P>
+inline void pv_block(const AttentionProblem& p, char* obase, int64_t ib, int rows, const typename P::Word* pp,
+                     int64_t p_stride, int64_t nj, const typename P::Word* v, int64_t v_stride, const float* inv) {
+  const int64_t osz = out_elem_size(p.out_kind);
+  for (int r0 = 0; r0 < rows; r0 += 4) {
+    void* out_rows[4];
+    for (int r = 0; r < 4; ++r) out_rows[r] = obase + (ib + r0 + std::min(r, rows - r0 - 1)) * p.o_si * osz;
+    const typename P::Word* pr = pp + r0 * p_stride;
+    const int n = rows - r0;
+    for (int64_t e0 = 0; e0 < p.Dv; e0 += 4 * W) {
+      const int64_t left = p.Dv - e0;
+      const int nz = int(std::min<int64_t>(4, (left + W - 1) / W));
+      const __mmask16 last = tail_mask(left - (nz - 1) * W);
+      switch (nz) {
+        case 4: pv_tile<P, 4>(p, pr, p_stride, nj, v, v_stride, e0, last, inv + r0, out_rows, n); break;
+        case 3: pv_tile<P, 3>(p, pr, p_stride, nj, v, v_stride, e0, last, inv + r0, out_rows, n); break;
+        case 2: pv_tile<P, 2>(p, pr, p_stride, nj, v, v_stride, e0, last, inv + r0, out_rows, n); break;
+        default: pv_tile<P, 1>(p, pr, p_stride, nj, v, v_stride, e0, last, inv + r0, out_rows, n); break;
+      }
+    }
+  }
+}
+
 inline int64_t in_elem_size(AttnIn t) { return t == AttnIn::f32 ? 4 : 2; }
 
 inline size_t scratch_words_f32(const AttentionProblem& p) {
@@ -260,28 +276,9 @@ inline void rows_f32(const AttentionProblem& p, int64_t b, int64_t h, int64_t i0
       if (r < rows) widen_row(qbase + (ib + r) * p.q_si * esz, p.in, p.D, p.scale, qb + r * p.D);
       else std::fill(qb + r * p.D, qb + (r + 1) * p.D, 0.0f);
     }
-    int64_t j0 = 0;
-    for (; j0 + 2 * W <= Skp; j0 += 2 * W) qk_tile<2>(qb, p.D, kt, Skp, j0, s);
-    if (j0 < Skp) qk_tile<1>(qb, p.D, kt, Skp, j0, s);
+    qk_block<F32Products>(qb, p.D, kt, Skp, s);
     for (int r = 0; r < R; ++r) inv[r] = r < rows ? softmax_row(p, b, h, ib + r, s + r * Skp) : 0.0f;
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-      void* out_rows[4];
-      for (int r = 0; r < 4; ++r) out_rows[r] = obase + (ib + r0 + std::min(r, rows - r0 - 1)) * p.o_si * out_elem_size(p.out_kind);
-      const float* sr = s + r0 * Skp;
-      const float* ir = inv + r0;
-      const int n = rows - r0;
-      for (int64_t e0 = 0; e0 < p.Dv; e0 += 4 * W) {
-        const int64_t left = p.Dv - e0;
-        const int nz = int(std::min<int64_t>(4, (left + W - 1) / W));
-        const __mmask16 last = tail_mask(left - (nz - 1) * W);
-        switch (nz) {
-          case 4: pv_tile<4>(p, sr, Skp, v, v_si, e0, last, ir, out_rows, n); break;
-          case 3: pv_tile<3>(p, sr, Skp, v, v_si, e0, last, ir, out_rows, n); break;
-          case 2: pv_tile<2>(p, sr, Skp, v, v_si, e0, last, ir, out_rows, n); break;
-          default: pv_tile<1>(p, sr, Skp, v, v_si, e0, last, ir, out_rows, n); break;
-        }
-      }
-    }
+    pv_block<F32Products>(p, obase, ib, rows, s, Skp, p.Sk, v, v_si, inv);
   }
 }
 
@@ -303,54 +300,19 @@ inline void bf16_row(const void* src, AttnIn in, int64_t n, float mul, uint16_t*
     const __mmask16 m = tail_mask(n - i);
     const __m512 x = in == AttnIn::f32 ? _mm512_maskz_loadu_ps(m, static_cast<const float*>(src) + i)
                                        : widen_bf16(static_cast<const uint16_t*>(src) + i, m);
-    store_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(x, s)));
+    store(dst + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(x, s)));
   }
   if (n & 1) dst[n] = 0;
 }
 
-template <int NJ>
-inline void qk_tile_bf16(const uint32_t* qp, int64_t Dh, const uint32_t* kt, int64_t Skp, int64_t j0, float* s) {
-  __m512 acc[R][NJ];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NJ; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < Dh; ++d) {
-    const uint32_t* kr = kt + d * Skp + j0;
-    __m512bh kv[NJ];
-    for (int c = 0; c < NJ; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kr + c * W);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512bh qv = (__m512bh)_mm512_set1_epi32(int(qp[r * Dh + d]));
-      for (int c = 0; c < NJ; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], qv, kv[c]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NJ; ++c) _mm512_storeu_ps(s + r * Skp + j0 + c * W, acc[r][c]);
-}
-
-template <int NZ>
-inline void pv_tile_bf16(const AttentionProblem& p, const uint32_t* pp, int64_t Sh, const uint32_t* vt, int64_t Dvp,
-                         int64_t e0, __mmask16 last, const float* inv, void* const* out_rows, int rows) {
-  constexpr int RR = 4;
-  __m512 acc[RR][NZ];
-  for (int r = 0; r < RR; ++r)
-    for (int c = 0; c < NZ; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < Sh; ++j) {
-    const uint32_t* vr = vt + j * Dvp + e0;
-    __m512bh vv[NZ];
-    for (int c = 0; c < NZ; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(vr + c * W);
-    for (int r = 0; r < RR; ++r) {
-      const __m512bh pr = (__m512bh)_mm512_set1_epi32(int(pp[r * Sh + j]));
-      for (int c = 0; c < NZ; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pr, vv[c]);
-    }
-  }
-  for (int r = 0; r < std::min(rows, RR); ++r) {
-    const __m512 sc = _mm512_set1_ps(inv[r]);
-    for (int c = 0; c < NZ; ++c)
-      store_out(p, out_rows[r], e0 + c * W, _mm512_mul_ps(acc[r][c], sc), c + 1 < NZ ? __mmask16(0xFFFF) : last);
-  }
-}
+struct BF16Products {
+  using Word = uint32_t;
+  static __m512bh load(const uint32_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  // The packed v (vt) is zero-padded to whole vectors: the tail needs no mask.
+  static __m512bh load(const uint32_t* p, __mmask16) { return load(p); }
+  static __m512bh broadcast(uint32_t x) { return (__m512bh)_mm512_set1_epi32(int(x)); }
+  static __m512 madd(__m512 acc, __m512bh a, __m512bh b) { return _mm512_dpbf16_ps(acc, a, b); }
+};
 
 inline void rows_bf16(const AttentionProblem& p, int64_t b, int64_t h, int64_t i0, int64_t i1, float* scratch) {
   const int64_t Skp = round_up(std::max<int64_t>(p.Sk, 1), W), Dh = (p.D + 1) / 2, Sh = (p.Sk + 1) / 2;
@@ -391,34 +353,17 @@ inline void rows_bf16(const AttentionProblem& p, int64_t b, int64_t h, int64_t i
       if (r < rows) bf16_row(qbase + (ib + r) * p.q_si * esz, p.in, p.D, p.scale, reinterpret_cast<uint16_t*>(qp + r * Dh));
       else std::fill(qp + r * Dh, qp + (r + 1) * Dh, 0u);
     }
-    int64_t j0 = 0;
-    for (; j0 + 2 * W <= Skp; j0 += 2 * W) qk_tile_bf16<2>(qp, Dh, kt, Skp, j0, s);
-    if (j0 < Skp) qk_tile_bf16<1>(qp, Dh, kt, Skp, j0, s);
+    qk_block<BF16Products>(qp, Dh, kt, Skp, s);
     for (int r = 0; r < R; ++r) {
       inv[r] = r < rows ? softmax_row(p, b, h, ib + r, s + r * Skp) : 0.0f;
       if (r < rows) bf16_row(s + r * Skp, AttnIn::f32, p.Sk, 1.0f, reinterpret_cast<uint16_t*>(pp + r * Sh));
       else std::fill(pp + r * Sh, pp + (r + 1) * Sh, 0u);
     }
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-      void* out_rows[4];
-      for (int r = 0; r < 4; ++r)
-        out_rows[r] = obase + (ib + r0 + std::min(r, rows - r0 - 1)) * p.o_si * out_elem_size(p.out_kind);
-      const int n = rows - r0;
-      for (int64_t e0 = 0; e0 < p.Dv; e0 += 4 * W) {
-        const int64_t left = p.Dv - e0;
-        const int nz = int(std::min<int64_t>(4, (left + W - 1) / W));
-        const __mmask16 last = tail_mask(left - (nz - 1) * W);
-        const uint32_t* pr = pp + r0 * Sh;
-        switch (nz) {
-          case 4: pv_tile_bf16<4>(p, pr, Sh, vt, Dvp, e0, last, inv + r0, out_rows, n); break;
-          case 3: pv_tile_bf16<3>(p, pr, Sh, vt, Dvp, e0, last, inv + r0, out_rows, n); break;
-          case 2: pv_tile_bf16<2>(p, pr, Sh, vt, Dvp, e0, last, inv + r0, out_rows, n); break;
-          default: pv_tile_bf16<1>(p, pr, Sh, vt, Dvp, e0, last, inv + r0, out_rows, n); break;
-        }
-      }
-    }
+    pv_block<BF16Products>(p, obase, ib, rows, pp, Sh, Sh, vt, Dvp, inv);
   }
 }
 #endif  // QBACKEND_ATTENTION_BF16
 
-}  // namespace qbackend::kernels::attention_detail
+}  // namespace attention_detail
+}  // namespace
+}  // namespace qbackend::kernels

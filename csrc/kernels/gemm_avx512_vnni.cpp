@@ -18,6 +18,8 @@
 
 #include <immintrin.h>  // after the pragma: the intrinsics are compiled for this target
 
+#include "kernels/avx512_common.h"
+
 namespace qbackend::kernels {
 namespace {
 
@@ -43,24 +45,6 @@ inline int32_t load_tail(const uint8_t* p, int64_t n) {
   return v;
 }
 
-// e^x for x in [-16, 0] (Cody-Waite reduction to |r| <= ln2/2, degree-7 Taylor: rel. error < 1e-8
-// plus fp32 rounding).
-inline __m512 exp_neg(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
 // gelu(y) = y / 2 * (1 + erf(y / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7).
 inline __m512 gelu(__m512 y) {
   const __m512 z = _mm512_min_ps(_mm512_abs_ps(_mm512_mul_ps(y, _mm512_set1_ps(0.70710678118654752f))),
@@ -77,33 +61,23 @@ inline __m512 gelu(__m512 y) {
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
   p = _mm512_mul_ps(p, t);
-  const __m512 erf_abs = _mm512_fnmadd_ps(p, exp_neg(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z)), one);
+  const __m512 erf_abs = _mm512_fnmadd_ps(p, avx512::exp_nonpositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z)), one);
   // erf(y / sqrt 2) has y's sign: 1 + erf = 1 +- erf_abs.
   const __mmask16 neg = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ);
   const __m512 one_plus = _mm512_mask_sub_ps(_mm512_add_ps(one, erf_abs), neg, one, erf_abs);
   return _mm512_mul_ps(_mm512_mul_ps(y, _mm512_set1_ps(0.5f)), one_plus);
 }
 
-// Stores one 16-column vector of fp32 results (the first `mask` lanes) as the output type. Full
-// vectors use plain stores: masked stores to memory are several times slower on some CPUs (AMD Zen 4/5:
-// measured 5x on a 1x1 conv's fp32 output here), so only the last, partial vector of a row takes them.
+// Stores one 16-column vector of fp32 results (the first `mask` lanes) as the output type
+// (avx512::store: plain stores for full vectors, masked ones for the last, partial vector).
 inline void store(const GemmArgs& g, __m512 y, int64_t m, int64_t n0, __mmask16 mask) {
-  const bool full = mask == static_cast<__mmask16>(0xffff);
   switch (g.out_type) {
     case GemmOut::f32:
-      if (full) _mm512_storeu_ps(static_cast<float*>(g.out) + m * g.ldc + n0, y);
-      else _mm512_mask_storeu_ps(static_cast<float*>(g.out) + m * g.ldc + n0, mask, y);
+      avx512::store(static_cast<float*>(g.out) + m * g.ldc + n0, mask, y);
       return;
-    case GemmOut::bf16: {
-      __m512i u = _mm512_castps_si512(y);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-      u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-      const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
-      uint16_t* dst = static_cast<uint16_t*>(g.out) + m * g.ldc + n0;
-      if (full) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
-      else _mm256_mask_storeu_epi16(dst, mask, h);
+    case GemmOut::bf16:
+      avx512::store(static_cast<uint16_t*>(g.out) + m * g.ldc + n0, mask, avx512::round_bf16(y));
       return;
-    }
     case GemmOut::u8:
     case GemmOut::s8: {
       // Clamped in fp32 first: the conversion of a value beyond int32 would give INT_MIN.
@@ -114,8 +88,7 @@ inline void store(const GemmArgs& g, __m512 y, int64_t m, int64_t n0, __mmask16 
       const __m128i b = g.out_type == GemmOut::u8
                             ? _mm512_cvtusepi32_epi8(_mm512_max_epi32(q, _mm512_setzero_si512()))
                             : _mm512_cvtsepi32_epi8(q);
-      if (full) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), b);
-      else _mm_mask_storeu_epi8(dst, mask, b);
+      avx512::store(dst, mask, b);
       return;
     }
   }
@@ -201,7 +174,7 @@ void tile(const GemmArgs& g, int64_t m0, int64_t p) {
   for (int v = 0; v < NV; ++v) {
     const int64_t n0 = p * kGemmPanel + v * 16;
     const int64_t valid = std::min<int64_t>(16, g.N - n0);
-    const __mmask16 mask = valid >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << valid) - 1);
+    const __mmask16 mask = avx512::tail_mask(valid);
     const __m512i zp_colsum = _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + n0), _mm512_set1_epi32(g.a_zp));
     const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, g.w_scales + n0), _mm512_set1_ps(g.x_scale));
     const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + n0) : _mm512_setzero_ps();
@@ -222,8 +195,7 @@ void tile(const GemmArgs& g, int64_t m0, int64_t p) {
         const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, q_lo), q_hi)), out_zp);
         uint8_t* dst = static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0;
         const __m128i bytes = g.out_type == GemmOut::u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q);
-        if (valid >= 16) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bytes);
-        else _mm_mask_storeu_epi8(dst, mask, bytes);
+        avx512::store(dst, mask, bytes);
       }
       continue;
     }

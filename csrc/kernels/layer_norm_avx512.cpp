@@ -2,8 +2,6 @@
 // (kernels/layer_norm_kernels.h). Only this file is compiled for AVX512 (pragma below, after the
 // includes); call it only when qbackend::cpu::usable_level() >= 2.
 
-// GCC 12 warns falsely about the `__Y = __Y` inside _mm512_undefined_* (GCC bug 105593, fixed in 13).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cmath>
@@ -12,24 +10,13 @@
 #include "kernels/layer_norm_kernels.h"
 
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include "kernels/avx512_common.h"
 
 namespace qbackend::kernels {
-namespace {
 
-constexpr int64_t W = 16;
-inline __mmask16 tail_mask(int64_t n) { return n >= W ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
-
-// Full vectors take plain stores: masked stores are several times slower on AMD Zen 4/5.
-inline void store(float* p, __mmask16 m, __m512 v) {
-  if (m == __mmask16(0xFFFF)) _mm512_storeu_ps(p, v);
-  else _mm512_mask_storeu_ps(p, m, v);
-}
-inline void store(char* p, __mmask16 m, __m128i v) {
-  if (m == __mmask16(0xFFFF)) _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
-  else _mm_mask_storeu_epi8(p, m, v);
-}
-
-}  // namespace
+using avx512::store;
+using avx512::tail_mask;
+using avx512::W;
 
 void layer_norm_quantize_row_avx512(const LayerNormQuantRow& p, const float* x, const float* r, float* y, void* q) {
   const int64_t C = p.C;
@@ -68,10 +55,7 @@ void layer_norm_quantize_row_avx512(const LayerNormQuantRow& p, const float* x, 
     if (p.w) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, p.w + c));
     if (p.b) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, p.b + c));
     store(y + c, m, v);
-    __m512 t = _mm512_div_ps(v, _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), m, p.scale + c));
-    t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t);  // NaN -> zero point
-    t = _mm512_min_ps(_mm512_max_ps(t, lo), hi);
-    const __m512i qi = _mm512_add_epi32(_mm512_cvtps_epi32(t), zp);
+    const __m512i qi = avx512::quantize(v, _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), m, p.scale + c), lo, hi, zp);
     store(static_cast<char*>(q) + c, m, _mm512_cvtepi32_epi8(qi));
   }
 }

@@ -2,8 +2,6 @@
 // Only this file is compiled for AVX512 (pragma below, after the includes); call it only when
 // qbackend::cpu::usable_level() >= 2.
 
-// GCC 12 warns falsely about the `__Y = __Y` inside _mm512_undefined_* (GCC bug 105593, fixed in 13).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <immintrin.h>
 
@@ -12,42 +10,27 @@
 #include "kernels/quantize_kernels.h"
 
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#include "kernels/avx512_common.h"
 
 namespace qbackend::kernels {
 namespace {
 
-constexpr int64_t W = 16;
-
-inline __mmask16 tail_mask(int64_t n) { return n >= W ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+using avx512::store;
+using avx512::tail_mask;
+using avx512::W;
 
 inline __m512 load_x(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load_x(const uint16_t* p, __mmask16 m) {  // bf16 bits -> fp32 (exact)
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
+inline __m512 load_x(const uint16_t* p, __mmask16 m) { return avx512::widen_bf16(p, m); }
 
 inline __m512i load_q(const uint8_t* p, __mmask16 m) { return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p)); }
 inline __m512i load_q(const int8_t* p, __mmask16 m) { return _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)); }
 
 // Values are already clamped to the range of Q, so truncating to 8 bits is exact for both types.
 template <typename Q>
-inline void store_q(Q* p, __m512i v, __mmask16 m) { _mm_mask_storeu_epi8(p, m, _mm512_cvtepi32_epi8(v)); }
+inline void store_q(Q* p, __m512i v, __mmask16 m) { store(p, m, _mm512_cvtepi32_epi8(v)); }
 
-inline void store_y(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-inline void store_y(uint16_t* p, __m512 v, __mmask16 m) {  // fp32 -> bf16, round to nearest even
-  __m512i b = _mm512_castps_si512(v);                      // (never NaN: q, zp, scale are finite)
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  b = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)));
-}
-
-// clamp(rne(x / scale), lo, hi) + zp with lo = qmin - zp, hi = qmax - zp; NaN -> 0 before the clamp.
-inline __m512i quant(__m512 x, __m512 scale, __m512 lo, __m512 hi, __m512i zp) {
-  __m512 v = _mm512_div_ps(x, scale);
-  v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
-  v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-  return _mm512_add_epi32(_mm512_cvtps_epi32(v), zp);
-}
+inline void store_y(float* p, __m512 v, __mmask16 m) { store(p, m, v); }
+inline void store_y(uint16_t* p, __m512 v, __mmask16 m) { store(p, m, avx512::round_bf16(v)); }
 
 inline __m512 dequant(__m512i q, __m512 scale, __m512i zp) {
   return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, zp)), scale);
@@ -62,7 +45,7 @@ struct Quant {
     const __m512i z = _mm512_set1_epi32(zp);
     for (int64_t i = 0; i < n; i += W) {
       const __mmask16 m = tail_mask(n - i);
-      store_q(q + i, quant(load_x(x + i, m), s, lo, hi, z), m);
+      store_q(q + i, avx512::quantize(load_x(x + i, m), s, lo, hi, z), m);
     }
   }
 };
@@ -78,7 +61,7 @@ struct QuantV {
       const __m512i z = _mm512_maskz_loadu_epi32(m, zp + i);
       const __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(qmin, z));
       const __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(qmax, z));
-      store_q(q + i, quant(load_x(x + i, m), s, lo, hi, z), m);
+      store_q(q + i, avx512::quantize(load_x(x + i, m), s, lo, hi, z), m);
     }
   }
 };
