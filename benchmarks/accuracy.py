@@ -161,24 +161,15 @@ def smoothquant_summary(qmodel) -> str:
             + (f", alpha {min(alphas):g}-{max(alphas):g}" if alphas else ""))
 
 
-def quantize_qbackend_no_smoothquant(case: ModelCase, model):
-    config = qbackend.QuantConfig(smoothquant=None)
-    qmodel = qbackend.quantize(model, case.example_inputs, case.calibration, config=config)
-    return qmodel, f"QuantConfig(smoothquant=None) ({len(case.calibration)} calibration batches)"
+def quantize_qbackend_with(**settings):
+    """The qbackend flow with these QuantConfig settings (the ablations of the transformer rows)."""
+    shown = ", ".join(f"{k}={v!r}" for k, v in settings.items())
 
-
-def quantize_qbackend_nearest(case: ModelCase, model):
-    config = qbackend.QuantConfig(weight_rounding="nearest", smoothquant=None)
-    qmodel = qbackend.quantize(model, case.example_inputs, case.calibration, config=config)
-    return qmodel, (f"QuantConfig(weight_rounding='nearest', smoothquant=None): plain per-channel rounding, "
-                    f"no SmoothQuant ({len(case.calibration)} calibration batches)")
-
-
-def quantize_qbackend_no_gptq(case: ModelCase, model):
-    config = qbackend.QuantConfig(weight_rounding="nearest")
-    qmodel = qbackend.quantize(model, case.example_inputs, case.calibration, config=config)
-    return qmodel, f"QuantConfig(weight_rounding='nearest') ({len(case.calibration)} calibration batches)" + \
-        smoothquant_summary(qmodel)
+    def flow(case: ModelCase, model):
+        qmodel = qbackend.quantize(model, case.example_inputs, case.calibration, config=qbackend.QuantConfig(**settings))
+        return qmodel, (f"QuantConfig({shown}) ({len(case.calibration)} calibration batches)"
+                        + smoothquant_summary(qmodel) + gptq_summary(qmodel))
+    return flow
 
 
 def gptq_summary(qmodel) -> str:
@@ -195,9 +186,10 @@ def gptq_summary(qmodel) -> str:
 FLOWS = {
     "torch.ao": (quantize_torch_ao, lambda case: True),
     "PT2E (X86InductorQuantizer)": (quantize_pt2e, lambda case: case.mode == "static"),
-    "qbackend, nearest rounding, SmoothQuant off": (quantize_qbackend_nearest, is_transformer),
-    "qbackend, nearest rounding (no GPTQ)": (quantize_qbackend_no_gptq, is_transformer),
-    "qbackend, SmoothQuant off": (quantize_qbackend_no_smoothquant, is_transformer),
+    "qbackend, nearest rounding, SmoothQuant off": (quantize_qbackend_with(weight_rounding="nearest", smoothquant=None),
+                                                    is_transformer),
+    "qbackend, nearest rounding (no GPTQ)": (quantize_qbackend_with(weight_rounding="nearest"), is_transformer),
+    "qbackend, SmoothQuant off": (quantize_qbackend_with(smoothquant=None), is_transformer),
     "qbackend": (quantize_qbackend, lambda case: True),
 }
 

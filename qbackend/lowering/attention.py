@@ -13,25 +13,16 @@ from torch import fx
 
 from ..nn.attention import FusedAttention
 from ..nn.quant import Quantize
+from .graph_utils import bound_args, node_value
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
 
-def _bind(node: fx.Node) -> dict:
-    bound = dict(zip(_ARGS, node.args))
-    bound.update(node.kwargs)
-    return bound
-
-
-def _val(arg):
-    return arg.meta.get("val") if isinstance(arg, fx.Node) else None
-
-
 def _eligible(a: dict) -> bool:
     if a.get("dropout_p", 0.0) != 0.0 or a.get("enable_gqa", False):
         return False
-    vals = [_val(a.get(k)) for k in ("query", "key", "value")]
+    vals = [node_value(a.get(k)) for k in ("query", "key", "value")]
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.dtype in (torch.float32, torch.bfloat16)
                for t in vals):
         return False
@@ -40,7 +31,7 @@ def _eligible(a: dict) -> bool:
         return False
     mask = a.get("attn_mask")
     if mask is not None:
-        m = _val(mask)
+        m = node_value(mask)
         if not isinstance(m, torch.Tensor) or m.dtype not in (torch.bool, torch.float32, torch.bfloat16):
             return False
         if a.get("is_causal", False):
@@ -55,7 +46,7 @@ def fuse_attention(gm: fx.GraphModule, bf16_products: bool) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not _SDPA:
             continue
-        a = _bind(node)
+        a = bound_args(node, _ARGS)
         if not _eligible(a):
             continue
         readers = list(node.users)
@@ -65,7 +56,7 @@ def fuse_attention(gm: fx.GraphModule, bf16_products: bool) -> int:
             if isinstance(m, Quantize) and m.channel_divisor is None:
                 quant = (readers[0], m)
         kwargs = dict(scale=a.get("scale"), is_causal=bool(a.get("is_causal", False)), bf16_products=bf16_products,
-                      out_dtype=_val(a["query"]).dtype)  # SDPA's output dtype, unless a quantize is fused
+                      out_dtype=node_value(a["query"]).dtype)  # SDPA's output dtype, unless a quantize is fused
         if quant is not None:
             m = quant[1]
             kwargs.update(out_dtype=m.dtype, out_scale=m.scale, out_zero_point=m.zero_point, qmax=m.qmax, value=m.value)

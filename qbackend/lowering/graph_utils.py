@@ -22,6 +22,20 @@ def hint(size) -> int:
 EXAMPLE_SHAPE = "qbackend_example_shape"
 
 
+def node_value(arg):
+    """The example value export recorded for a node (meta["val"]: a FakeTensor for tensors), or
+    None for a non-node argument or a node without one."""
+    return arg.meta.get("val") if isinstance(arg, fx.Node) else None
+
+
+def bound_args(node: fx.Node, names: tuple[str, ...]) -> dict:
+    """A call's arguments by name: the positional ones named in schema order by `names`, then
+    the keyword ones."""
+    bound = dict(zip(names, node.args))
+    bound.update(node.kwargs)
+    return bound
+
+
 def example_shape(node) -> tuple[int, ...] | None:
     """The shape the node's value had with the user's example inputs, or None if not a tensor.
 
@@ -29,7 +43,7 @@ def example_shape(node) -> tuple[int, ...] | None:
     (a batch of one is captured as two), else the export's hint."""
     if isinstance(node, fx.Node) and EXAMPLE_SHAPE in node.meta:
         return node.meta[EXAMPLE_SHAPE]
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    val = node_value(node)
     if not isinstance(val, torch.Tensor):
         return None
     return tuple(hint(s) for s in val.shape)
@@ -56,7 +70,7 @@ def record_example_shapes(gm: fx.GraphModule, args: tuple, kwargs: dict | None =
 
 
 def is_float_tensor(node) -> bool:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    val = node_value(node)
     return isinstance(val, torch.Tensor) and val.dtype == torch.float32
 
 

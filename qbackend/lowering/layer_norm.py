@@ -14,23 +14,20 @@ from torch import fx
 from ..nn.layer_norm import LayerNormQuantize
 from ..nn.quant import Quantize
 from .fold import get_attr_value
+from .graph_utils import bound_args, node_value
 
 aten = torch.ops.aten
 _ARGS = ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable")
 
 
-def _val(arg):
-    return arg.meta.get("val") if isinstance(arg, fx.Node) else None
-
-
 def _float32(arg, shape) -> bool:
-    v = _val(arg)
+    v = node_value(arg)
     return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and tuple(v.shape) == tuple(shape)
 
 
 def _is_vector(gm: fx.GraphModule, node, n: int) -> bool:
     """node is a float32 [n] value (a parameter's get_attr, with or without recorded metadata)."""
-    t = _val(node)
+    t = node_value(node)
     if t is None and isinstance(node, fx.Node) and node.op == "get_attr":
         t = get_attr_value(gm, node)
     return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and tuple(t.shape) == (n,)
@@ -51,9 +48,8 @@ def fuse_layer_norms(gm: fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.layer_norm.default:
             continue
-        a = dict(zip(_ARGS, node.args))
-        a.update(node.kwargs)
-        val = _val(node)
+        a = bound_args(node, _ARGS)
+        val = node_value(node)
         shape = a.get("normalized_shape")
         if not (isinstance(val, torch.Tensor) and val.dtype == torch.float32 and isinstance(shape, (list, tuple))
                 and len(shape) == 1 and isinstance(shape[0], int) and val.shape[-1] == shape[0]):

@@ -18,6 +18,16 @@ def check_qparams(scale, zero_point, dtype: torch.dtype, what: str) -> tuple[flo
     return scale, zero_point
 
 
+def dtype_top(dtype: torch.dtype) -> int:
+    """The largest level of an 8-bit activation dtype."""
+    return 255 if dtype == torch.uint8 else 127
+
+
+def reduced_qmax(qmax: int | None, dtype: torch.dtype) -> int | None:
+    """qmax when it is below the dtype's top level (7-bit activations), else None (no clamp)."""
+    return qmax if qmax is not None and qmax < dtype_top(dtype) else None
+
+
 def output_clamp(post_op: str, out_dtype: torch.dtype, out_scale: float, out_zp: int,
                  out_qmax: int | None) -> float | int | None:
     """The upper clamp applied after the kernel: ReLU6's bound, and/or the output's qmax when it is

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from ._activation import QDTYPES, check_qparams
+from ._activation import QDTYPES, check_qparams, reduced_qmax
 
 ops = torch.ops.qbackend
 
@@ -38,8 +38,7 @@ class FusedAttention(nn.Module):
     def set_qparams(self, scale: float, zero_point: int, qmax: int | None = None) -> None:
         """The quantized output's qparams (qmax: the largest level when below the dtype's)."""
         self.out_scale, self.out_zero_point = check_qparams(scale, zero_point, self.out_dtype, "attention output")
-        top = 255 if self.out_dtype == torch.uint8 else 127
-        self.qmax = qmax if qmax is not None and qmax < top else None
+        self.qmax = reduced_qmax(qmax, self.out_dtype)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._activation import QDTYPES, check_qparams
+from ._activation import QDTYPES, check_qparams, dtype_top, reduced_qmax
 
 ops = torch.ops.qbackend
 
@@ -32,15 +32,13 @@ class LayerNormQuantize(nn.Module):
 
     def set_qparams(self, scale: float, zero_point: int, qmax: int | None = None) -> None:
         self.scale, self.zero_point = check_qparams(scale, zero_point, self.dtype, "layer_norm_quantize")
-        top = 255 if self.dtype == torch.uint8 else 127
-        self.qmax = qmax if qmax is not None and qmax < top else None
+        self.qmax = reduced_qmax(qmax, self.dtype)
         d = self.channel_divisor if self.channel_divisor is not None else torch.ones(self.channels)
         self._scales = (d * self.scale).float().contiguous()
 
     def forward(self, x, residual=None, weight=None, bias=None):
-        top = 255 if self.dtype == torch.uint8 else 127
         return ops.layer_norm_quantize(x, residual, weight, bias, self.eps, self._scales, self.zero_point, self.dtype,
-                                       self.qmax if self.qmax is not None else top)
+                                       self.qmax if self.qmax is not None else dtype_top(self.dtype))
 
     def extra_repr(self) -> str:
         s = f"{self.channels}, eps={self.eps:g}, {self.value}: {self.dtype}(scale={self.scale:.4g}, zp={self.zero_point})"

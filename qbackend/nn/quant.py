@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._activation import QDTYPES, check_qparams
+from ._activation import QDTYPES, check_qparams, reduced_qmax
 
 ops = torch.ops.qbackend
 
@@ -46,8 +46,7 @@ class Quantize(nn.Module):
 
     def set_qparams(self, scale: float, zero_point: int, qmax: int | None = None) -> None:
         self.scale, self.zero_point = check_qparams(scale, zero_point, self.dtype, "quantize")
-        top = 255 if self.dtype == torch.uint8 else 127
-        self.qmax = qmax if qmax is not None and qmax < top else None
+        self.qmax = reduced_qmax(qmax, self.dtype)
         if self.channel_divisor is not None:
             self._channel_scales = self.channel_divisor * self.scale
             self._channel_zps = torch.full_like(self.channel_divisor, self.zero_point, dtype=torch.int32)
