@@ -7,9 +7,15 @@
 
 #include "cpu/probe.h"
 #include "ops/native_gemm.h"
+#include "runtime/parallel.h"
 
 #include <ATen/Parallel.h>
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 namespace {
 
@@ -89,10 +95,54 @@ double native_peak_ops(int64_t iters, int threads) {
   return ops / s;
 }
 
+// For tests of the thread pool: runs qbackend's parallel_for over [0, n) and returns, per index, how
+// many times it was visited, the number of distinct threads that ran chunks, and whether a
+// parallel_for nested in a chunk ran serially on that thread. Each chunk busy-waits work_us; one
+// containing `throw_at` throws.
+pybind11::dict parallel_probe(int64_t n, int64_t grain, int64_t throw_at, double work_us) {
+  std::vector<std::atomic<int>> visits(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  std::mutex mu;
+  std::vector<std::thread::id> ids;
+  std::atomic<bool> nested_serial{true};
+  {
+  pybind11::gil_scoped_release no_gil;
+  qbackend::parallel::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (std::find(ids.begin(), ids.end(), std::this_thread::get_id()) == ids.end())
+        ids.push_back(std::this_thread::get_id());
+    }
+    const auto me = std::this_thread::get_id();
+    qbackend::parallel::parallel_for(0, 64, 1, [&](int64_t, int64_t) {
+      if (std::this_thread::get_id() != me) nested_serial = false;
+    });
+    for (int64_t i = b; i < e; ++i) visits[size_t(i)].fetch_add(1);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double, std::micro>(work_us);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    if (throw_at >= b && throw_at < e) throw std::runtime_error("chunk failed on purpose");
+  });
+  }
+  pybind11::list counts;
+  for (auto& v : visits) counts.append(v.load());
+  pybind11::dict d;
+  d["visits"] = counts;
+  d["threads"] = ids.size();
+  d["nested_serial"] = nested_serial.load();
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "qbackend C++ extension: CPU probe, ISA cap; ops live in torch.ops.qbackend";
+  m.def("parallel_probe", &parallel_probe, "test hook of the thread pool (see module.cpp)",
+        pybind11::arg("n"), pybind11::arg("grain"), pybind11::arg("throw_at") = -1,
+        pybind11::arg("work_us") = 0.0);
+  m.def("spin_us", &qbackend::parallel::spin_us, "microseconds qbackend's pool threads spin before sleeping");
+  m.def("set_spin_us", &qbackend::parallel::set_spin_us, "set them (QBACKEND_SPIN_US at load; 0 = no spinning)");
+  m.def("own_pool", &qbackend::parallel::own_pool, "whether qbackend's kernels run on its own pool (else OpenMP)");
+  m.def("set_own_pool", &qbackend::parallel::set_own_pool, "choose it (QBACKEND_THREADING at load)");
   m.def("cpu_probe", &cpu_probe, "CPUID/XGETBV probe: {feature: (cpu_has, os_allows)}");
   m.def("usable_level", &qbackend::cpu::usable_level,
         "ISA level our kernels use: 0 scalar, 1 avx2, 2 avx512, 3 avx512_vnni, 4 amx");

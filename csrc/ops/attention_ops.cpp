@@ -27,6 +27,7 @@
 #include "cpu/probe.h"
 #include "kernels/attention_kernels.h"
 #include "ops/checks.h"
+#include "runtime/parallel.h"
 
 namespace qbackend::ops {
 namespace {
@@ -152,7 +153,7 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   const int64_t chunks = std::min(blocks, std::max<int64_t>(1, (want + B * H - 1) / (B * H)));
   const int64_t rows_per_chunk = (blocks + chunks - 1) / chunks * kRowBlock;
   const size_t scratch_floats = kernels::attention_scratch_floats(p);
-  at::parallel_for(0, B * H * chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel::parallel_for(0, B * H * chunks, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
     if (scratch.size() < scratch_floats) scratch.resize(scratch_floats);
     for (int64_t t = begin; t < end; ++t) {

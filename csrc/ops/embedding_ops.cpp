@@ -32,6 +32,7 @@
 #include "cpu/probe.h"
 #include "kernels/embedding_kernels.h"
 #include "ops/checks.h"
+#include "runtime/parallel.h"
 
 namespace qbackend::ops {
 namespace {
@@ -102,7 +103,7 @@ std::pair<int64_t, int64_t> check_bags(int64_t rows, const at::Tensor& indices, 
   const Index* idx = indices.const_data_ptr<Index>();
   // min / max in vectorisable passes, on every thread (both 0 when n == 0)
   std::atomic<bool> in_range{true};
-  at::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
+  parallel::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
     Index lo = idx[b], hi = idx[b];
     for (int64_t i = b + 1; i < e; ++i) {
       lo = std::min(lo, idx[i]);
@@ -154,7 +155,7 @@ at::Tensor run_bags(const at::Tensor& table, const TableInfo& t, int64_t dim, in
   else fn = k.bag64[bits == 4][t.fp32_qparams];
   // ~ 1 us per bag of a few dozen rows: small grains keep both threads busy on skewed bags.
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, indices.numel() / bags + 1) / (dim / 64 + 1));
-  at::parallel_for(0, bags, grain, [&](int64_t b0, int64_t b1) { fn(a, b0, b1); });
+  parallel::parallel_for(0, bags, grain, [&](int64_t b0, int64_t b1) { fn(a, b0, b1); });
   return out;
 }
 
@@ -215,7 +216,7 @@ at::Tensor run_fbgemm(const at::Tensor& table, const TableInfo& t, int64_t dim, 
   float* y = out.data_ptr<float>();
   std::atomic<bool> ok{true};
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, indices.numel() / bags + 1));
-  at::parallel_for(0, bags, grain, [&](int64_t b0, int64_t b1) {
+  parallel::parallel_for(0, bags, grain, [&](int64_t b0, int64_t b1) {
     const int64_t first = static_cast<int64_t>(o[b0]);
     if (!kernel(b1 - b0, static_cast<int64_t>(o[b1]) - first, t.rows, w, idx + first, o + b0,
                 pw != nullptr ? pw + first : nullptr, y + b0 * dim))

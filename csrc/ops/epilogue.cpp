@@ -7,12 +7,13 @@
 #include <cmath>
 
 #include "ops/checks.h"
+#include "runtime/parallel.h"
 
 namespace qbackend {
 namespace {
 
 void xor80(const uint8_t* src, uint8_t* dst, int64_t n) {
-  at::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
+  parallel::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) dst[i] = src[i] ^ 0x80;  // auto-vectorised
   });
 }

@@ -23,6 +23,7 @@
 #include "ops/fbgemm_requant.h"
 #include "ops/opaque_handle.h"
 #include "ops/saturation.h"
+#include "runtime/parallel.h"
 
 namespace qbackend {
 namespace {
@@ -130,7 +131,7 @@ void conv_u8(FbgemmConvWeight& w, const fbgemm::conv_param_t<2>& cp, const U8Ima
              const float* act_times_w, int32_t out_zp, const float* bias, uint8_t* out, int64_t out_pixels) {
   at::Tensor acc = at::empty({out_pixels * w.OC}, at::kInt);
   const int num_tasks = num_tasks_for(out_pixels * w.OC * w.KH * w.KW * w.IC / w.p.groups, w.depthwise);
-  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+  parallel::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       fbgemm::DoNothing<> nothing;
       fbgemm::ReQuantizeOutput<RELU, fbgemm::QuantizationGranularity::OUT_CHANNEL, float> proc(
@@ -147,7 +148,7 @@ void conv_f32(FbgemmConvWeight& w, const fbgemm::conv_param_t<2>& cp, const U8Im
               const float* w_scales, const float* bias, float* out, int64_t out_pixels) {
   fbgemm::PackBMatrix<int8_t>& B = w.im2col_weight();
   const int num_tasks = num_tasks_for(out_pixels * w.OC * w.KH * w.KW * w.IC / w.p.groups, w.depthwise);
-  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+  parallel::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> row_offsets(fbgemm::PackAWithIm2Col<uint8_t, int32_t, 2>::rowOffsetBufferSize());
     for (int64_t task = begin; task < end; ++task) {
       fbgemm::PackAWithIm2Col<uint8_t, int32_t, 2> packA(cp, x.t.data_ptr<uint8_t>(), nullptr, x.zp,

@@ -23,6 +23,7 @@
 #include "ops/fbgemm_requant.h"
 #include "ops/opaque_handle.h"
 #include "ops/saturation.h"
+#include "runtime/parallel.h"
 
 namespace qbackend {
 namespace {
@@ -96,7 +97,7 @@ template <typename OutT, typename MakeProc>
 void run_gemm(const U8Input& x, int64_t M, const FbgemmLinearWeight& w, OutT* out, int32_t* acc,
               const MakeProc& make_proc) {
   const int num_tasks = num_tasks_for(M, w.N, w.K);
-  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+  parallel::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<int32_t> row_offsets(fbgemm::PackAWithRowOffset<uint8_t>::rowOffsetBufferSize());
     for (int64_t task = begin; task < end; ++task) {
       fbgemm::PackAWithRowOffset<uint8_t> packA(

@@ -21,6 +21,7 @@
 #include "cpu/probe.h"
 #include "kernels/layer_norm_kernels.h"
 #include "ops/checks.h"
+#include "runtime/parallel.h"
 
 namespace qbackend::ops {
 namespace {
@@ -86,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor> layer_norm_quantize(const at::Tensor& x_in, c
   float* yp = y.mutable_data_ptr<float>();
   char* qp = static_cast<char*>(q.mutable_data_ptr());
   const int64_t rows = x.numel() / C;
-  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / C), [&](int64_t begin, int64_t end) {
+  parallel::parallel_for(0, rows, std::max<int64_t>(1, kGrain / C), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
       kernels::layer_norm_quantize_row_avx512(p, xp + i * C, rp ? rp + i * C : nullptr, yp + i * C, qp + i * C);
   });

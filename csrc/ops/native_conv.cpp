@@ -16,6 +16,7 @@
 #include "ops/checks.h"
 #include "ops/conv_params.h"
 #include "ops/native_gemm.h"
+#include "runtime/parallel.h"
 
 namespace qbackend {
 namespace {
@@ -82,7 +83,7 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
   const int64_t rows = N * OH;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 21) / std::max<int64_t>(1, OW * w.N * w.K));
   const auto& k = native::gemm_kernels();
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  parallel::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     GemmArgs gr = g;
     gr.M = OW;
     gr.lda = p.stride[1] * C;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cpu/probe.h"
+#include "runtime/parallel.h"
 
 namespace qbackend::native {
 namespace {
@@ -79,7 +80,7 @@ void run(const kernels::GemmArgs& g) {
   // when the weight is larger than x or there are too few rows, else rows in multiples of the
   // 6-row tile (each thread reads all of the weight).
   const bool by_panels = (g.N > g.M && panels >= threads) || g.M < 12 * threads;
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+  parallel::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (by_panels) {
         k.gemm(g, 0, g.M, panels * t / threads, panels * (t + 1) / threads);

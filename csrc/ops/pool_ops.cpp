@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "runtime/parallel.h"
+
 namespace qbackend::ops {
 namespace {
 
@@ -45,7 +47,7 @@ std::array<int64_t, 2> pair(at::IntArrayRef v, const char* name, int64_t dflt) {
 template <typename T>
 void pool(const T* x, T* y, int64_t N, int64_t C, int64_t H, int64_t W, int64_t OH, int64_t OW,
           std::array<int64_t, 2> k, std::array<int64_t, 2> s, std::array<int64_t, 2> p, std::array<int64_t, 2> d) {
-  at::parallel_for(0, N * OH, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, OW * C)),
+  parallel::parallel_for(0, N * OH, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, OW * C)),
                    [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t n = row / OH, oh = row % OH;

@@ -15,6 +15,7 @@
 
 #include "cpu/probe.h"
 #include "kernels/quantize_kernels.h"
+#include "runtime/parallel.h"
 
 namespace qbackend::ops {
 namespace {
@@ -124,7 +125,7 @@ using ElemFn = void (*)(const In*, Out*, int64_t, const float*, const int32_t*);
 
 template <typename In, typename Out>
 void run_per_tensor(TensorFn<In, Out> fn, const In* x, Out* y, int64_t n, float s, int32_t z) {
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { fn(x + b, y + b, e - b, s, z); });
+  parallel::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) { fn(x + b, y + b, e - b, s, z); });
 }
 
 template <typename In, typename Out>
@@ -133,7 +134,7 @@ void run_per_channel(TensorFn<In, Out> run_fn, ElemFn<In, Out> elem_fn, const In
   const int64_t C = p.channels, inner = p.inner;
   if (inner >= kRunMin) {  // long runs of one channel: one per-tensor call per run
     const int64_t runs = p.outer * C;
-    at::parallel_for(0, runs, std::max<int64_t>(1, kGrain / inner), [&](int64_t b, int64_t e) {
+    parallel::parallel_for(0, runs, std::max<int64_t>(1, kGrain / inner), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r)
         run_fn(x + r * inner, y + r * inner, inner, p.scales[r % C], p.zero_points[r % C]);
     });
@@ -148,7 +149,7 @@ void run_per_channel(TensorFn<In, Out> run_fn, ElemFn<In, Out> elem_fn, const In
       s[c * inner + j] = p.scales[c];
       z[c * inner + j] = p.zero_points[c];
     }
-  at::parallel_for(0, p.outer * period, kGrain, [&](int64_t b, int64_t e) {
+  parallel::parallel_for(0, p.outer * period, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e;) {
       const int64_t off = i % period, len = std::min(e - i, period - off);
       elem_fn(x + i, y + i, len, s.data() + off, z.data() + off);
