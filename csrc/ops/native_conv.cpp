@@ -13,6 +13,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstring>
+
 #include "ops/checks.h"
 #include "ops/conv_params.h"
 #include "ops/native_gemm.h"
@@ -69,7 +71,6 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
   const uint8_t* xp = static_cast<const uint8_t*>(xc.const_data_ptr());
   const uint8_t* rp = has_accum ? static_cast<const uint8_t*>(r.const_data_ptr()) : nullptr;
   uint8_t* yp = static_cast<uint8_t*>(y.data_ptr());
-  const int64_t out_elem = y.element_size();
   if (p.stride[0] == 1 && p.stride[1] == 1) {  // every pixel: one GEMM over N*H*W rows
     g.M = N * H * W;
     g.a = xp;
@@ -79,22 +80,29 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
     native::run(g);
     return;
   }
-  // Strided: one GEMM per output row of pixels, whose inputs are stride * C bytes apart.
-  const int64_t rows = N * OH;
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 21) / std::max<int64_t>(1, OW * w.N * w.K));
-  const auto& k = native::gemm_kernels();
-  parallel::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    GemmArgs gr = g;
-    gr.M = OW;
-    gr.lda = p.stride[1] * C;
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t n = row / OH, oh = row % OH;
-      gr.a = xp + ((n * H + oh * p.stride[0]) * W) * C;
-      gr.r = rp ? rp + row * OW * w.N : nullptr;
-      gr.out = yp + row * OW * w.N * out_elem;
-      k.gemm(gr, 0, OW, 0, kernels::gemm_num_panels(w.N));
-    }
-  });
+  // Strided: the pixels the kernel reads are gathered into a contiguous [N*OH*OW, C] block first
+  // (C bytes per pixel, a small copy next to the GEMM), so that the weight is read once for all of
+  // them as in the unstrided case (one GEMM per output row read it OH times per image: ResNet-50's
+  // 2048 x 1024 downsample at 7x7 ran at 0.87x of oneDNN that way).
+  const int64_t pixels = N * OH * OW;
+  at::Tensor gathered = at::empty({pixels, C}, at::kByte);
+  uint8_t* gp = gathered.data_ptr<uint8_t>();
+  parallel::parallel_for(0, N * OH, std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, OW * C)),
+                         [&](int64_t begin, int64_t end) {
+                           for (int64_t row = begin; row < end; ++row) {
+                             const int64_t n = row / OH, oh = row % OH;
+                             const uint8_t* src = xp + ((n * H + oh * p.stride[0]) * W) * C;
+                             uint8_t* dst = gp + row * OW * C;
+                             for (int64_t ow = 0; ow < OW; ++ow)
+                               std::memcpy(dst + ow * C, src + ow * p.stride[1] * C, static_cast<size_t>(C));
+                           }
+                         });
+  g.M = pixels;
+  g.a = gp;
+  g.lda = C;
+  g.r = rp;
+  g.out = yp;
+  native::run(g);
 }
 
 // The checks of both entry points.

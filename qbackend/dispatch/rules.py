@@ -92,18 +92,17 @@ RULES: tuple[Rule, ...] = (
          "group (ResNeXt g=32: 2.3x, kernel-facts)",
          when=lambda s: 1 < s["groups"] < s["c_in"] and _channels_per_group(s) <= 8,
          condition="1 < groups < c_in and c_in/groups <= 8"),
-    Rule("conv2d", ("avx512_vnni",), "fbgemm", "FBGEMM wins stride-2 1x1 convs from 1024 input channels, the one "
-         "1x1 conv native does not win: ResNet-50's layer4 downsample 1.15x / 1.14x over native at batch 1 / 32 "
-         "(benchmarks/results/pointwise_conv.md; 1.26x / 1.20x in dispatch.md). From 512 channels native is ahead "
-         "(layer3's downsample: 1.14x at batch 1)",
-         when=lambda s: _is_1x1(s) and _stride(s) == 2 and s["c_in"] >= 1024,
-         condition="1x1, groups 1, stride 2, c_in >= 1024"),
-    Rule("conv2d", ("avx512_vnni",), "native", "1x1 convs as one GEMM over the channels-last pixels, residual and "
-         "relu fused: against the best of oneDNN and FBGEMM on every distinct 1x1 conv of ResNet-50 and MobileNetV2 "
-         "(but the row above) 1.14-1.96x at batch 1 and 0.99-1.27x at batch 32; with a residual up to 3x. A residual "
-         "with a float output (ResNet's last block) only native fuses: 4.5x oneDNN at batch 32 "
+    Rule("conv2d", ("avx512_vnni",), "native", "1x1 convs as one GEMM over the channels-last pixels (strided ones "
+         "gathered first), residual and relu fused: against the best of oneDNN and FBGEMM on every distinct 1x1 conv "
+         "of ResNet-50 and MobileNetV2 1.06-1.97x at batch 1 and 0.97-1.24x at batch 32; with a residual up to 3x. "
+         "A residual with a float output (ResNet's last block) only native fuses: 4.5x oneDNN at batch 32 "
          "(benchmarks/results/pointwise_conv.md, dispatch.md)",
          when=_is_1x1, condition="1x1, groups 1, unpadded"),
+    Rule("conv2d", ("avx512_vnni",), "fbgemm", "without the native provider, FBGEMM wins stride-2 1x1 convs from "
+         "1024 input channels: ResNet-50's layer4 downsample 1.13x oneDNN at batch 1, level at batch 32 "
+         "(benchmarks/results/pointwise_conv.md)",
+         when=lambda s: _is_1x1(s) and _stride(s) == 2 and s["c_in"] >= 1024,
+         condition="1x1, groups 1, stride 2, c_in >= 1024"),
     Rule("conv2d", ("avx512_vnni",), "onednn", "oneDNN fuses the residual add (sum post-op), FBGEMM adds it "
          "on fp32 after the conv: from 32k output values oneDNN is 1.15-3.4x faster at batch 1 and 7-33x at "
          "batch 32 (ResNet-50, MobileNetV2; benchmarks/results/dispatch.md)",

@@ -99,22 +99,23 @@ def test_rows_with_a_stride_are_read_in_place():
     assert torch.equal(native_sums(xt, 5, w).to(torch.int64), exact_sums(xt, 5, w))
 
 
-@pytest.mark.parametrize("stride", [1, 2, 3])
-@pytest.mark.parametrize("n,c,hw,oc", [(1, 64, 9, 70), (4, 24, 14, 130), (2, 512, 7, 64)])
+@pytest.mark.parametrize("stride", [1, 2, 3, (2, 1), (1, 3)])
+@pytest.mark.parametrize("n,c,hw,oc", [(1, 64, 9, 70), (4, 24, 14, 130), (2, 512, 7, 64), (1, 1024, 14, 300)])
 def test_conv1x1_strided_and_in_place(stride, n, c, hw, oc):
-    """The 1x1 conv: one GEMM over the pixels (stride 1) or one per output row (stride > 1), with
-    the residual fused, multi-threaded; native_conv2d_add_ writes the same bytes into accum."""
-    g = torch.Generator().manual_seed(stride * 100 + c)
+    """The 1x1 conv: one GEMM over the pixels (stride 1; strided: over the pixels gathered first),
+    with the residual fused, multi-threaded; native_conv2d_add_ writes the same bytes into accum."""
+    sh, sw = (stride, stride) if isinstance(stride, int) else stride
+    g = torch.Generator().manual_seed(sh * 100 + sw * 10 + c)
     w = torch.randint(-128, 128, (oc, c, 1, 1), dtype=torch.int8, generator=g)
     ws = torch.rand(oc, generator=g) * 0.01 + 1e-3
     b = torch.randn(oc, generator=g)
     x = torch.randint(0, 256, (n, c, hw, hw), dtype=torch.uint8, generator=g).contiguous(
         memory_format=torch.channels_last)
-    oh = (hw - 1) // stride + 1
-    acc = torch.randint(-128, 128, (n, oc, oh, oh), dtype=torch.int8, generator=g).contiguous(
+    oh, ow = (hw - 1) // sh + 1, (hw - 1) // sw + 1
+    acc = torch.randint(-128, 128, (n, oc, oh, ow), dtype=torch.int8, generator=g).contiguous(
         memory_format=torch.channels_last)
-    pw = PackedConv2dWeight(w, ws, b, (stride, stride), (0, 0), (1, 1), 1, "native")
-    y64 = R.conv2d_fp64(x, 0.02, 131, w, ws, b, (stride, stride), (0, 0), (1, 1), 1, acc, 0.05, -3, "relu")
+    pw = PackedConv2dWeight(w, ws, b, (sh, sw), (0, 0), (1, 1), 1, "native")
+    y64 = R.conv2d_fp64(x, 0.02, 131, w, ws, b, (sh, sw), (0, 0), (1, 1), 1, acc, 0.05, -3, "relu")
     out_scale = float(y64.abs().max()) / 100
     ref = R.quantize(y64, out_scale, 5, torch.int8)
     with all_threads():
