@@ -8,6 +8,7 @@ this provider in test_linear.py and test_conv2d.py, like the other providers'.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -193,3 +194,24 @@ print(json.dumps(out))
     assert "AVX512-VNNI" in out["refuses"]
     assert out["error"] is not None and "AVX512-VNNI" in out["error"]
     assert out["route"] == "fbgemm"
+
+
+def test_gelu_epilogue_over_its_whole_range():
+    """The epilogue's rational erf (gemm_avx512_vnni.cpp) against the fp64 erf gelu, y from -12 to 12
+    through the bias (the sums are 0): within 3.2e-7 * |y| (+ fp32 rounding of tiny values)."""
+    n = 8192
+    x = torch.tensor([[128, 3, 250, 7]], dtype=torch.uint8)
+    w = torch.zeros(n, 4, dtype=torch.int8)
+    w[:, 0] = 1  # (x - zp) = 0 on k = 0; the other k's weights are 0
+    y = torch.linspace(-12, 12, n, dtype=torch.float64)
+    y = torch.cat([y, torch.tensor([0.0, -0.0, 1e-30, -1e-30, 5.65, -5.65, 5.66, -5.66, 100.0, -100.0],
+                                   dtype=torch.float64)])
+    n = y.numel()
+    w = torch.cat([w, torch.zeros(n - w.shape[0], 4, dtype=torch.int8)])
+    p = ops.native_linear_prepack(w)
+    out = ops.native_linear(x, 1.0, 128, p, torch.ones(n), y.float(), 1.0, 0, torch.float32, "gelu")[0].double()
+    b = y.float().double()
+    exact = 0.5 * b * (1 + torch.erf(b / math.sqrt(2)))
+    err = (out - exact).abs()
+    assert float((err - 3.2e-7 * b.abs()).max()) <= 1e-12, float((err / b.abs().clamp_min(1e-30)).max())
+    assert torch.isfinite(out).all()
