@@ -5,7 +5,9 @@
 //   layer_norm_quantize(x [..., C], residual?, weight? [C], bias? [C], eps, scales [C], zero_point,
 //                       dtype, qmax) -> (y float32 [..., C], q uint8/int8 [..., C])
 //
-// y = layer_norm(x + residual) (aten's semantics, fp32 statistics); q quantizes y per channel of
+// y = layer_norm(x + residual) (aten's semantics, fp32 statistics; the residual has x's shape or
+// broadcasts to it over leading dimensions, as BERT's position embeddings [1, S, C] do over the
+// batch); q quantizes y per channel of
 // the last dimension exactly as qbackend::quantize_per_channel does (scales: per-tensor scale
 // times SmoothQuant's divisors, or all equal), then saturates at qmax (7-bit activations).
 // Inputs of any strides (made contiguous); float32 only. AVX512 kernel
@@ -28,6 +30,18 @@ namespace {
 
 constexpr int64_t kGrain = 32768;  // elements per parallel task
 
+// r broadcasts to x by repeating along x's leading dimensions: r has at most x's dimensions and,
+// without its leading 1s, is a suffix of x's shape. Its rows then repeat every numel(r) / C rows of x.
+bool broadcasts_over_leading_dims(at::IntArrayRef r, at::IntArrayRef x) {
+  if (r.size() > x.size()) return false;  // x + r would have more dimensions than x
+  size_t lead = 0;
+  while (lead < r.size() && r[lead] == 1 && r.size() - lead > 1) ++lead;
+  const size_t n = r.size() - lead;
+  for (size_t i = 0; i < n; ++i)
+    if (r[lead + i] != x[x.size() - n + i]) return false;
+  return true;
+}
+
 void check_vector(const std::optional<at::Tensor>& t, int64_t C, const char* name) {
   if (!t.has_value() || !t->defined()) return;
   checks::dtype(*t, at::kFloat, name);
@@ -47,8 +61,9 @@ std::tuple<at::Tensor, at::Tensor> layer_norm_quantize(const at::Tensor& x_in, c
   const bool has_res = res_in.has_value() && res_in->defined();
   if (has_res) {
     checks::dtype(*res_in, at::kFloat, "residual");
-    TORCH_CHECK_VALUE(res_in->sizes() == x_in.sizes(), "residual must have x's shape ", x_in.sizes(), ", got ",
-                      res_in->sizes());
+    TORCH_CHECK_VALUE(broadcasts_over_leading_dims(res_in->sizes(), x_in.sizes()),
+                      "residual must have x's shape ", x_in.sizes(), " or one that broadcasts to it over leading "
+                      "dimensions only (e.g. [1, S, C] for [B, S, C]), got ", res_in->sizes());
   }
   check_vector(w_in, C, "weight");
   check_vector(b_in, C, "bias");
@@ -87,9 +102,11 @@ std::tuple<at::Tensor, at::Tensor> layer_norm_quantize(const at::Tensor& x_in, c
   float* yp = y.mutable_data_ptr<float>();
   char* qp = static_cast<char*>(q.mutable_data_ptr());
   const int64_t rows = x.numel() / C;
+  const int64_t res_rows = has_res ? std::max<int64_t>(1, res.numel() / C) : 1;  // the residual's period
   parallel::parallel_for(0, rows, std::max<int64_t>(1, kGrain / C), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
-      kernels::layer_norm_quantize_row_avx512(p, xp + i * C, rp ? rp + i * C : nullptr, yp + i * C, qp + i * C);
+      kernels::layer_norm_quantize_row_avx512(p, xp + i * C, rp ? rp + (i % res_rows) * C : nullptr, yp + i * C,
+                                              qp + i * C);
   });
   return {y, q};
 }

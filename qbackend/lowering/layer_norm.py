@@ -2,7 +2,7 @@
 a Quantize border (the int8 input of the next Linears) becomes one LayerNormQuantize call
 (qbackend::layer_norm_quantize, csrc/kernels/layer_norm_avx512.cpp) giving both the float output
 and the int8 one; a residual add that only feeds the LayerNorm (post-LN blocks: dense output +
-residual) is folded in too. One pass over the rows instead of three ops (add, layer_norm, quantize).
+residual; BERT's embeddings: token sum + position embeddings broadcast over the batch) is folded in too. One pass over the rows instead of three ops (add, layer_norm, quantize).
 """
 from __future__ import annotations
 
@@ -33,13 +33,33 @@ def _is_vector(gm: fx.GraphModule, node, n: int) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and tuple(t.shape) == (n,)
 
 
+def _leading_broadcast(arg, shape) -> bool:
+    """arg is a float32 value that broadcasts to `shape` over leading dimensions only (no more
+    dimensions than shape, and without its leading 1s a suffix of it), as position embeddings
+    [1, S, C] do over the batch."""
+    v = node_value(arg)
+    if not (isinstance(v, torch.Tensor) and v.dtype == torch.float32):
+        return False
+    dims = list(v.shape)
+    if len(dims) > len(shape):
+        return False
+    while len(dims) > 1 and dims[0] == 1:
+        dims = dims[1:]
+    return dims == list(shape)[len(shape) - len(dims):]
+
+
 def _residual(x: fx.Node, shape) -> tuple[fx.Node, fx.Node] | None:
-    """(a, b) when x = a + b, a plain float32 add of two same-shape values read only here."""
+    """(a, b) when x = a + b, a plain float32 add read only here, a of x's shape and b of it or
+    broadcasting over leading dimensions (fp32 addition commutes, so either operand may be b)."""
     if not (isinstance(x, fx.Node) and x.op == "call_function" and x.target is aten.add.Tensor
             and len(x.users) == 1 and len(x.args) == 2 and not x.kwargs):
         return None
     a, b = x.args
-    return (a, b) if _float32(a, shape) and _float32(b, shape) else None
+    if _float32(a, shape) and _leading_broadcast(b, shape):
+        return a, b
+    if _float32(b, shape) and _leading_broadcast(a, shape):
+        return b, a
+    return None
 
 
 def fuse_layer_norms(gm: fx.GraphModule) -> int:

@@ -5,8 +5,9 @@ again by this machine's rules.
 * Activations: a model converted on a CPU with VNNI uses the full uint8 range; CPUs without VNNI
   saturate u8 x s8 products, so there each uint8 value's qparams are recomputed for [0, 127]
   from the float range saved with the model (`qbackend_activations`, the observer's chosen range;
-  the range was chosen for 256 levels, the 7-bit model uses it with 128). Every Quantize,
-  Dequantize and quantized layer reading or writing the value is updated.
+  the range was chosen for 256 levels, the 7-bit model uses it with 128). Every activation
+  border (nn._activation.ActivationBorder: Quantize, Dequantize, the fused attention and LayerNorm)
+  and quantized layer reading or writing the value is updated.
 * Routes: each static / dynamic layer goes through qbackend.dispatch.route with its recorded
   example shape (a forced provider stays forced); a layer whose provider changes is repacked.
   The LSTM keeps its providers (its dynamic activations are exact on every provider).
@@ -21,10 +22,7 @@ from ..dispatch import route
 from ..dispatch.router import route_embedding
 from ..ops.embedding import get_embedding_provider
 from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear
-from ..nn._activation import StaticQParamsMixin
-from ..nn.attention import FusedAttention
-from ..nn.layer_norm import LayerNormQuantize
-from ..nn.quant import Dequantize, Quantize
+from ..nn._activation import ActivationBorder, StaticQParamsMixin
 from ..observers import choose_qparams, default_reduce_range
 from ..ops import PackedConv2dWeight
 
@@ -48,7 +46,7 @@ def requantize_activations(qmodel, seven_bit: bool) -> list[str]:
     if not new:
         return []
     for m in qmodel.modules():
-        if isinstance(m, (Quantize, Dequantize, FusedAttention, LayerNormQuantize)) and m.value in new:
+        if isinstance(m, ActivationBorder) and m.value in new:
             qp = new[m.value]
             m.set_qparams(qp.scale, qp.zero_point, qp.qmax)
         elif isinstance(m, StaticQParamsMixin):

@@ -48,6 +48,18 @@ def relu6_bound(out_dtype: torch.dtype, out_scale: float, out_zp: int) -> float 
     return None if q6 >= hi else int(q6)
 
 
+class ActivationBorder:
+    """A module that writes (or reads) one activation value of the model's table, named by `value`,
+    with qparams that `set_qparams` replaces: Quantize, Dequantize and the fused ops ending in a
+    quantize (FusedAttention, LayerNormQuantize). Rebinding a loaded model to a CPU that needs 7-bit
+    activations updates every one of them (lowering/rebind.py)."""
+
+    value: str | None
+
+    def set_qparams(self, scale: float, zero_point: int, qmax: int | None = None) -> None:
+        raise NotImplementedError
+
+
 POST_OPS = ("none", "relu", "relu6", "gelu")
 
 

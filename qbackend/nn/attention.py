@@ -14,12 +14,12 @@ import math
 import torch
 from torch import nn
 
-from ._activation import QDTYPES, check_qparams, reduced_qmax
+from ._activation import ActivationBorder, QDTYPES, check_qparams, reduced_qmax
 
 ops = torch.ops.qbackend
 
 
-class FusedAttention(nn.Module):
+class FusedAttention(ActivationBorder, nn.Module):
     def __init__(self, scale: float | None = None, is_causal: bool = False, bf16_products: bool = False,
                  out_dtype: torch.dtype = torch.float32, out_scale: float = 1.0, out_zero_point: int = 0,
                  qmax: int | None = None, value: str | None = None):

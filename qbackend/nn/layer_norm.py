@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._activation import QDTYPES, check_qparams, dtype_top, reduced_qmax
+from ._activation import ActivationBorder, QDTYPES, check_qparams, dtype_top, reduced_qmax
 
 ops = torch.ops.qbackend
 
 
-class LayerNormQuantize(nn.Module):
+class LayerNormQuantize(ActivationBorder, nn.Module):
     def __init__(self, channels: int, eps: float, scale: float, zero_point: int, dtype: torch.dtype = torch.uint8,
                  qmax: int | None = None, value: str | None = None, channel_divisor: torch.Tensor | None = None):
         super().__init__()

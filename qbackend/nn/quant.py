@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._activation import QDTYPES, check_qparams, reduced_qmax
+from ._activation import ActivationBorder, QDTYPES, check_qparams, reduced_qmax
 
 ops = torch.ops.qbackend
 
 
-class Quantize(nn.Module):
+class Quantize(ActivationBorder, nn.Module):
     """float -> uint8/int8 with (scale, zero_point), saturating at qmax (7-bit activations: 127).
 
     With `channel_divisor` d (float32 [C], SmoothQuant's factors), channel c of the last dimension
@@ -67,7 +67,7 @@ class Quantize(nn.Module):
                     if self.channel_divisor is not None else "")
 
 
-class Dequantize(nn.Module):
+class Dequantize(ActivationBorder, nn.Module):
     """uint8/int8 -> float32 with (scale, zero_point)."""
 
     def __init__(self, scale: float, zero_point: int, dtype: torch.dtype = torch.uint8, value: str | None = None):

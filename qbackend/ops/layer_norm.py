@@ -12,6 +12,13 @@ from .._extension import _C  # noqa: F401  (loads the .so, which registers the o
 def _layer_norm_quantize_fake(x, residual, weight, bias, eps, scales, zero_point, dtype, qmax):
     torch._check_type(x.dtype == torch.float32, lambda: "x must be float32")
     torch._check_value(x.dim() >= 1, lambda: "x must have a last dimension")
+    if residual is not None:
+        r = list(residual.shape)
+        fits = len(r) <= x.dim()
+        while len(r) > 1 and r[0] == 1:
+            r = r[1:]
+        torch._check_value(fits and list(x.shape[x.dim() - len(r):]) == r,
+                           lambda: "residual must have x's shape or broadcast to it over leading dimensions")
     torch._check_value(scales.dim() == 1 and scales.shape[0] == x.shape[-1],
                        lambda: "scales must be 1-D with x's last dimension")
     return torch.empty(x.shape, dtype=torch.float32, device=x.device), torch.empty(x.shape, dtype=dtype, device=x.device)

@@ -101,15 +101,18 @@ def _layer_norm_modules(qmodel):
 
 def test_layer_norms_are_fused_with_their_residual_add_and_quantize(small_bert):
     """Every LayerNorm quantized for the next Linears became one add + LayerNorm + quantize call:
-    the embeddings' (no residual: its add broadcasts the position embeddings) and two per layer
-    (attention output + residual, FFN output + residual); no aten layer_norm or add is left behind
-    them, and no Quantize border."""
+    the embeddings' (its residual: the position embeddings [1, S, C], broadcast over the batch) and
+    two per layer (attention output + residual, FFN output + residual); no aten layer_norm is left,
+    the only add is the embeddings' token + token-type sum, and no Quantize border."""
     _, qmodel = small_bert
     gm = qmodel.graph_module
     mods = _layer_norm_modules(qmodel)
     assert len(mods) == 1 + 2 * SMALL["num_hidden_layers"]
     calls = [n for n in gm.graph.nodes if n.op == "call_module" and gm.get_submodule(n.target) in mods]
-    assert sum(n.args[1] is not None for n in calls) == 2 * SMALL["num_hidden_layers"]
+    assert all(n.args[1] is not None for n in calls)
+    adds = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.add.Tensor
+            and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() == 3]
+    assert len(adds) == 1, adds
     assert not [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.layer_norm.default]
     assert not [m for m in gm.modules() if isinstance(m, qbackend.nn.quant.Quantize)]
 

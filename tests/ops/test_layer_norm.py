@@ -54,6 +54,22 @@ def test_matches_fp64(rows, c, residual, affine, dtype):
     assert float((q.double() - quantize(ref, scales, zp, lo, hi)).abs().max()) <= 1
 
 
+@pytest.mark.parametrize("rshape", [(1, 6, 40), (6, 40), (40,), (1, 1, 40)])
+def test_residual_broadcast_over_leading_dims(rshape):
+    """BERT's position embeddings [1, S, C] added to the token sum [B, S, C]: the residual's rows
+    repeat over the batch, as torch broadcasts them."""
+    g = torch.Generator().manual_seed(len(rshape))
+    x = torch.randn(3, 6, 40, generator=g) * 2
+    r = torch.randn(rshape, generator=g)
+    scales = torch.full((40,), 0.02)
+    y, q = ops.layer_norm_quantize(x, r, None, None, 1e-5, scales, 128, torch.uint8, 255)
+    ref = reference(x, r.expand_as(x), None, None, 1e-5)
+    assert float((y.double() - ref).abs().max()) <= 2e-5 * max(1.0, float(ref.abs().max()))
+    y_full, q_full = ops.layer_norm_quantize(x, r.expand_as(x).contiguous(), None, None, 1e-5, scales, 128,
+                                             torch.uint8, 255)
+    assert torch.equal(y, y_full) and torch.equal(q, q_full)
+
+
 def test_seven_bit_qmax_and_leading_dims():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, 40, generator=g) * 5
@@ -83,6 +99,9 @@ def test_strided_inputs_are_accepted():
 @pytest.mark.parametrize("case, exc, match", [
     (dict(x=torch.zeros(2, 4, dtype=torch.float64)), TypeError, "x must have dtype torch.float32"),
     (dict(residual=torch.zeros(2, 5)), ValueError, "residual must have x's shape"),
+    (dict(residual=torch.zeros(3, 4)), ValueError, "residual must have x's shape"),
+    (dict(residual=torch.zeros(2, 1)), ValueError, "residual must have x's shape"),
+    (dict(residual=torch.zeros(1, 2, 4)), ValueError, "residual must have x's shape"),
     (dict(weight=torch.ones(3)), ValueError, "weight must be 1-D with 4"),
     (dict(bias=torch.ones(4, dtype=torch.float64)), TypeError, "bias must have dtype"),
     (dict(eps=-1.0), ValueError, "eps must be finite"),
@@ -108,3 +127,7 @@ def test_opcheck():
     args = (x, r, torch.rand(32, generator=g) + 0.5, torch.randn(32, generator=g), 1e-5, torch.full((32,), 0.02), 128,
             torch.uint8, 255)
     torch.library.opcheck(ops.layer_norm_quantize.default, args)
+    # a residual broadcast over the batch, through the fake impl too
+    x3, r3 = torch.randn(2, 3, 32, generator=g), torch.randn(1, 3, 32, generator=g)
+    torch.library.opcheck(ops.layer_norm_quantize.default, (x3, r3, None, None, 1e-5, torch.full((32,), 0.02), 128,
+                                                             torch.uint8, 255))
