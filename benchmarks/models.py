@@ -90,6 +90,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import qbackend  # noqa: E402
+from qbackend._extension import _C  # noqa: E402
 from _machine import git_commit  # noqa: E402
 from _timing import measure  # noqa: E402
 from accuracy import error_note, sqnr_db  # noqa: E402
@@ -625,6 +626,8 @@ def header(args, sizes: Sizes, names: list[str], flows: list[str], load: list[fl
                           "numpy"))
     amx = "yes" if f.amx_int8.cpu else "NO"
     bs = "; ".join(f"{n}: {', '.join(map(str, sizes.batches(n)))}" for n in names)
+    pool = (f"its own pool (workers spin up to QBACKEND_SPIN_US={_C.spin_us()} us, yielding, then sleep)"
+            if _C.own_pool() else "torch's OpenMP pool")
     return "\n".join([
         f"- CPU: {cpu}, {os.cpu_count()} logical CPUs; ISA flags: {isa}. AMX: {amx} "
         f"(qbackend's CPU class: {f.level_name}, VNNI: {f.has_vnni}).",
@@ -632,7 +635,9 @@ def header(args, sizes: Sizes, names: list[str], flows: list[str], load: list[fl
         f"Busy-waiting: {'the libraries defaults (--spin-wait)' if SPIN_WAIT else 'off where a knob exists'}: "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset (libgomp spins)')} for torch's OpenMP pool "
         f"(every torch flow, qbackend's included), ONNX Runtime session.intra_op.allow_spinning={int(SPIN_WAIT)}; "
-        "OpenVINO's TBB pool at its default (no knob).",
+        "OpenVINO's TBB pool at its default (no knob). qbackend's own kernels run on "
+        f"{pool} "
+        "(QBACKEND_THREADING=auto: its own pool when OpenMP threads sleep).",
         f"- Packages: {versions}; qbackend {qbackend.__version__} (commit {commit} at the start); Python "
         f"{platform.python_version()}.",
         f"- Run: {'--quick' if args.quick else 'full'}; started {started}; "
