@@ -75,31 +75,32 @@ def test_exception_reaches_the_caller_and_pool_survives():
 
 
 def _op_cases():
-    """(name, fn) for an op of each kernel family, sized so that their loops split over threads."""
+    """(name, fn) for an op of each kernel family, sized so that their loops split over threads. The
+    int8 activations are 7-bit, which every ISA class takes (CPUs without VNNI need them)."""
     g = torch.Generator().manual_seed(0)
-    x8 = torch.randint(0, 256, (256, 512), dtype=torch.uint8, generator=g)
+    x8 = torch.randint(0, 128, (256, 512), dtype=torch.uint8, generator=g)
     w8 = torch.randint(-127, 128, (1024, 512), dtype=torch.int8, generator=g)
     ws = torch.rand(1024, generator=g) * 0.01 + 1e-3
     bias = torch.randn(1024, generator=g)
     xf = torch.randn(300, 1000, generator=g)
     cases = [("quantize", lambda: ops.quantize_per_tensor(xf, 0.05, 3, torch.uint8))]
     pf = ops.fbgemm_linear_prepack(w8)
-    cases.append(("fbgemm_linear", lambda: ops.fbgemm_linear(x8, 0.02, 128, pf, ws, bias, 0.3, 10, torch.uint8,
+    cases.append(("fbgemm_linear", lambda: ops.fbgemm_linear(x8, 0.02, 64, pf, ws, bias, 0.3, 10, torch.uint8,
                                                               "relu")))
-    img = torch.randint(0, 256, (4, 64, 28, 28), dtype=torch.uint8, generator=g).contiguous(
+    img = torch.randint(0, 128, (4, 64, 28, 28), dtype=torch.uint8, generator=g).contiguous(
         memory_format=torch.channels_last)
     wc = torch.randint(-127, 128, (64, 64, 3, 3), dtype=torch.int8, generator=g)
     pc = ops.fbgemm_conv2d_prepack(wc, [1, 1], [1, 1], [1, 1], 1)
     cs = torch.rand(64, generator=g) * 0.01 + 1e-3
-    cases.append(("fbgemm_conv2d", lambda: ops.fbgemm_conv2d(img, 0.02, 100, pc, cs, None, [1, 1], [1, 1], [1, 1], 1,
+    cases.append(("fbgemm_conv2d", lambda: ops.fbgemm_conv2d(img, 0.02, 60, pc, cs, None, [1, 1], [1, 1], [1, 1], 1,
                                                               0.5, 5, torch.uint8, "none")))
     if _C.native_isa():
         p = ops.native_linear_prepack(w8)
         w1 = torch.randint(-127, 128, (128, 64, 1, 1), dtype=torch.int8, generator=g)
         pn = ops.native_conv2d_prepack(w1, [1, 1], [0, 0], [1, 1], 1)
-        cases.append(("native_conv2d", lambda: ops.native_conv2d(img, 0.02, 100, pn, ws[:128], None, [1, 1], [0, 0],
+        cases.append(("native_conv2d", lambda: ops.native_conv2d(img, 0.02, 60, pn, ws[:128], None, [1, 1], [0, 0],
                                                                   [1, 1], 1, 0.5, 5, torch.uint8, "relu")))
-        cases.append(("native_linear", lambda: ops.native_linear(x8, 0.02, 128, p, ws, bias, 0.3, 10, torch.uint8,
+        cases.append(("native_linear", lambda: ops.native_linear(x8, 0.02, 64, p, ws, bias, 0.3, 10, torch.uint8,
                                                                   "gelu")))
     q, k, v = (torch.randn(2, 12, 128, 64, generator=g) for _ in range(3))
     cases.append(("attention", lambda: ops.attention(q, k, v, None, 0.125, False, torch.uint8, 0.02, 128, False)))
