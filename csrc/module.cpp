@@ -97,7 +97,8 @@ double native_peak_ops(int64_t iters, int threads) {
 
 // For tests of the thread pool: runs qbackend's parallel_for over [0, n) and returns, per index, how
 // many times it was visited, the number of distinct threads that ran chunks, and whether a
-// parallel_for nested in a chunk ran serially on that thread. Each chunk busy-waits work_us; one
+// parallel_for nested in a chunk ran serially on that thread (a single-chunk call is not a region:
+// a loop nested in it may use the pool). Each chunk busy-waits work_us; one
 // containing `throw_at` throws.
 pybind11::dict parallel_probe(int64_t n, int64_t grain, int64_t throw_at, double work_us) {
   std::vector<std::atomic<int>> visits(static_cast<size_t>(std::max<int64_t>(n, 0)));
