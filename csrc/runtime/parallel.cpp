@@ -182,13 +182,9 @@ Pool& pool() {
 
 }  // namespace
 
-int num_threads() { return std::max(1, at::get_num_threads()); }
-
 int spin_us() { return g_spin_us.load(std::memory_order_relaxed); }
 
 void set_spin_us(int us) { g_spin_us.store(std::max(0, us), std::memory_order_relaxed); }
-
-bool in_region() { return t_in_region; }
 
 bool own_pool() { return g_own_pool.load(std::memory_order_relaxed); }
 
@@ -202,7 +198,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function
   }
   const int64_t n = end - begin;
   grain = std::max<int64_t>(1, grain);
-  const int threads = (t_in_region || at::in_parallel_region()) ? 1 : num_threads();
+  const int threads = (t_in_region || at::in_parallel_region()) ? 1 : std::max(1, at::get_num_threads());
   const int64_t chunk = std::max(grain, (n + threads - 1) / threads);
   const int64_t nchunks = (n + chunk - 1) / chunk;
   if (nchunks <= 1) {

@@ -29,16 +29,10 @@ namespace qbackend::parallel {
 // one; the other chunks still run to the end).
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
 
-// Threads the next region may use (the caller included).
-int num_threads();
-
 // Microseconds a worker spins for the next region before sleeping (QBACKEND_SPIN_US at load;
 // 0 = sleep at once). Settable for tests and benchmarks.
 int spin_us();
 void set_spin_us(int us);
-
-// True inside a chunk run by this pool, on any of its threads.
-bool in_region();
 
 // Whether parallel_for uses this pool (true) or at::parallel_for (QBACKEND_THREADING, see above).
 bool own_pool();

@@ -13,6 +13,7 @@ from torch import fx
 
 from ..nn.layer_norm import LayerNormQuantize
 from ..nn.quant import Quantize
+from ..ops.layer_norm import residual_broadcasts
 from .fold import get_attr_value
 from .graph_utils import bound_args, node_value
 
@@ -34,18 +35,9 @@ def _is_vector(gm: fx.GraphModule, node, n: int) -> bool:
 
 
 def _leading_broadcast(arg, shape) -> bool:
-    """arg is a float32 value that broadcasts to `shape` over leading dimensions only (no more
-    dimensions than shape, and without its leading 1s a suffix of it), as position embeddings
-    [1, S, C] do over the batch."""
+    """arg is a float32 value the fused op can add as the residual of an x of `shape`."""
     v = node_value(arg)
-    if not (isinstance(v, torch.Tensor) and v.dtype == torch.float32):
-        return False
-    dims = list(v.shape)
-    if len(dims) > len(shape):
-        return False
-    while len(dims) > 1 and dims[0] == 1:
-        dims = dims[1:]
-    return dims == list(shape)[len(shape) - len(dims):]
+    return isinstance(v, torch.Tensor) and v.dtype == torch.float32 and residual_broadcasts(v.shape, shape)
 
 
 def _residual(x: fx.Node, shape) -> tuple[fx.Node, fx.Node] | None:
