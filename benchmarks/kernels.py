@@ -85,7 +85,8 @@ FULL = Settings(blocks=15, block_s=0.005, warmup_s=0.03, min_warmup=2, confirm_b
 QUICK = Settings(blocks=5, block_s=0.002, warmup_s=0.005, min_warmup=1, confirm_blocks=0, retries=0)
 
 LINEAR_KN = [(768, 768), (768, 3072), (3072, 768), (4096, 4096)]
-NATIVE = bool(_C.native_isa())  # qbackend's own GEMM runs here (AVX512-VNNI)
+NATIVE_ISA = _C.native_isa()  # the ISA of qbackend's own GEMM here: "amx", "avx512_vnni" or ""
+NATIVE = bool(NATIVE_ISA)
 PROVIDER_COLUMNS = (("native",) if NATIVE else ()) + ("fbgemm", "onednn")
 PEAK_SHAPE = (2048, 4096, 4096)  # M, K, N of the native GEMM's throughput row
 LINEAR_M = [1, 4, 16, 64, 256, 1024]
@@ -693,7 +694,8 @@ def bench_overhead(rep: Report, cfg: Settings, threads: list[int], only: str | N
 
 def bench_peak(rep: Report, cfg: Settings, threads: list[int], quick: bool) -> None:
     """The native GEMM's throughput at M=2048, K=N=4096 against the dot-product instruction's peak,
-    measured here with a loop of independent vpdpbusd (no assumption about clocks or ports)."""
+    measured here with a loop of independent dot products of the kernel's instruction (tdpbusd on
+    AMX, vpdpbusd on AVX512-VNNI; no assumption about clocks or ports)."""
     if not NATIVE:
         rep("## Native GEMM throughput: skipped (this CPU has no AVX512-VNNI)")
         rep()
@@ -718,12 +720,15 @@ def bench_peak(rep: Report, cfg: Settings, threads: list[int], quick: bool) -> N
         progress(f"peak {n}t: {peak / 1e12:.3f} TOPS")
     rep(f"## Native GEMM throughput, M={M}, K={K}, N={N}, u8 -> u8")
     rep()
-    rep("peak = int8 ops/s of a loop of independent `vpdpbusd` (AVX512-VNNI dot products, 2 ops per multiply-add) "
+    amx = NATIVE_ISA == "amx"
+    loop = ("independent `tdpbusd` (AMX-INT8 tile dot products, 16 x 16 x 64 multiply-adds each" if amx
+            else "independent `vpdpbusd` (AVX512-VNNI dot products")
+    rep(f"peak = int8 ops/s of a loop of {loop}, 2 ops per multiply-add) "
         "on that many threads, best of several runs (`qbackend._C.native_peak_ops`); TOPS from each provider's "
-        "minimum time; % = share of that peak; native speed-up = best of fbgemm and onednn / native. "
-        "This CPU has no AMX, so the AVX512-VNNI peak is the ceiling.")
+        "minimum time; % = share of that peak; native speed-up = best of fbgemm and onednn / native."
+        + ("" if amx else " This CPU has no AMX (or QBACKEND_ISA masks it), so the AVX512-VNNI peak is the ceiling."))
     rep()
-    hdr = ["threads", "VNNI peak TOPS"]
+    hdr = ["threads", f"{'AMX' if amx else 'VNNI'} peak TOPS"]
     for k in PROVIDER_COLUMNS:
         hdr += [f"{k} TOPS", f"{k} % peak"]
     rep.table(hdr + ["native speed-up"], rows)

@@ -74,7 +74,10 @@ int64_t fbgemm_packed_b_size(int64_t K, int64_t N) {
 int64_t native_packed_size(int64_t N, int64_t K) { return qbackend::native::packed_bytes(N, K); }
 
 // The native GEMM's ISA on this CPU (and QBACKEND_ISA cap), or "" where it has none.
-std::string native_isa() { return qbackend::cpu::usable_level() >= 3 ? "avx512_vnni" : ""; }
+// ("amx", "avx512_vnni", or "amx_emulated" while a test has the emulation on).
+std::string native_isa() {
+  return qbackend::cpu::usable_level() >= 3 ? qbackend::native::gemm_kernels().name : "";
+}
 
 // Peak int8 rate of the native GEMM's instruction on `threads` threads: each runs `iters`
 // iterations of independent dot products; returns int8 ops per second (2 per multiply-add).
@@ -155,6 +158,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
   m.def("native_packed_size", &native_packed_size, "bytes of the native provider's packed N x K weight");
   m.def("native_isa", &native_isa, "the native GEMM's instruction set here, or '' where it has none");
+  m.def("set_native_amx_emulated", &qbackend::native::set_amx_emulated,
+        "tests: the native GEMM runs its AMX kernel over emulated tiles (slow) instead of this CPU's kernel");
+  m.def("native_amx_self_check", &qbackend::kernels::gemm_amx_self_check, py::arg("emulated"),
+        "compares the AMX kernel (or the emulated one) with the VNNI kernel and exact sums: '' or the difference");
   m.def("native_peak_ops", &native_peak_ops, "int8 ops/s of a dot-product loop on `threads` threads",
         pybind11::arg("iters"), pybind11::arg("threads") = 1);
   m.def("fbgemm_packed_b_size", &fbgemm_packed_b_size, "bytes of FBGEMM's packed B for a K x N weight");

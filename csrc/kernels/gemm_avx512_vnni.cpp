@@ -1,256 +1,21 @@
 // The native int8 GEMM (contract and packed layout: gemm_kernels.h) for AVX512-VNNI: register
-// tiles of up to 6 rows x 64 columns accumulate with vpdpbusd over the whole K, the epilogue runs on
-// the tile while it is still in registers. Call only when qbackend::cpu::usable_level() >= 3.
-//
-// Tiles: MR rows x NV vectors of 16 columns. Rows of the activation are read in place (4 bytes
-// broadcast per row and k-group: no packing of A, nothing allocated); the weight panel streams
-// from L1/L2. Small MR hides the dot product's latency with KS independent accumulator sets over
-// alternating k-groups (1 row: 4 sets of 4 vectors), summed before the epilogue.
-#include <algorithm>
-#include <array>
+// tiles of up to 6 rows x 64 columns (gemm_avx512_vnni_impl.h) accumulate with vpdpbusd over the
+// whole K, the epilogue runs on the tile while it is still in registers. Call only when
+// qbackend::cpu::usable_level() >= 3.
 #include <cstdint>
-#include <cstring>
-#include <utility>
 
 #include "kernels/gemm_kernels.h"
 
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
 
-#include <immintrin.h>  // after the pragma: the intrinsics are compiled for this target
-
-#include "kernels/avx512_common.h"
+#include "kernels/gemm_avx512_vnni_impl.h"  // after the pragma: compiled for this target
 
 namespace qbackend::kernels {
 namespace {
 
-constexpr int kMaxRows = 6;
-// L2 budgets (1-2 MB per core on current x86 servers): a weight up to kWeightInL2 bytes is kept
-// there whole, with blocks of about kRowsInL2 bytes of activation rows.
-constexpr int64_t kWeightInL2 = int64_t(512) << 10;
-constexpr int64_t kRowsInL2 = int64_t(192) << 10;
-
-// The accumulator type: int32 x 16 without __m512i's may_alias attribute, so that the compiler
-// keeps the accumulator arrays in registers across the byte loads of the activation rows.
-typedef int32_t Acc __attribute__((vector_size(64)));
-
-inline int32_t load_a4(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-inline int32_t load_tail(const uint8_t* p, int64_t n) {
-  int32_t v = 0;
-  std::memcpy(&v, p, static_cast<size_t>(n));
-  return v;
-}
-
-// gelu(y) = y / 2 * (1 + erf(y / sqrt 2)) with erf(y / sqrt 2) = yc * P(yc^2) / Q(yc^2), yc = y clamped
-// to +-4 sqrt 2 (where erf is 1 to fp32 precision): a rational minimax fit of degrees 6 / 4 in yc^2
-// (csrc/kernels/gelu_erf_fit.py regenerates the coefficients), |error| <= 3.2e-7 * |y| in fp32
-// against the fp64 erf gelu. 10 fma and one reciprocal: about half the work of the exp-based
-// Abramowitz & Stegun 7.1.26 form it replaces (FFN1's GELU epilogue took a fifth of that GEMM).
-inline __m512 gelu(__m512 y) {
-  const __m512 yc = _mm512_max_ps(_mm512_min_ps(y, _mm512_set1_ps(5.656854249f)), _mm512_set1_ps(-5.656854249f));
-  const __m512 t = _mm512_mul_ps(yc, yc);
-  __m512 p = _mm512_set1_ps(2.1232228302e-10f);
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-4.3981964076e-08f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(6.8744597150e-06f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(3.7950457017e-04f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(9.2693153737e-03f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(7.5645262124e-02f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(7.9788421476e-01f));
-  __m512 q = _mm512_set1_ps(6.8635992193e-05f);
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.9440238470e-03f));
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(3.0201199650e-02f));
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(2.6147110534e-01f));
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.0f));
-  // 1 / q, q in [1, 176]: rcp14 (relative error < 2^-14) and one Newton step (< 2^-27).
-  __m512 r = _mm512_rcp14_ps(q);
-  r = _mm512_mul_ps(r, _mm512_fnmadd_ps(q, r, _mm512_set1_ps(2.0f)));
-  const __m512 erf = _mm512_mul_ps(_mm512_mul_ps(yc, p), r);
-  const __m512 h = _mm512_mul_ps(y, _mm512_set1_ps(0.5f));
-  return _mm512_fmadd_ps(h, erf, h);
-}
-
-// Stores one 16-column vector of fp32 results (the first `mask` lanes) as the output type
-// (avx512::store: plain stores for full vectors, masked ones for the last, partial vector).
-inline void store(const GemmArgs& g, __m512 y, int64_t m, int64_t n0, __mmask16 mask) {
-  switch (g.out_type) {
-    case GemmOut::f32:
-      avx512::store(static_cast<float*>(g.out) + m * g.ldc + n0, mask, y);
-      return;
-    case GemmOut::bf16:
-      avx512::store(static_cast<uint16_t*>(g.out) + m * g.ldc + n0, mask, avx512::round_bf16(y));
-      return;
-    case GemmOut::u8:
-    case GemmOut::s8: {
-      // Clamped in fp32 first: the conversion of a value beyond int32 would give INT_MIN.
-      const __m512 t = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(y, _mm512_set1_ps(g.out_inv_scale)),
-                                                   _mm512_set1_ps(-1e6f)), _mm512_set1_ps(1e6f));
-      const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(t), _mm512_set1_epi32(g.out_zp));
-      uint8_t* dst = static_cast<uint8_t*>(g.out) + m * g.ldc + n0;
-      const __m128i b = g.out_type == GemmOut::u8
-                            ? _mm512_cvtusepi32_epi8(_mm512_max_epi32(q, _mm512_setzero_si512()))
-                            : _mm512_cvtsepi32_epi8(q);
-      avx512::store(dst, mask, b);
-      return;
-    }
-  }
-}
-
-// The int32 sums of an MR x (NV * 16) tile over the whole K, written to out[r * NV + v]. Its
-// accumulators never leave registers (kept apart from the epilogue so the compiler does not
-// demote them to memory).
-template <int MR, int NV, bool I8>
-inline void dot_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t K, __m512i* out) {
-  constexpr int KS = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
-  const int64_t kfull = K / 4, krem = K % 4;
-  const int32_t flip = I8 ? static_cast<int32_t>(0x80808080u) : 0;
-
-  Acc acc[KS][MR][NV];
-#pragma GCC unroll 32
-  for (int s = 0; s < KS; ++s)
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[s][r][v] = Acc{};
-
-  // One k-group into accumulator set s: NV weight vectors, one broadcast per row.
-#define QB_STEP(s, k4, WORD)                                                                       \
-  {                                                                                              \
-    const int8_t* bp = B + (k4) * NV * 64;                                                       \
-    __m512i bv[NV];                                                                              \
-    _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(bp + v * 64); \
-    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {                                       \
-      const __m512i av = _mm512_set1_epi32((WORD) ^ flip);                                       \
-      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[s][r][v] =                        \
-          (Acc)_mm512_dpbusd_epi32((__m512i)acc[s][r][v], av, bv[v]);                                       \
-    }                                                                                            \
-  }
-
-  int64_t k4 = 0;
-  for (; k4 + KS <= kfull; k4 += KS) {
-#pragma GCC unroll 4
-    for (int s = 0; s < KS; ++s) QB_STEP(s, k4 + s, load_a4(a + r * lda + (k4 + s) * 4))
-  }
-  for (; k4 < kfull; ++k4) QB_STEP(0, k4, load_a4(a + r * lda + k4 * 4))
-  if (krem) {  // the last, partial k-group: its padding weights are 0, so the filler bytes do not count
-    QB_STEP(0, kfull, load_tail(a + r * lda + kfull * 4, krem))
-  }
-#undef QB_STEP
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      Acc sum = acc[0][r][v];
-#pragma GCC unroll 4
-      for (int s = 1; s < KS; ++s) sum += acc[s][r][v];
-      _mm512_storeu_si512(out + r * NV + v, (__m512i)sum);
-    }
-}
-
-// float(r[m][n0 + i] - r_zp) for the first `mask` lanes of a 16-column vector of the residual
-// (a plain load for a full vector: masked loads are slow on some CPUs, see store()).
-inline __m512 residual(const GemmArgs& g, int64_t m, int64_t n0, __mmask16 mask) {
-  const uint8_t* rp = g.r + m * g.ldr + n0;
-  const __m128i rb = mask == static_cast<__mmask16>(0xffff) ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rp))
-                                                            : _mm_maskz_loadu_epi8(mask, rp);
-  const __m512i ri = g.r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
-  return _mm512_cvtepi32_ps(_mm512_sub_epi32(ri, _mm512_set1_epi32(g.r_zp)));
-}
-
-// One MR x (NV * 16) tile of rows m0.. and panel p.
-template <int MR, int NV, bool I8>
-void tile(const GemmArgs& g, int64_t m0, int64_t p) {
-  __m512i sums[MR * NV];
-  dot_tile<MR, NV, I8>(g.a + m0 * g.lda, g.lda, g.b + p * kGemmPanel * gemm_kp(g.K), g.K, sums);
-
-  // Epilogue, per 16-column vector: the per-column terms are loaded once for the MR rows.
-  const bool int_out = g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8;
-  const bool direct_requant = int_out && g.post != GemmPost::gelu;
-  // Bounds of round(y / out_scale) for the output range (and relu's y >= 0), relative to out_zp.
-  const float q_min = g.out_type == GemmOut::u8 ? 0.0f : -128.0f, q_max = g.out_type == GemmOut::u8 ? 255.0f : 127.0f;
-  const float lo = q_min - static_cast<float>(g.out_zp);
-  const __m512 q_lo = _mm512_set1_ps(g.post == GemmPost::relu ? std::max(lo, 0.0f) : lo);
-  const __m512 q_hi = _mm512_set1_ps(q_max - static_cast<float>(g.out_zp));
-  const __m512i out_zp = _mm512_set1_epi32(g.out_zp);
-#pragma GCC unroll 4
-  for (int v = 0; v < NV; ++v) {
-    const int64_t n0 = p * kGemmPanel + v * 16;
-    const int64_t valid = std::min<int64_t>(16, g.N - n0);
-    const __mmask16 mask = avx512::tail_mask(valid);
-    const __m512i zp_colsum = _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + n0), _mm512_set1_epi32(g.a_zp));
-    const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, g.w_scales + n0), _mm512_set1_ps(g.x_scale));
-    const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + n0) : _mm512_setzero_ps();
-    if (direct_requant) {
-      // Integer output without gelu: q = clamp(round(acc * s' + b' [+ (res - res_zp) * r'])) + out_zp
-      // with s' = scale / out_scale, b' = bias / out_scale and r' = res_scale / out_scale folded
-      // once per column, the clamp (and relu: q >= out_zp) in float before rounding. 9 vector ops
-      // per 16 outputs instead of 13: the short-K GEMMs (1x1 convs from 16-128 channels) are
-      // bound by their epilogue.
-      const __m512 inv = _mm512_set1_ps(g.out_inv_scale);
-      const __m512 s2 = _mm512_mul_ps(scale, inv), b2 = _mm512_mul_ps(bias, inv);
-      const __m512 r2 = _mm512_set1_ps(g.r_scale * g.out_inv_scale);
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        __m512 t = _mm512_fmadd_ps(
-            _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums + r * NV + v), zp_colsum)), s2, b2);
-        if (g.r) t = _mm512_fmadd_ps(residual(g, m0 + r, n0, mask), r2, t);
-        const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, q_lo), q_hi)), out_zp);
-        uint8_t* dst = static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0;
-        const __m128i bytes = g.out_type == GemmOut::u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q);
-        avx512::store(dst, mask, bytes);
-      }
-      continue;
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const int64_t m = m0 + r;
-      __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums + r * NV + v), zp_colsum)), scale, bias);
-      if (g.r) y = _mm512_fmadd_ps(residual(g, m, n0, mask), _mm512_set1_ps(g.r_scale), y);
-      if (g.post == GemmPost::relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
-      else if (g.post == GemmPost::gelu) y = gelu(y);
-      store(g, y, m, n0, mask);
-    }
-  }
-}
-
-using TileFn = void (*)(const GemmArgs&, int64_t, int64_t);
-
-template <bool I8, int NV, int... R>
-constexpr auto row_table(std::integer_sequence<int, R...>) {
-  return std::array<TileFn, sizeof...(R)>{&tile<R + 1, NV, I8>...};
-}
-
-template <bool I8>
-struct Tiles {
-  // [NV - 1][MR - 1]
-  static constexpr std::array<std::array<TileFn, kMaxRows>, 4> table = {
-      row_table<I8, 1>(std::make_integer_sequence<int, kMaxRows>{}),
-      row_table<I8, 2>(std::make_integer_sequence<int, kMaxRows>{}),
-      row_table<I8, 3>(std::make_integer_sequence<int, kMaxRows>{}),
-      row_table<I8, 4>(std::make_integer_sequence<int, kMaxRows>{})};
-};
-
 void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
-  const auto& table = g.a_int8 ? Tiles<true>::table : Tiles<false>::table;
-  const int64_t Kp = gemm_kp(g.K);
-  auto panel_rows = [&](int64_t p, int64_t mb, int64_t me) {
-    const int64_t cols = std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel);
-    const auto& by_rows = table[(cols + 15) / 16 - 1];
-    for (int64_t m = mb; m < me; m += kMaxRows) by_rows[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p);
-  };
-  if ((panel_end - panel_begin) * kGemmPanel * Kp <= kWeightInL2) {
-    // The weight's panels stay in L2: blocks of rows (about kRowsInL2 bytes of x) run over every
-    // panel, so each row of x is read from memory once.
-    const int64_t block = std::max<int64_t>(kMaxRows, kRowsInL2 / Kp / kMaxRows * kMaxRows);
-    for (int64_t mb = m_begin; mb < m_end; mb += block)
-      for (int64_t p = panel_begin; p < panel_end; ++p) panel_rows(p, mb, std::min(m_end, mb + block));
-  } else {
-    // A large weight: one panel at a time stays in L2 while the rows stream past it.
-    for (int64_t p = panel_begin; p < panel_end; ++p) panel_rows(p, m_begin, m_end);
-  }
+  sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows,
+        [&](int64_t p, int64_t mb, int64_t me) { vnni_panel_rows(g, p, mb, me); });
 }
 
 double peak_loop(int64_t iters) {
@@ -282,7 +47,7 @@ double peak_loop(int64_t iters) {
 }  // namespace
 
 const GemmKernels& gemm_kernels_avx512_vnni() {
-  static const GemmKernels k{"avx512_vnni", &gemm, &peak_loop};
+  static const GemmKernels k{"avx512_vnni", &gemm, kMaxRows, &peak_loop};
   return k;
 }
 

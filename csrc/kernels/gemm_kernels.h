@@ -20,6 +20,7 @@
 // (the caller passes the shifted zero point).
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace qbackend::kernels {
 
@@ -61,8 +62,9 @@ using GemmFn = void (*)(const GemmArgs&, int64_t m_begin, int64_t m_end, int64_t
                         int64_t panel_end);
 
 struct GemmKernels {
-  const char* name;  // "avx512_vnni"
+  const char* name;  // "avx512_vnni", "amx", "amx_emulated"
   GemmFn gemm;
+  int64_t row_tile;  // rows of the kernel's tile: a split of the rows over threads keeps to multiples
   // Runs `iters` iterations of a loop of independent u8 x s8 dot products on this thread and
   // returns the int8 operations it did (2 per multiply-add): the ISA's peak, for the benchmark.
   double (*peak_loop)(int64_t iters);
@@ -70,6 +72,16 @@ struct GemmKernels {
 
 // Defined in gemm_avx512_vnni.cpp; call only when qbackend::cpu::usable_level() >= 3.
 const GemmKernels& gemm_kernels_avx512_vnni();
+// Defined in gemm_amx.cpp. The AMX kernel: call only when usable_level() >= 4 (AMX-INT8 and the OS's
+// tile permission). The emulated one runs the same kernel code with AMX's tile instructions
+// emulated in C++ (slow): it tests the AMX kernel's blocking, tile configuration and remainders on
+// any AVX512-VNNI CPU (usable_level() >= 3).
+const GemmKernels& gemm_kernels_amx();
+const GemmKernels& gemm_kernels_amx_emulated();
+// Compares the AMX kernel (or the emulated one) with the VNNI kernel and with exact int64 sums on
+// problems that cover every tile block and remainder: "" when all agree, else the first difference.
+// Needs usable_level() >= 4 (>= 3 for the emulated one).
+std::string gemm_amx_self_check(bool emulated);
 
 // Scalar packing (gemm_pack.cpp): packed must hold gemm_np(N) * gemm_kp(K) bytes, colsum gemm_np(N).
 void gemm_pack_b(const int8_t* w, int64_t N, int64_t K, int8_t* packed, int32_t* colsum);

@@ -3,7 +3,9 @@
 
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cstring>
+#include <string>
 
 #include "cpu/probe.h"
 #include "runtime/parallel.h"
@@ -60,12 +62,36 @@ PackedView unpack(const at::Tensor& packed, const char* name) {
   return v;
 }
 
+namespace {
+
+std::atomic<bool> g_amx_emulated{false};
+
+// The AMX kernel is used only after it agreed with the VNNI kernel and exact sums on this machine
+// (kernels::gemm_amx_self_check, once per process): a CPU or OS where it computes anything else
+// gets the VNNI kernel and a warning, never a wrong result.
+bool amx_verified() {
+  static const bool ok = [] {
+    const std::string diff = kernels::gemm_amx_self_check(false);
+    if (!diff.empty())
+      TORCH_WARN("qbackend: the native AMX int8 GEMM disagreed with its VNNI kernel on this machine (", diff,
+                 "); the native provider uses the AVX512-VNNI kernel instead. Please report this.");
+    return diff.empty();
+  }();
+  return ok;
+}
+
+}  // namespace
+
 const kernels::GemmKernels& gemm_kernels() {
   TORCH_CHECK_VALUE(cpu::usable_level() >= 3,
                     "the native int8 GEMM needs AVX512-VNNI, which this CPU (or QBACKEND_ISA) does not offer; "
                     "use the fbgemm or onednn provider");
+  if (g_amx_emulated.load(std::memory_order_relaxed)) return kernels::gemm_kernels_amx_emulated();
+  if (cpu::usable_level() >= 4 && amx_verified()) return kernels::gemm_kernels_amx();
   return kernels::gemm_kernels_avx512_vnni();
 }
+
+void set_amx_emulated(bool on) { g_amx_emulated.store(on, std::memory_order_relaxed); }
 
 void run(const kernels::GemmArgs& g) {
   const auto& k = gemm_kernels();
@@ -78,15 +104,16 @@ void run(const kernels::GemmArgs& g) {
   }
   // Split the larger operand: columns (each thread reads all of x and its share of the weight)
   // when the weight is larger than x or there are too few rows, else rows in multiples of the
-  // 6-row tile (each thread reads all of the weight).
-  const bool by_panels = (g.N > g.M && panels >= threads) || g.M < 12 * threads;
+  // kernel's row tile (each thread reads all of the weight).
+  const int64_t rt = k.row_tile;
+  const bool by_panels = (g.N > g.M && panels >= threads) || g.M < 2 * rt * threads;
   parallel::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (by_panels) {
         k.gemm(g, 0, g.M, panels * t / threads, panels * (t + 1) / threads);
       } else {
-        const int64_t tiles = (g.M + 5) / 6;
-        k.gemm(g, std::min(g.M, tiles * t / threads * 6), std::min(g.M, tiles * (t + 1) / threads * 6), 0, panels);
+        const int64_t tiles = (g.M + rt - 1) / rt;
+        k.gemm(g, std::min(g.M, tiles * t / threads * rt), std::min(g.M, tiles * (t + 1) / threads * rt), 0, panels);
       }
     }
   });

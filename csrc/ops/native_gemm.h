@@ -27,8 +27,11 @@ int64_t packed_bytes(int64_t N, int64_t K);
 at::Tensor pack(const at::Tensor& w2d);
 // Validates `packed` (dtype, contiguity, header, size) and returns its view; `name` is the argument.
 PackedView unpack(const at::Tensor& packed, const char* name);
-// The kernels for this CPU (and QBACKEND_ISA cap); raises ValueError where there are none.
+// The kernels for this CPU (and QBACKEND_ISA cap): AMX where the CPU and OS have AMX-INT8 and the
+// AMX kernel passed its self-check, else AVX512-VNNI; raises ValueError where there are none.
 const kernels::GemmKernels& gemm_kernels();
+// Tests: run the AMX kernel over emulated tiles (kernels::gemm_kernels_amx_emulated) instead.
+void set_amx_emulated(bool on);
 // Runs g over all rows and columns, on one thread below the size where a second one pays off.
 void run(const kernels::GemmArgs& g);
 

@@ -64,13 +64,15 @@ RULES: tuple[Rule, ...] = (
          "48 Linear rows (24 shapes at 1 and 2 threads; the 48th a tie), up to 1.9x the best of FBGEMM and oneDNN at "
          "M <= 4, 93-97% of the measured VNNI peak at M = 2048, K = N = 4096, ~3 us per call at 1x64x64 "
          "(benchmarks/results/kernels_native.md)"),
-    Rule("linear", ("amx",), "native", "at M <= 4 the GEMM is bound by reading the weight, where AMX does not help: "
-         "the native VNNI GEMM beats FBGEMM there on AVX512-VNNI (1.1-1.9x), and FBGEMM beat oneDNN's AMX "
-         "(kernel-facts). Inferred, not yet measured on an AMX machine", when=lambda s: s["m"] <= 4,
-         condition="m <= 4"),
-    Rule("linear", ("amx",), "fbgemm", "FBGEMM's VNNI GEMM has the lower per-call cost at M <= 4 "
-         "(1.1-1.7x, kernel-facts)", when=lambda s: s["m"] <= 4, condition="m <= 4"),
-    Rule("linear", ("amx",), "onednn", "oneDNN's AMX GEMM is 2-5x faster from M = 16 (kernel-facts)"),
+    Rule("linear", ("amx",), "native", "qbackend's own GEMM on AMX tiles (32 x 32 blocks of tdpbusd, rows and K "
+         "remainders on VNNI, at M <= 15 the VNNI kernel) costs ~3 us per call, where torch's oneDNN op costs 34-40 us "
+         "around a 1-2 us kernel (kernel-facts), and at M <= 4 the native VNNI GEMM beats FBGEMM (1.1-1.9x on "
+         "AVX512-VNNI). INFERRED, not measured: no AMX machine was available; the kernel is verified against the VNNI "
+         "kernel when first used, and `dispatch=\"tune\"` times it against oneDNN per layer"),
+    Rule("linear", ("amx",), "fbgemm", "without the native provider: FBGEMM's VNNI GEMM has the lower per-call cost "
+         "at M <= 4 (1.1-1.7x, kernel-facts)", when=lambda s: s["m"] <= 4, condition="m <= 4"),
+    Rule("linear", ("amx",), "onednn", "without the native provider: oneDNN's AMX GEMM is 2-5x faster than FBGEMM "
+         "from M = 16 (kernel-facts)"),
     Rule("linear", ("avx512_vnni",), "fbgemm", "FBGEMM has the lower per-call cost at M <= 4 (1.2-3.4x, "
          "benchmarks/results/kernels.md, AMD EPYC AVX512-VNNI)", when=lambda s: s["m"] <= 4, condition="m <= 4"),
     Rule("linear", ("avx512_vnni",), "onednn", "oneDNN fuses GELU, FBGEMM runs it on fp32 after the GEMM: "
@@ -98,6 +100,9 @@ RULES: tuple[Rule, ...] = (
          "A residual with a float output (ResNet's last block) only native fuses: 4.5x oneDNN at batch 32 "
          "(benchmarks/results/pointwise_conv.md, dispatch.md)",
          when=_is_1x1, condition="1x1, groups 1, unpadded"),
+    Rule("conv2d", ("amx",), "native", "1x1 convs as one GEMM over the channels-last pixels on the native AMX "
+         "kernel, residual fused (the reasons of the AMX Linear row). INFERRED, not measured on an AMX machine; "
+         "`dispatch=\"tune\"` measures", when=_is_1x1, condition="1x1, groups 1, unpadded"),
     Rule("conv2d", ("avx512_vnni",), "fbgemm", "without the native provider, FBGEMM wins stride-2 1x1 convs from "
          "1024 input channels: ResNet-50's layer4 downsample 1.13x oneDNN at batch 1, level at batch 32 "
          "(benchmarks/results/pointwise_conv.md)",

@@ -40,9 +40,13 @@ def test_native_rows():
     vnni = "avx512_vnni"
     for m in (1, 4, 64, 128, 2048):
         assert rules.choose("linear", vnni, {"m": m, "k": 768, "n": 3072, "gelu": 1}).provider == "native"
-    assert rules.choose("linear", "amx", {"m": 4, "k": 768, "n": 768}).provider == "native"
-    assert rules.choose("linear", "amx", {"m": 64, "k": 768, "n": 768}).provider == "onednn"
+    # AMX: the native AMX kernel at every M and on 1x1 convs (inferred, marked so in the rule).
+    for m in (1, 4, 64, 2048):
+        r = rules.choose("linear", "amx", {"m": m, "k": 768, "n": 768})
+        assert r.provider == "native" and "INFERRED" in r.why
     pointwise = dict(CONV, kernel=(1, 1), padding=(0, 0))
+    assert rules.choose("conv2d", "amx", pointwise).provider == "native"
+    assert rules.choose("conv2d", "amx", CONV).provider == "onednn"
     assert rules.choose("conv2d", vnni, pointwise).provider == "native"  # 200k output values
     assert rules.choose("conv2d", vnni, dict(pointwise, n=32)).provider == "native"  # 6.4M: every size
     assert rules.choose("conv2d", vnni, CONV).provider == "onednn"  # 3x3

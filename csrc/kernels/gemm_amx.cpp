@@ -1,0 +1,387 @@
+// The native int8 GEMM (contract and packed layout: gemm_kernels.h) on AMX-INT8 tiles, plus the
+// same kernel over emulated tiles for testing on CPUs without AMX.
+//
+// Blocks of 32 rows x 32 columns (or 16 of either where fewer remain) accumulate in four int32 C
+// tiles (tiles 0-3, C[i][j] = 2 i + j) from two A tiles (4, 5: 16 rows x 64 k's of the activation,
+// loaded in place with the row stride) and two B tiles (6, 7: 16 k-groups x 16 columns of a
+// panel, loaded in place from the packed weight: a B tile row is one k-group of one 16-column
+// vector, 64 bytes, and the next k-group is 64 x the panel's vectors further on). Every tile is
+// 16 rows x 64 bytes, one configuration per call and thread.
+//
+// What the tiles do not cover runs on the AVX512-VNNI code of gemm_avx512_vnni_impl.h (every AMX
+// CPU has AVX512-VNNI): the last K % 64 k's (added to the tiles' sums, never reading past a row or
+// the packed weight), the last M % 16 rows, and GEMMs with K < 64 or fewer than 16 rows. Signed
+// activations use tdpbssd (s8 x s8), so their sums are taken against zero point - 128.
+//
+// The tile instructions sit behind two interchangeable classes: HwTiles (the instructions) and
+// EmuTiles (a C++ model of them, following the instructions' definitions, that also checks the
+// shapes the hardware checks). The kernel template is compiled for both, so the emulated kernel
+// runs the AMX kernel's blocking, configuration and remainders on this CPU. Before the hardware
+// kernel is used, gemm_amx_self_check compares it with the VNNI kernel (native_gemm.cpp).
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm_kernels.h"
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,amx-tile,amx-int8")
+
+#include "kernels/gemm_avx512_vnni_impl.h"  // after the pragma: compiled for this target
+
+namespace qbackend::kernels {
+namespace {
+
+constexpr int kTileRows = 16;   // rows of every tile
+constexpr int kTileBytes = 64;  // bytes per tile row: 64 k's of A; 16 int32 columns of B and C
+constexpr int64_t kBlockRows = 2 * kTileRows;
+
+// ldtilecfg's 64-byte operand (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+const TileConfig& tile_config() {
+  static const TileConfig c = [] {
+    TileConfig t;
+    for (int i = 0; i < 8; ++i) {
+      t.colsb[i] = kTileBytes;
+      t.rows[i] = kTileRows;
+    }
+    return t;
+  }();
+  return c;
+}
+
+// ---- The instructions. Tile numbers are part of the instruction, hence the constant cases.
+struct HwTiles {
+  static void configure(const TileConfig& c) { __asm__ volatile("ldtilecfg (%0)" ::"r"(&c) : "memory"); }
+  static void release() { _tile_release(); }
+  template <int T>
+  static void zero() {
+    static_assert(T >= 0 && T < 4);
+    if constexpr (T == 0) _tile_zero(0);
+    if constexpr (T == 1) _tile_zero(1);
+    if constexpr (T == 2) _tile_zero(2);
+    if constexpr (T == 3) _tile_zero(3);
+  }
+  template <int T>
+  static void load(const void* p, int64_t stride) {
+    static_assert(T >= 4 && T < 8);
+    if constexpr (T == 4) _tile_loadd(4, p, stride);
+    if constexpr (T == 5) _tile_loadd(5, p, stride);
+    if constexpr (T == 6) _tile_loadd(6, p, stride);
+    if constexpr (T == 7) _tile_loadd(7, p, stride);
+  }
+  template <int T>
+  static void store(void* p, int64_t stride) {
+    static_assert(T >= 0 && T < 4);
+    if constexpr (T == 0) _tile_stored(0, p, stride);
+    if constexpr (T == 1) _tile_stored(1, p, stride);
+    if constexpr (T == 2) _tile_stored(2, p, stride);
+    if constexpr (T == 3) _tile_stored(3, p, stride);
+  }
+  // C += A . B: tdpbusd (u8 A) or tdpbssd (s8 A), B s8.
+  template <int C, int A, int B, bool S8>
+  static void dot() {
+    static_assert(C == 2 * (A - 4) + (B - 6), "C[i][j] = 2 i + j with A = 4 + i, B = 6 + j");
+#define QB_DOT(c, a, b)                                \
+  if constexpr (C == c && A == a && B == b) {          \
+    if constexpr (S8) _tile_dpbssd(c, a, b);           \
+    else _tile_dpbusd(c, a, b);                        \
+  }
+    QB_DOT(0, 4, 6) QB_DOT(1, 4, 7) QB_DOT(2, 5, 6) QB_DOT(3, 5, 7)
+#undef QB_DOT
+  }
+};
+
+// ---- A C++ model of the same instructions (Intel SDM, "TILELOADD", "TDPBUSD/TDPBSSD"...), per
+// thread like the tile registers. It raises where the hardware would fault: a tile op before
+// ldtilecfg on this thread, a palette other than 1, rows > 16 or colsb > 64, and dot-product
+// operands whose configured shapes do not match.
+struct EmuTiles {
+  struct State {
+    bool configured = false;
+    uint8_t rows[8] = {};
+    uint16_t colsb[8] = {};
+    uint8_t t[8][kTileRows][kTileBytes] = {};
+  };
+  static State& st() {
+    static thread_local State s;
+    return s;
+  }
+  static State& ready() {
+    State& s = st();
+    if (!s.configured) throw std::logic_error("AMX emulation: a tile instruction before ldtilecfg on this thread");
+    return s;
+  }
+  static void configure(const TileConfig& c) {
+    State& s = st();
+    if (c.palette != 1) throw std::logic_error("AMX emulation: palette must be 1");
+    for (int i = 0; i < 8; ++i) {
+      if (c.rows[i] > kTileRows || c.colsb[i] > kTileBytes)
+        throw std::logic_error("AMX emulation: a tile larger than 16 rows x 64 bytes");
+      s.rows[i] = c.rows[i];
+      s.colsb[i] = c.colsb[i];
+    }
+    std::memset(s.t, 0, sizeof(s.t));  // ldtilecfg zeroes every tile
+    s.configured = true;
+  }
+  static void release() { st().configured = false; }
+  template <int T>
+  static void zero() {
+    std::memset(ready().t[T], 0, sizeof(State::t[T]));
+  }
+  template <int T>
+  static void load(const void* p, int64_t stride) {
+    State& s = ready();
+    std::memset(s.t[T], 0, sizeof(s.t[T]));  // the bytes beyond rows / colsb are zeroed
+    for (int r = 0; r < s.rows[T]; ++r) std::memcpy(s.t[T][r], static_cast<const uint8_t*>(p) + r * stride, s.colsb[T]);
+  }
+  template <int T>
+  static void store(void* p, int64_t stride) {
+    State& s = ready();
+    for (int r = 0; r < s.rows[T]; ++r) std::memcpy(static_cast<uint8_t*>(p) + r * stride, s.t[T][r], s.colsb[T]);
+  }
+  template <int C, int A, int B, bool S8>
+  static void dot() {
+    State& s = ready();
+    if (s.rows[A] != s.rows[C] || s.colsb[A] != 4 * s.rows[B] || s.colsb[B] != s.colsb[C] || s.colsb[C] % 4 ||
+        s.colsb[A] % 4)
+      throw std::logic_error("AMX emulation: the dot product's tile shapes do not match");
+    for (int m = 0; m < s.rows[C]; ++m)
+      for (int n = 0; n < s.colsb[C] / 4; ++n) {
+        int32_t c;
+        std::memcpy(&c, &s.t[C][m][4 * n], 4);
+        uint32_t acc = static_cast<uint32_t>(c);  // the instruction's int32 sums wrap
+        for (int k = 0; k < s.colsb[A] / 4; ++k)
+          for (int j = 0; j < 4; ++j) {
+            const int32_t a = S8 ? int32_t(int8_t(s.t[A][m][4 * k + j])) : int32_t(s.t[A][m][4 * k + j]);
+            acc += static_cast<uint32_t>(a * int32_t(int8_t(s.t[B][k][4 * n + j])));
+          }
+        c = static_cast<int32_t>(acc);
+        std::memcpy(&s.t[C][m][4 * n], &c, 4);
+      }
+  }
+};
+
+// Adds the last K - kmain k's (fewer than 64) of rows m0.. x CT vectors to sums, on VNNI register
+// tiles. For signed activations the VNNI code reads the bytes as uint8 (a ^ 0x80), which adds
+// 128 x the weight's sum over those k's: subtracted, so that sums stay sums of signed products.
+template <int ROWS, int CT, bool I8>
+void add_k_tail(const GemmArgs& g, __m512i* sums, int64_t m0, const int8_t* B, int64_t ldb, int64_t kmain) {
+  const int64_t kt = g.K - kmain;
+  const int8_t* bt = B + kmain / 4 * ldb;
+  __m512i corr[CT];
+  for (int j = 0; j < CT; ++j) corr[j] = _mm512_setzero_si512();
+  if constexpr (I8) {
+    static const std::array<uint8_t, 64> ones = [] {
+      std::array<uint8_t, 64> o{};
+      o.fill(1);
+      return o;
+    }();
+    __m512i colsum[CT];
+    dot_tile<1, CT, false>(ones.data(), 0, bt, ldb, kt, colsum);
+    for (int j = 0; j < CT; ++j) corr[j] = _mm512_slli_epi32(colsum[j], 7);
+  }
+  for (int r = 0; r < ROWS; r += 4) {
+    __m512i t[4 * CT];
+    dot_tile<4, CT, I8>(g.a + (m0 + r) * g.lda + kmain, g.lda, bt, ldb, kt, t);
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < CT; ++j)
+        sums[(r + i) * CT + j] = _mm512_sub_epi32(_mm512_add_epi32(sums[(r + i) * CT + j], t[i * CT + j]), corr[j]);
+  }
+}
+
+// One block of RT x 16 rows (m0..) and CT x 16 columns (vectors v0.. of panel p, which has nvp).
+template <class T, int RT, int CT, bool I8>
+void amx_block(const GemmArgs& g, int64_t m0, int64_t p, int64_t v0, int64_t nvp, int64_t kmain) {
+  const int64_t ldb = nvp * 64;
+  const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K) + v0 * 64;
+  const uint8_t* a = g.a + m0 * g.lda;
+  const int64_t a1 = kTileRows * g.lda;
+  T::template zero<0>();
+  if constexpr (CT > 1) T::template zero<1>();
+  if constexpr (RT > 1) T::template zero<2>();
+  if constexpr (RT > 1 && CT > 1) T::template zero<3>();
+  for (int64_t k = 0; k < kmain; k += kTileBytes) {
+    const int8_t* bk = B + k / 4 * ldb;
+    T::template load<4>(a + k, g.lda);
+    T::template load<6>(bk, ldb);
+    T::template dot<0, 4, 6, I8>();
+    if constexpr (CT > 1) {
+      T::template load<7>(bk + 64, ldb);
+      T::template dot<1, 4, 7, I8>();
+    }
+    if constexpr (RT > 1) {
+      T::template load<5>(a + a1 + k, g.lda);
+      T::template dot<2, 5, 6, I8>();
+      if constexpr (CT > 1) T::template dot<3, 5, 7, I8>();
+    }
+  }
+  alignas(64) __m512i sums[RT * kTileRows * CT];
+  constexpr int64_t ld = CT * 64;  // bytes per row of sums
+  T::template store<0>(sums, ld);
+  if constexpr (CT > 1) T::template store<1>(sums + 1, ld);
+  if constexpr (RT > 1) T::template store<2>(sums + kTileRows * CT, ld);
+  if constexpr (RT > 1 && CT > 1) T::template store<3>(sums + kTileRows * CT + 1, ld);
+  if (kmain < g.K) add_k_tail<RT * kTileRows, CT, I8>(g, sums, m0, B, ldb, kmain);
+  epilogue<RT * kTileRows, CT>(g, sums, m0, p * kGemmPanel + v0 * 16, g.a_zp - (I8 ? 128 : 0));
+}
+
+// Rows [mb, me) of panel p: blocks of 32 (then 16) rows on the tiles, the rest on VNNI.
+template <class T, bool I8>
+void amx_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, int64_t kmain) {
+  const int64_t nvp = (std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel) + 15) / 16;
+  int64_t m = mb;
+  for (; me - m >= kTileRows;) {
+    const bool two_rows = me - m >= kBlockRows;
+    for (int64_t v = 0; v < nvp; v += 2) {
+      const bool two_cols = nvp - v >= 2;
+      if (two_rows && two_cols) amx_block<T, 2, 2, I8>(g, m, p, v, nvp, kmain);
+      else if (two_rows) amx_block<T, 2, 1, I8>(g, m, p, v, nvp, kmain);
+      else if (two_cols) amx_block<T, 1, 2, I8>(g, m, p, v, nvp, kmain);
+      else amx_block<T, 1, 1, I8>(g, m, p, v, nvp, kmain);
+    }
+    m += two_rows ? kBlockRows : kTileRows;
+  }
+  if (m < me) vnni_panel_rows(g, p, m, me);
+}
+
+template <class T>
+void gemm_amx(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
+  const int64_t kmain = g.K / kTileBytes * kTileBytes;
+  if (kmain == 0 || m_end - m_begin < kTileRows) {  // nothing fills a tile: the VNNI kernel
+    sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows,
+          [&](int64_t p, int64_t mb, int64_t me) { vnni_panel_rows(g, p, mb, me); });
+    return;
+  }
+  T::configure(tile_config());
+  struct Release {
+    ~Release() { T::release(); }  // also when the emulation raises
+  } release;
+  sweep(g, m_begin, m_end, panel_begin, panel_end, kBlockRows, [&](int64_t p, int64_t mb, int64_t me) {
+    if (g.a_int8) amx_panel_rows<T, true>(g, p, mb, me, kmain);
+    else amx_panel_rows<T, false>(g, p, mb, me, kmain);
+  });
+}
+
+// The AMX peak: 4 independent tdpbusd chains (C tiles 0-3 from A tiles 4, 5 and B tiles 6, 7),
+// 16 dot products per iteration, each 16 x 16 x 64 multiply-adds.
+double amx_peak_loop(int64_t iters) {
+  alignas(64) static const uint8_t zeros[kTileRows * kTileBytes] = {};
+  HwTiles::configure(tile_config());
+  HwTiles::load<4>(zeros, kTileBytes);
+  HwTiles::load<5>(zeros, kTileBytes);
+  HwTiles::load<6>(zeros, kTileBytes);
+  HwTiles::load<7>(zeros, kTileBytes);
+  for (int64_t i = 0; i < iters; ++i) {
+    __asm__ volatile(
+        ".rept 4\n\t"
+        "tdpbusd %%tmm6, %%tmm4, %%tmm0\n\t tdpbusd %%tmm7, %%tmm4, %%tmm1\n\t"
+        "tdpbusd %%tmm6, %%tmm5, %%tmm2\n\t tdpbusd %%tmm7, %%tmm5, %%tmm3\n\t"
+        ".endr\n\t" ::: "memory");
+  }
+  HwTiles::release();
+  return static_cast<double>(iters) * 16 * (kTileRows * kTileRows * kTileBytes) * 2;
+}
+
+// The emulator's own speed on the same loop (no meaning as a CPU's peak; for completeness).
+double emulated_peak_loop(int64_t iters) {
+  EmuTiles::configure(tile_config());
+  for (int64_t i = 0; i < iters; ++i) EmuTiles::dot<0, 4, 6, false>();
+  EmuTiles::release();
+  return static_cast<double>(iters) * (kTileRows * kTileRows * kTileBytes) * 2;
+}
+
+// Deterministic bytes for the self-check.
+struct Lcg {
+  uint64_t s;
+  uint8_t next() {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint8_t>(s >> 56);
+  }
+};
+
+// Runs `kernel` and the VNNI kernel on problems that cover every block shape and remainder (rows
+// 16, 32, 45; K 64, 200; 1-4 vectors per panel; uint8 and int8 activations, the extremes included)
+// with fp32 output and unit scales, so that the outputs are the exact integer sums, and compares
+// both with int64 sums. Returns "" when all agree, else what differed.
+std::string self_check(GemmFn kernel) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  const Shape shapes[] = {{32, 64, 64}, {45, 200, 200}, {16, 16, 128}, {50, 97, 130}};
+  Lcg rng{12345};
+  for (const Shape& s : shapes)
+    for (int a_int8 = 0; a_int8 < 2; ++a_int8) {
+      std::vector<uint8_t> a(static_cast<size_t>(s.M * s.K));
+      std::vector<int8_t> w(static_cast<size_t>(s.N * s.K));
+      for (auto& x : a) x = rng.next();
+      for (auto& x : w) x = static_cast<int8_t>(rng.next());
+      a[0] = a_int8 ? 0x80 : 0xff;  // the extremes: -128 / 255 times -128
+      w[0] = -128;
+      std::vector<int8_t> packed(static_cast<size_t>(gemm_np(s.N) * gemm_kp(s.K)));
+      std::vector<int32_t> colsum(static_cast<size_t>(gemm_np(s.N)));
+      gemm_pack_b(w.data(), s.N, s.K, packed.data(), colsum.data());
+      std::vector<float> ones(static_cast<size_t>(s.N), 1.0f), out_amx(static_cast<size_t>(s.M * s.N)),
+          out_vnni(out_amx.size());
+      GemmArgs g;
+      g.M = s.M;
+      g.N = s.N;
+      g.K = s.K;
+      g.a = a.data();
+      g.lda = s.K;
+      g.a_int8 = a_int8;
+      g.a_zp = a_int8 ? 128 : 0;  // the uint8 view of int8 bytes with zero point 0
+      g.b = packed.data();
+      g.colsum = colsum.data();
+      g.w_scales = ones.data();
+      g.out_type = GemmOut::f32;
+      g.ldc = s.N;
+      g.out = out_amx.data();
+      kernel(g, 0, s.M, 0, gemm_num_panels(s.N));
+      g.out = out_vnni.data();
+      sweep(g, 0, s.M, 0, gemm_num_panels(s.N), kMaxRows,
+            [&](int64_t p, int64_t mb, int64_t me) { vnni_panel_rows(g, p, mb, me); });
+      for (int64_t m = 0; m < s.M; ++m)
+        for (int64_t n = 0; n < s.N; ++n) {
+          int64_t ref = 0;
+          for (int64_t k = 0; k < s.K; ++k) {
+            const uint8_t byte = a[m * s.K + k];
+            ref += (a_int8 ? int64_t(int8_t(byte)) : int64_t(byte)) * w[n * s.K + k];
+          }
+          const float got = out_amx[m * s.N + n], vnni = out_vnni[m * s.N + n];
+          if (got != static_cast<float>(ref) || vnni != static_cast<float>(ref))
+            return "M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) +
+                   (a_int8 ? " int8" : " uint8") + " activations, row " + std::to_string(m) + " column " +
+                   std::to_string(n) + ": AMX " + std::to_string(got) + ", VNNI " + std::to_string(vnni) +
+                   ", exact " + std::to_string(ref);
+        }
+    }
+  return "";
+}
+
+}  // namespace
+
+const GemmKernels& gemm_kernels_amx() {
+  static const GemmKernels k{"amx", &gemm_amx<HwTiles>, kBlockRows, &amx_peak_loop};
+  return k;
+}
+
+const GemmKernels& gemm_kernels_amx_emulated() {
+  static const GemmKernels k{"amx_emulated", &gemm_amx<EmuTiles>, kBlockRows, &emulated_peak_loop};
+  return k;
+}
+
+std::string gemm_amx_self_check(bool emulated) {
+  return self_check(emulated ? &gemm_amx<EmuTiles> : &gemm_amx<HwTiles>);
+}
+
+}  // namespace qbackend::kernels
