@@ -74,10 +74,8 @@ int64_t fbgemm_packed_b_size(int64_t K, int64_t N) {
 int64_t native_packed_size(int64_t N, int64_t K) { return qbackend::native::packed_bytes(N, K); }
 
 // The native GEMM's ISA on this CPU (and QBACKEND_ISA cap), or "" where it has none.
-// ("amx", "avx512_vnni", or "amx_emulated" while a test has the emulation on).
-std::string native_isa() {
-  return qbackend::cpu::usable_level() >= 3 ? qbackend::native::gemm_kernels().name : "";
-}
+// ("amx", "avx512_vnni", "avx2_vnni", or the kernel a test chose with set_native_kernel).
+std::string native_isa() { return qbackend::native::available() ? qbackend::native::gemm_kernels().name : ""; }
 
 // Peak int8 rate of the native GEMM's instruction on `threads` threads: each runs `iters`
 // iterations of independent dot products; returns int8 ops per second (2 per multiply-add).
@@ -158,8 +156,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
   m.def("native_packed_size", &native_packed_size, "bytes of the native provider's packed N x K weight");
   m.def("native_isa", &native_isa, "the native GEMM's instruction set here, or '' where it has none");
-  m.def("set_native_amx_emulated", &qbackend::native::set_amx_emulated,
-        "tests: the native GEMM runs its AMX kernel over emulated tiles (slow) instead of this CPU's kernel");
+  m.def("set_native_kernel", &qbackend::native::set_kernel_override, py::arg("name"),
+        "tests: run the native GEMM on the named kernel (amx, amx_emulated: the AMX kernel over emulated tiles, "
+        "avx512_vnni, avx2_vnni, avx2_vnni_evex: the AVX-VNNI kernel's code on EVEX), '' = this CPU's choice");
   m.def("native_amx_self_check", &qbackend::kernels::gemm_amx_self_check, py::arg("emulated"),
         "compares the AMX kernel (or the emulated one) with the VNNI kernel and exact sums: '' or the difference");
   m.def("native_peak_ops", &native_peak_ops, "int8 ops/s of a dot-product loop on `threads` threads",

@@ -76,7 +76,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                 r = route_embedding(shape)
                 print(f"| {op} | {label} | {r.provider} | {r.why.removeprefix('rule [')} |".replace("]: ", ": ", 1))
                 continue
-            # Providers that cannot run the shape here (native without AVX512-VNNI) are skipped.
+            # Providers that cannot run the shape here (native without AVX512-VNNI or AVX-VNNI) are skipped.
             rule = rules.choose(op, f.isa_class, shape,
                                 usable=lambda p, op=op, shape=shape: get_provider(p).refuses(op, shape) is None)
             print(f"| {op} | {label} | {rule.provider} | {rule.condition}: {rule.why} |")

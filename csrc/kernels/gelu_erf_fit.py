@@ -1,4 +1,4 @@
-"""Regenerates the coefficients of the GELU epilogue in gemm_avx512_vnni.cpp (run: python gelu_erf_fit.py).
+"""Regenerates the coefficients of the GELU epilogue (kGeluP / kGeluQ in gemm_common.h) (run: python gelu_erf_fit.py).
 
 erf(u) ~ u * P(u^2) / Q(u^2) on [0, 4] (odd, so on [-4, 4]; erf(4) = 1 to fp32 precision), P of
 degree 6 and Q of degree 4 with Q(0) = 1: a linearised least-squares fit on 4000 Chebyshev nodes,

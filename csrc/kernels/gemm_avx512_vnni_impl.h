@@ -19,53 +19,29 @@
 #include <utility>
 
 #include "kernels/avx512_common.h"
+#include "kernels/gemm_common.h"
 #include "kernels/gemm_kernels.h"
 
 namespace qbackend::kernels {
 namespace {
 
 constexpr int kMaxRows = 6;
-// L2 budgets (1-2 MB per core on current x86 servers): a weight up to kWeightInL2 bytes is kept
-// there whole, with blocks of about kRowsInL2 bytes of activation rows.
-constexpr int64_t kWeightInL2 = int64_t(512) << 10;
-constexpr int64_t kRowsInL2 = int64_t(192) << 10;
-
 // The accumulator type: int32 x 16 without __m512i's may_alias attribute, so that the compiler
 // keeps the accumulator arrays in registers across the byte loads of the activation rows.
 typedef int32_t Acc __attribute__((vector_size(64)));
 
-inline int32_t load_a4(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-inline int32_t load_tail(const uint8_t* p, int64_t n) {
-  int32_t v = 0;
-  std::memcpy(&v, p, static_cast<size_t>(n));
-  return v;
-}
-
-// gelu(y) = y / 2 * (1 + erf(y / sqrt 2)) with erf(y / sqrt 2) = yc * P(yc^2) / Q(yc^2), yc = y clamped
-// to +-4 sqrt 2 (where erf is 1 to fp32 precision): a rational minimax fit of degrees 6 / 4 in yc^2
-// (csrc/kernels/gelu_erf_fit.py regenerates the coefficients), |error| <= 3.2e-7 * |y| in fp32
-// against the fp64 erf gelu. 10 fma and one reciprocal: about half the work of the exp-based
-// Abramowitz & Stegun 7.1.26 form it replaces (FFN1's GELU epilogue took a fifth of that GEMM).
+// GELU with the rational erf of gemm_common.h: |error| <= 3.2e-7 * |y| in fp32 against the fp64
+// erf gelu. 10 fma and one reciprocal: about half the work of the exp-based Abramowitz & Stegun
+// 7.1.26 form it replaces (FFN1's GELU epilogue took a fifth of that GEMM).
 inline __m512 gelu(__m512 y) {
-  const __m512 yc = _mm512_max_ps(_mm512_min_ps(y, _mm512_set1_ps(5.656854249f)), _mm512_set1_ps(-5.656854249f));
+  const __m512 yc = _mm512_max_ps(_mm512_min_ps(y, _mm512_set1_ps(kGeluClamp)), _mm512_set1_ps(-kGeluClamp));
   const __m512 t = _mm512_mul_ps(yc, yc);
-  __m512 p = _mm512_set1_ps(2.1232228302e-10f);
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-4.3981964076e-08f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(6.8744597150e-06f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(3.7950457017e-04f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(9.2693153737e-03f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(7.5645262124e-02f));
-  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(7.9788421476e-01f));
-  __m512 q = _mm512_set1_ps(6.8635992193e-05f);
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.9440238470e-03f));
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(3.0201199650e-02f));
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(2.6147110534e-01f));
-  q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(kGeluP[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kGeluP[i]));
+  __m512 q = _mm512_set1_ps(kGeluQ[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < 5; ++i) q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(kGeluQ[i]));
   // 1 / q, q in [1, 176]: rcp14 (relative error < 2^-14) and one Newton step (< 2^-27).
   __m512 r = _mm512_rcp14_ps(q);
   r = _mm512_mul_ps(r, _mm512_fnmadd_ps(q, r, _mm512_set1_ps(2.0f)));
@@ -249,24 +225,6 @@ inline void vnni_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me
   const int64_t cols = std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel);
   const auto& by_rows = table[(cols + 15) / 16 - 1];
   for (int64_t m = mb; m < me; m += kMaxRows) by_rows[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p);
-}
-
-// The cache blocking of rows [m_begin, m_end) x panels [panel_begin, panel_end), calling
-// panel_rows(p, mb, me) for each panel and block of rows (blocks in multiples of row_tile).
-template <class PanelRows>
-void sweep(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end,
-           int64_t row_tile, PanelRows&& panel_rows) {
-  const int64_t Kp = gemm_kp(g.K);
-  if ((panel_end - panel_begin) * kGemmPanel * Kp <= kWeightInL2) {
-    // The weight's panels stay in L2: blocks of rows (about kRowsInL2 bytes of x) run over every
-    // panel, so each row of x is read from memory once.
-    const int64_t block = std::max<int64_t>(row_tile, kRowsInL2 / Kp / row_tile * row_tile);
-    for (int64_t mb = m_begin; mb < m_end; mb += block)
-      for (int64_t p = panel_begin; p < panel_end; ++p) panel_rows(p, mb, std::min(m_end, mb + block));
-  } else {
-    // A large weight: one panel at a time stays in L2 while the rows stream past it.
-    for (int64_t p = panel_begin; p < panel_end; ++p) panel_rows(p, m_begin, m_end);
-  }
 }
 
 }  // namespace

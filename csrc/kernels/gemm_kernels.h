@@ -62,7 +62,7 @@ using GemmFn = void (*)(const GemmArgs&, int64_t m_begin, int64_t m_end, int64_t
                         int64_t panel_end);
 
 struct GemmKernels {
-  const char* name;  // "avx512_vnni", "amx", "amx_emulated"
+  const char* name;  // "amx", "avx512_vnni", "avx2_vnni", "amx_emulated"
   GemmFn gemm;
   int64_t row_tile;  // rows of the kernel's tile: a split of the rows over threads keeps to multiples
   // Runs `iters` iterations of a loop of independent u8 x s8 dot products on this thread and
@@ -72,6 +72,11 @@ struct GemmKernels {
 
 // Defined in gemm_avx512_vnni.cpp; call only when qbackend::cpu::usable_level() >= 3.
 const GemmKernels& gemm_kernels_avx512_vnni();
+// Defined in gemm_avx2_vnni.cpp; call only when qbackend::cpu::avx_vnni_usable().
+const GemmKernels& gemm_kernels_avx2_vnni();
+// Defined in gemm_avx2_vnni_evex.cpp: the AVX-VNNI kernel's code on the EVEX form of the instruction,
+// for testing it where the CPU has AVX512-VNNI but no AVX-VNNI; call only when usable_level() >= 3.
+const GemmKernels& gemm_kernels_avx2_vnni_evex();
 // Defined in gemm_amx.cpp. The AMX kernel: call only when usable_level() >= 4 (AMX-INT8 and the OS's
 // tile permission). The emulated one runs the same kernel code with AMX's tile instructions
 // emulated in C++ (slow): it tests the AMX kernel's blocking, tile configuration and remainders on

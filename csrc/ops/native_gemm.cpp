@@ -64,7 +64,8 @@ PackedView unpack(const at::Tensor& packed, const char* name) {
 
 namespace {
 
-std::atomic<bool> g_amx_emulated{false};
+// A kernel chosen by a test (set_kernel_override), or nullptr.
+std::atomic<const kernels::GemmKernels*> g_override{nullptr};
 
 // The AMX kernel is used only after it agreed with the VNNI kernel and exact sums on this machine
 // (kernels::gemm_amx_self_check, once per process): a CPU or OS where it computes anything else
@@ -82,16 +83,29 @@ bool amx_verified() {
 
 }  // namespace
 
+bool available() { return cpu::usable_level() >= 3 || cpu::avx_vnni_usable(); }
+
 const kernels::GemmKernels& gemm_kernels() {
-  TORCH_CHECK_VALUE(cpu::usable_level() >= 3,
-                    "the native int8 GEMM needs AVX512-VNNI, which this CPU (or QBACKEND_ISA) does not offer; "
-                    "use the fbgemm or onednn provider");
-  if (g_amx_emulated.load(std::memory_order_relaxed)) return kernels::gemm_kernels_amx_emulated();
+  TORCH_CHECK_VALUE(available(),
+                    "the native int8 GEMM needs AVX512-VNNI or AVX-VNNI, which this CPU (or QBACKEND_ISA) does not "
+                    "offer; use the fbgemm or onednn provider");
+  if (const auto* k = g_override.load(std::memory_order_relaxed)) return *k;
+  if (cpu::usable_level() < 3) return kernels::gemm_kernels_avx2_vnni();
   if (cpu::usable_level() >= 4 && amx_verified()) return kernels::gemm_kernels_amx();
   return kernels::gemm_kernels_avx512_vnni();
 }
 
-void set_amx_emulated(bool on) { g_amx_emulated.store(on, std::memory_order_relaxed); }
+void set_kernel_override(const std::string& name) {
+  const int level = cpu::usable_level();
+  const kernels::GemmKernels* k = nullptr;
+  if (name == "amx" && level >= 4) k = &kernels::gemm_kernels_amx();
+  else if (name == "amx_emulated" && level >= 3) k = &kernels::gemm_kernels_amx_emulated();
+  else if (name == "avx512_vnni" && level >= 3) k = &kernels::gemm_kernels_avx512_vnni();
+  else if (name == "avx2_vnni" && cpu::avx_vnni_usable()) k = &kernels::gemm_kernels_avx2_vnni();
+  else if (name == "avx2_vnni_evex" && level >= 3) k = &kernels::gemm_kernels_avx2_vnni_evex();
+  else TORCH_CHECK_VALUE(name.empty(), "no native kernel '", name, "' runs on this CPU (or under QBACKEND_ISA)");
+  g_override.store(k, std::memory_order_relaxed);
+}
 
 void run(const kernels::GemmArgs& g) {
   const auto& k = gemm_kernels();

@@ -10,6 +10,8 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <string>
+
 #include "kernels/gemm_kernels.h"
 #include "ops/checks.h"
 
@@ -27,11 +29,15 @@ int64_t packed_bytes(int64_t N, int64_t K);
 at::Tensor pack(const at::Tensor& w2d);
 // Validates `packed` (dtype, contiguity, header, size) and returns its view; `name` is the argument.
 PackedView unpack(const at::Tensor& packed, const char* name);
+// Whether this CPU (and QBACKEND_ISA cap) has a native kernel: AVX512-VNNI, or AVX-VNNI.
+bool available();
 // The kernels for this CPU (and QBACKEND_ISA cap): AMX where the CPU and OS have AMX-INT8 and the
-// AMX kernel passed its self-check, else AVX512-VNNI; raises ValueError where there are none.
+// AMX kernel passed its self-check, else AVX512-VNNI, else AVX-VNNI (256-bit); raises ValueError
+// where there are none.
 const kernels::GemmKernels& gemm_kernels();
-// Tests: run the AMX kernel over emulated tiles (kernels::gemm_kernels_amx_emulated) instead.
-void set_amx_emulated(bool on);
+// Tests: run every native GEMM on the named kernel ("amx", "amx_emulated", "avx512_vnni", "avx2_vnni",
+// "avx2_vnni_evex"), or "" for this CPU's choice; a ValueError if the CPU cannot run it.
+void set_kernel_override(const std::string& name);
 // Runs g over all rows and columns, on one thread below the size where a second one pays off.
 void run(const kernels::GemmArgs& g);
 

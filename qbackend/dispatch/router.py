@@ -5,7 +5,7 @@ and checks that the provider can run it exactly on this CPU.
 then applies correctness: 8-bit uint8 activations need a provider that multiplies them without
 16-bit saturation on this CPU (`Provider.exact_8bit`); if the rule's choice cannot, the other
 provider that can is used (and the reason says so). Rules whose provider cannot run the op instance
-at all (`Provider.refuses`: the native provider without AVX512-VNNI, or on a 3x3 conv) are skipped.
+at all (`Provider.refuses`: the native provider without AVX512-VNNI or AVX-VNNI, or on a 3x3 conv) are skipped.
 `QBACKEND_PROVIDER=native|fbgemm|onednn|reference` forces one provider for every op it can run
 (for debugging and comparisons); the others follow the rules, and their reason says so.
 """

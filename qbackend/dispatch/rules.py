@@ -13,7 +13,9 @@ existed route as without. embedding_bag: rows, dim, bits (8 / 4), fp16_qparams (
 bias), padding_idx (1: the bag skips a padding row).
 
 A rule whose provider cannot run the op instance (Provider.refuses: the native provider needs
-AVX512-VNNI and runs Linear and unpadded 1x1 convs only) is skipped, so the next one applies.
+AVX512-VNNI or AVX-VNNI and runs Linear and unpadded 1x1 convs only) is skipped, so the next one
+applies. Rows marked INFERRED were not measured on a CPU of their class (none was available):
+they follow from measured facts named in their text, and `dispatch="tune"` measures instead.
 
 The native rows were measured with `python benchmarks/kernels.py` (its native column) and the 1x1
 convs of ResNet-50 and MobileNetV2 timed on the three providers (the note of issue 7). The
@@ -86,6 +88,11 @@ RULES: tuple[Rule, ...] = (
          condition="m <= 64 and k*n <= 768*3072"),
     Rule("linear", ("avx512_vnni",), "onednn", "oneDNN wins from M = 256 (M = 16 on 4096 x 4096) on "
          "AVX512-VNNI (benchmarks/results/kernels.md)"),
+    Rule("linear", ("avx2_vnni",), "native", "qbackend's 256-bit AVX-VNNI GEMM (the AVX512 kernel's design on ymm "
+         "registers: 6 x 16 register tiles, the same fused epilogue) at ~3 us per call, where torch's oneDNN op costs "
+         "20-40 us; its code runs at 88% of the 256-bit dot-product peak (128 x 768 x 768, on AVX512-VNNI's encoding "
+         "of the same instruction). INFERRED, not measured against oneDNN: no AVX-VNNI machine was available; "
+         "`dispatch=\"tune\"` measures"),
     Rule("linear", ("avx2_vnni",), "onednn", "oneDNN uses AVX-VNNI, FBGEMM does not: 1.3-1.9x (kernel-facts)"),
     Rule("linear", ("avx512", "avx2"), "fbgemm", "without VNNI oneDNN int8 at M = 1 is 3-7x slower than "
          "FBGEMM (kernel-facts)"),
@@ -99,6 +106,9 @@ RULES: tuple[Rule, ...] = (
          "of ResNet-50 and MobileNetV2 1.06-1.97x at batch 1 and 0.97-1.24x at batch 32; with a residual up to 3x. "
          "A residual with a float output (ResNet's last block) only native fuses: 4.5x oneDNN at batch 32 "
          "(benchmarks/results/pointwise_conv.md, dispatch.md)",
+         when=_is_1x1, condition="1x1, groups 1, unpadded"),
+    Rule("conv2d", ("avx2_vnni",), "native", "1x1 convs as one GEMM on the native AVX-VNNI kernel (the reasons of "
+         "the AVX-VNNI Linear row). INFERRED, not measured; `dispatch=\"tune\"` measures",
          when=_is_1x1, condition="1x1, groups 1, unpadded"),
     Rule("conv2d", ("amx",), "native", "1x1 convs as one GEMM over the channels-last pixels on the native AMX "
          "kernel, residual fused (the reasons of the AMX Linear row). INFERRED, not measured on an AMX machine; "

@@ -2,7 +2,7 @@
 Linear and Conv2d, with one signature for all of them.
 
   native     qbackend's own int8 GEMM (csrc/kernels/gemm_*, torch.ops.qbackend.native_*): Linear and
-             1x1 convs, on CPUs with AVX512-VNNI
+             1x1 convs, on CPUs with AVX512-VNNI (AMX where present) or AVX-VNNI
   fbgemm     FBGEMM's C++ API through csrc (torch.ops.qbackend.fbgemm_*)
   onednn     oneDNN through torch's plain-tensor onednn ops (torch.ops.qbackend.onednn_*)
   reference  plain PyTorch fp64 math (qbackend.ops.reference): slow, exact, always available
@@ -58,7 +58,7 @@ def _fbgemm_exact() -> bool:
 
 def _native_refuses(op: str, shape) -> str | None:
     if not _C.native_isa():
-        return "the native GEMM needs AVX512-VNNI (this CPU or QBACKEND_ISA lacks it)"
+        return "the native GEMM needs AVX512-VNNI or AVX-VNNI (this CPU or QBACKEND_ISA lacks them)"
     if op == "linear":
         return None if shape.get("k", 0) <= 65536 else "in_features > 65536 (int32 accumulation)"
     if op == "conv2d":

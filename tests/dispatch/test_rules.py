@@ -47,6 +47,11 @@ def test_native_rows():
     pointwise = dict(CONV, kernel=(1, 1), padding=(0, 0))
     assert rules.choose("conv2d", "amx", pointwise).provider == "native"
     assert rules.choose("conv2d", "amx", CONV).provider == "onednn"
+    # AVX-VNNI: the 256-bit native kernel, inferred likewise; oneDNN without it.
+    r = rules.choose("linear", "avx2_vnni", {"m": 64, "k": 768, "n": 768})
+    assert r.provider == "native" and "INFERRED" in r.why
+    assert rules.choose("linear", "avx2_vnni", {"m": 64, "k": 768, "n": 768}, usable=NO_NATIVE).provider == "onednn"
+    assert rules.choose("conv2d", "avx2_vnni", pointwise).provider == "native"
     assert rules.choose("conv2d", vnni, pointwise).provider == "native"  # 200k output values
     assert rules.choose("conv2d", vnni, dict(pointwise, n=32)).provider == "native"  # 6.4M: every size
     assert rules.choose("conv2d", vnni, CONV).provider == "onednn"  # 3x3

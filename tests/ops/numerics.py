@@ -23,13 +23,16 @@ HSET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 
 
 class all_threads:
-    """Within the block, torch uses all the threads it had when this module was imported."""
+    """Within the block, torch uses all the threads it had when this module was imported; after
+    it, the count it had before (not a fixed 1: a module without the one_thread fixture must not
+    leave later modules on one thread)."""
 
     def __enter__(self):
+        self._before = torch.get_num_threads()
         torch.set_num_threads(ALL_THREADS)
 
     def __exit__(self, *exc):
-        torch.set_num_threads(1)
+        torch.set_num_threads(self._before)
 
 
 # ----------------------------------------------------------------------------- the acceptance rule

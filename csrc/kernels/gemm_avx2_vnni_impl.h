@@ -1,0 +1,240 @@
+// The native int8 GEMM's 256-bit kernel (contract and packed layout: gemm_kernels.h), for AVX2 CPUs
+// with AVX-VNNI (the VEX-encoded vpdpbusd: Intel's Alder Lake and later client cores, Sierra
+// Forest / Xeon 6 E-core servers, AMD Zen 5). Included, after their `#pragma GCC target` and a
+// definition of `dpbusd(acc, a, b)`, by gemm_avx2_vnni.cpp (the VEX instruction) and
+// gemm_avx2_vnni_evex.cpp (the same code on the EVEX form of the same instruction, so that CPUs
+// with AVX512-VNNI but no AVX-VNNI, like AMD Zen 4, can test it).
+//
+// The same packed panels as the AVX512 kernels: a panel's 16-column vector (64 bytes per
+// k-group) is read as two 8-column halves. Register tiles are up to 6 rows x one 16-column vector
+// (12 accumulators, 2 weight registers and a broadcast: 15 of the 16 ymm registers); rows are read
+// in place, 4 bytes broadcast per row and k-group; small tiles take 2-4 independent accumulator
+// sets over alternating k-groups to hide the dot product's latency. The epilogue is the AVX512
+// kernel's on 8 lanes: folded requantization for integer outputs, otherwise scale, bias, residual,
+// relu or gelu (the same rational erf, with an exact division) and the output conversion. Partial
+// vectors (the last columns of N) use masked loads for the per-column terms and byte copies or
+// masked stores for the outputs; nothing is read or written past a row.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "kernels/gemm_common.h"
+#include "kernels/gemm_kernels.h"
+
+namespace qbackend::kernels {
+namespace {
+
+constexpr int kMaxRows = 6;
+// int32 x 8 without __m256i's may_alias attribute (keeps the accumulators in registers; see the
+// AVX512 kernel).
+typedef int32_t Acc __attribute__((vector_size(32)));
+
+// The int32 sums of MR rows x 16 columns (out[r * 2 + h], h = 8-column half) over the whole K. B
+// points at the vector's first k-group; ldb is the byte step to the next (64 x the panel's vectors).
+template <int MR, bool I8>
+__attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t ldb,
+                                                    int64_t K, __m256i* out) {
+  constexpr int KS = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
+  const int64_t kfull = K / 4, krem = K % 4;
+  const int32_t flip = I8 ? static_cast<int32_t>(0x80808080u) : 0;
+  Acc acc[KS][MR][2];
+#pragma GCC unroll 32
+  for (int s = 0; s < KS; ++s)
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) acc[s][r][0] = acc[s][r][1] = Acc{};
+
+#define QB_STEP(s, k4, WORD)                                                                           \
+  {                                                                                                  \
+    const int8_t* bp = B + (k4) * ldb;                                                               \
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp));                     \
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 32));                \
+    _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {                                           \
+      const __m256i av = _mm256_set1_epi32((WORD) ^ flip);                                           \
+      acc[s][r][0] = (Acc)dpbusd((__m256i)acc[s][r][0], av, b0);                                     \
+      acc[s][r][1] = (Acc)dpbusd((__m256i)acc[s][r][1], av, b1);                                     \
+    }                                                                                                \
+  }
+
+  int64_t k4 = 0;
+  for (; k4 + KS <= kfull; k4 += KS) {
+#pragma GCC unroll 4
+    for (int s = 0; s < KS; ++s) QB_STEP(s, k4 + s, load_a4(a + r * lda + (k4 + s) * 4))
+  }
+  for (; k4 < kfull; ++k4) QB_STEP(0, k4, load_a4(a + r * lda + k4 * 4))
+  if (krem) {  // the last, partial k-group: its padding weights are 0
+    QB_STEP(0, kfull, load_tail(a + r * lda + kfull * 4, krem))
+  }
+#undef QB_STEP
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int h = 0; h < 2; ++h) {
+      Acc sum = acc[0][r][h];
+#pragma GCC unroll 4
+      for (int s = 1; s < KS; ++s) sum += acc[s][r][h];
+      out[r * 2 + h] = (__m256i)sum;
+    }
+}
+
+// Lanes [0, valid) set: the mask of the masked loads and stores.
+inline __m256i lane_mask(int64_t valid) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(valid)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+inline __m256 load_f32(const float* p, int64_t valid, __m256i mask) {
+  return valid == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask);
+}
+
+// float(r[m][n0 + i] - r_zp), i < valid.
+inline __m256 residual(const GemmArgs& g, int64_t m, int64_t n0, int64_t valid) {
+  const uint8_t* rp = g.r + m * g.ldr + n0;
+  int64_t bytes = 0;
+  std::memcpy(&bytes, rp, static_cast<size_t>(valid));
+  const __m128i rb = _mm_cvtsi64_si128(bytes);
+  const __m256i ri = g.r_int8 ? _mm256_cvtepi8_epi32(rb) : _mm256_cvtepu8_epi32(rb);
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(ri, _mm256_set1_epi32(g.r_zp)));
+}
+
+inline __m256 gelu(__m256 y) {
+  const __m256 yc = _mm256_max_ps(_mm256_min_ps(y, _mm256_set1_ps(kGeluClamp)), _mm256_set1_ps(-kGeluClamp));
+  const __m256 t = _mm256_mul_ps(yc, yc);
+  __m256 p = _mm256_set1_ps(kGeluP[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kGeluP[i]));
+  __m256 q = _mm256_set1_ps(kGeluQ[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < 5; ++i) q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(kGeluQ[i]));
+  // AVX2's reciprocal estimate has 12 bits (one Newton step would leave ~2^-23): an exact division.
+  const __m256 erf = _mm256_div_ps(_mm256_mul_ps(yc, p), q);
+  const __m256 h = _mm256_mul_ps(y, _mm256_set1_ps(0.5f));
+  return _mm256_fmadd_ps(h, erf, h);
+}
+
+// Stores the low byte of each int32 lane (values already in the output range), valid lanes.
+inline void store_bytes(uint8_t* dst, __m256i q, int64_t valid) {
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(q, pick), _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
+  const int64_t bytes = _mm_cvtsi128_si64(_mm256_castsi256_si128(b));
+  if (valid == 8) std::memcpy(dst, &bytes, 8);
+  else std::memcpy(dst, &bytes, static_cast<size_t>(valid));
+}
+
+// fp32 -> bf16 bits, round to nearest even, NaN kept a quiet NaN (as the AVX512 kernels).
+inline void store_bf16(uint16_t* dst, __m256 v, int64_t valid) {
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256i r = _mm256_srli_epi32(
+      _mm256_blendv_epi8(rounded, _mm256_or_si256(b, _mm256_set1_epi32(0x00400000)), nan), 16);
+  const __m128i h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+  if (valid == 8) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), h);
+  else {
+    alignas(16) uint16_t tmp[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(tmp), h);
+    std::memcpy(dst, tmp, static_cast<size_t>(valid) * 2);
+  }
+}
+
+// The epilogue of MR rows x one 16-column vector (columns n16..) from sums[r * 2 + h].
+template <int MR>
+__attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m256i* sums, int64_t m0, int64_t n16) {
+  const bool int_out = g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8;
+  const float q_min = g.out_type == GemmOut::u8 ? 0.0f : -128.0f, q_max = g.out_type == GemmOut::u8 ? 255.0f : 127.0f;
+  const float lo = q_min - static_cast<float>(g.out_zp);
+  // Bounds of round(y / out_scale) relative to out_zp (relu: >= 0 where it folds).
+  const __m256 q_lo = _mm256_set1_ps(g.post == GemmPost::relu ? std::max(lo, 0.0f) : lo);
+  const __m256 q_lo_plain = _mm256_set1_ps(lo);
+  const __m256 q_hi = _mm256_set1_ps(q_max - static_cast<float>(g.out_zp));
+  const __m256i out_zp = _mm256_set1_epi32(g.out_zp);
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n0 = n16 + h * 8;
+    const int64_t valid = std::min<int64_t>(8, g.N - n0);
+    if (valid <= 0) break;
+    const __m256i mask = lane_mask(valid);
+    const __m256i zp_colsum = _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.colsum + n0)),
+                                                 _mm256_set1_epi32(g.a_zp));
+    const __m256 scale = _mm256_mul_ps(load_f32(g.w_scales + n0, valid, mask), _mm256_set1_ps(g.x_scale));
+    const __m256 bias = g.bias ? load_f32(g.bias + n0, valid, mask) : _mm256_setzero_ps();
+    if (int_out && g.post != GemmPost::gelu) {
+      // Folded requantization, as in the AVX512 kernel: scale, bias and residual scale times 1 / out_scale.
+      const __m256 inv = _mm256_set1_ps(g.out_inv_scale);
+      const __m256 s2 = _mm256_mul_ps(scale, inv), b2 = _mm256_mul_ps(bias, inv);
+      const __m256 r2 = _mm256_set1_ps(g.r_scale * g.out_inv_scale);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r * 2 + h], zp_colsum)), s2, b2);
+        if (g.r) t = _mm256_fmadd_ps(residual(g, m0 + r, n0, valid), r2, t);
+        const __m256i q = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, q_lo), q_hi)), out_zp);
+        store_bytes(static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0, q, valid);
+      }
+      continue;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const int64_t m = m0 + r;
+      __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r * 2 + h], zp_colsum)), scale, bias);
+      if (g.r) y = _mm256_fmadd_ps(residual(g, m, n0, valid), _mm256_set1_ps(g.r_scale), y);
+      if (g.post == GemmPost::relu) y = _mm256_max_ps(y, _mm256_setzero_ps());
+      else if (g.post == GemmPost::gelu) y = gelu(y);
+      switch (g.out_type) {
+        case GemmOut::f32: {
+          float* dst = static_cast<float*>(g.out) + m * g.ldc + n0;
+          if (valid == 8) _mm256_storeu_ps(dst, y);
+          else _mm256_maskstore_ps(dst, mask, y);
+          break;
+        }
+        case GemmOut::bf16:
+          store_bf16(static_cast<uint16_t*>(g.out) + m * g.ldc + n0, y, valid);
+          break;
+        case GemmOut::u8:
+        case GemmOut::s8: {  // gelu with an integer output: the clamp in float, then round
+          const __m256 t = _mm256_mul_ps(y, _mm256_set1_ps(g.out_inv_scale));
+          const __m256i q =
+              _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, q_lo_plain), q_hi)), out_zp);
+          store_bytes(static_cast<uint8_t*>(g.out) + m * g.ldc + n0, q, valid);
+          break;
+        }
+      }
+    }
+  }
+}
+
+// One tile: MR rows (m0..) x vector v of panel p (nvp vectors).
+template <int MR, bool I8>
+void tile(const GemmArgs& g, int64_t m0, int64_t p, int64_t v, int64_t nvp) {
+  __m256i sums[MR * 2];
+  dot_tile<MR, I8>(g.a + m0 * g.lda, g.lda, g.b + p * kGemmPanel * gemm_kp(g.K) + v * 64, nvp * 64, g.K, sums);
+  epilogue<MR>(g, sums, m0, p * kGemmPanel + v * 16);
+}
+
+using TileFn = void (*)(const GemmArgs&, int64_t, int64_t, int64_t, int64_t);
+
+template <bool I8, int... R>
+constexpr auto row_table(std::integer_sequence<int, R...>) {
+  return std::array<TileFn, sizeof...(R)>{&tile<R + 1, I8>...};
+}
+
+template <bool I8>
+struct Tiles {
+  static constexpr std::array<TileFn, kMaxRows> table = row_table<I8>(std::make_integer_sequence<int, kMaxRows>{});
+};
+
+inline void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
+  const auto& table = g.a_int8 ? Tiles<true>::table : Tiles<false>::table;
+  sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows, [&](int64_t p, int64_t mb, int64_t me) {
+    const int64_t nvp = (std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel) + 15) / 16;
+    for (int64_t m = mb; m < me; m += kMaxRows) {
+      const TileFn f = table[std::min<int64_t>(kMaxRows, me - m) - 1];
+      for (int64_t v = 0; v < nvp; ++v) f(g, m, p, v, nvp);  // the rows stay in L1 across the vectors
+    }
+  });
+}
+
+}  // namespace
+}  // namespace qbackend::kernels

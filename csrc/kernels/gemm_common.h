@@ -1,0 +1,60 @@
+// The ISA-free parts of the native GEMM kernels (gemm_avx512_vnni_impl.h, gemm_avx2_vnni.cpp):
+// the cache blocking of rows and panels, the byte loads of activation k-groups, and the GELU
+// epilogue's coefficients. In an
+// anonymous namespace like the kernels' own blocks, so each kernel translation unit compiles its
+// own copy for its own target (no inline function is shared between units built for different ISAs).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/gemm_kernels.h"
+
+namespace qbackend::kernels {
+namespace {
+
+// gelu(y) = y / 2 * (1 + erf(y / sqrt 2)) with erf(y / sqrt 2) = yc * P(yc^2) / Q(yc^2), yc = y clamped
+// to +-kGeluClamp (4 sqrt 2, where erf is 1 to fp32 precision): a rational minimax fit of degrees
+// 6 / 4 in yc^2, highest degree first (csrc/kernels/gelu_erf_fit.py regenerates them).
+constexpr float kGeluClamp = 5.656854249f;
+constexpr float kGeluP[7] = {2.1232228302e-10f, -4.3981964076e-08f, 6.8744597150e-06f, 3.7950457017e-04f,
+                             9.2693153737e-03f, 7.5645262124e-02f, 7.9788421476e-01f};
+constexpr float kGeluQ[5] = {6.8635992193e-05f, 1.9440238470e-03f, 3.0201199650e-02f, 2.6147110534e-01f, 1.0f};
+
+// L2 budgets (1-2 MB per core on current x86 servers): a weight up to kWeightInL2 bytes is kept
+// there whole, with blocks of about kRowsInL2 bytes of activation rows.
+constexpr int64_t kWeightInL2 = int64_t(512) << 10;
+constexpr int64_t kRowsInL2 = int64_t(192) << 10;
+
+inline int32_t load_a4(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+inline int32_t load_tail(const uint8_t* p, int64_t n) {
+  int32_t v = 0;
+  std::memcpy(&v, p, static_cast<size_t>(n));
+  return v;
+}
+
+// The cache blocking of rows [m_begin, m_end) x panels [panel_begin, panel_end), calling
+// panel_rows(p, mb, me) for each panel and block of rows (blocks in multiples of row_tile).
+template <class PanelRows>
+void sweep(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end,
+           int64_t row_tile, PanelRows&& panel_rows) {
+  const int64_t Kp = gemm_kp(g.K);
+  if ((panel_end - panel_begin) * kGemmPanel * Kp <= kWeightInL2) {
+    // The weight's panels stay in L2: blocks of rows (about kRowsInL2 bytes of x) run over every
+    // panel, so each row of x is read from memory once.
+    const int64_t block = std::max<int64_t>(row_tile, kRowsInL2 / Kp / row_tile * row_tile);
+    for (int64_t mb = m_begin; mb < m_end; mb += block)
+      for (int64_t p = panel_begin; p < panel_end; ++p) panel_rows(p, mb, std::min(m_end, mb + block));
+  } else {
+    // A large weight: one panel at a time stays in L2 while the rows stream past it.
+    for (int64_t p = panel_begin; p < panel_end; ++p) panel_rows(p, m_begin, m_end);
+  }
+}
+
+}  // namespace
+}  // namespace qbackend::kernels
