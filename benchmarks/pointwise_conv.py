@@ -40,36 +40,40 @@ LAYERS = [("R50", 64, 64, 56, 1), ("R50", 64, 256, 56, 1), ("R50", 256, 64, 56, 
 PROVIDERS = ("native", "onednn", "fbgemm")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_table(title: str, layers, argv=None) -> int:
+    """Times `layers` ((model, c_in, c_out, input h = w, kernel, stride, padding) each) on every
+    provider, interleaved, at batch 1 and 32, with and without an int8 residual; prints the markdown
+    table (and writes it to --out)."""
+    ap = argparse.ArgumentParser(description=title)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="batch 1, three layers, few blocks (smoke test)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if not _C.native_isa():
-        print("the native provider needs AVX512-VNNI: nothing to compare on this CPU")
+        print("the native provider needs AVX512-VNNI or AVX-VNNI: nothing to compare on this CPU")
         return 0
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    lines = ["# 1x1 convolutions: native vs oneDNN vs FBGEMM", "", cpu_line(),
-             f"- threads: {args.threads}; torch {torch.__version__}, qbackend {qbackend.__version__} ({git_state()})",
+    lines = [f"# {title}", "", cpu_line(),
+             f"- threads: {args.threads}; torch {torch.__version__}, qbackend {qbackend.__version__} ({git_state()}); "
+             f"native kernel `{_C.native_isa()}`",
              f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start "
              f"{load_average()}",
              "- times: us per call, minimum over interleaved blocks; ratio = min(oneDNN, FBGEMM) / native", "",
              "| layer | batch | native | oneDNN | FBGEMM | ratio | native +res | oneDNN +res | FBGEMM +res | ratio +res |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     cl = torch.channels_last
-    layers = LAYERS[:3] if args.quick else LAYERS
+    layers = layers[:3] if args.quick else layers
     for batch in (1,) if args.quick else (1, 32):
-        for model, ci, co, hw, s in layers:
-            w = torch.randint(-127, 128, (co, ci, 1, 1), dtype=torch.int8)
+        for model, ci, co, hw, k, s, pad in layers:
+            w = torch.randint(-127, 128, (co, ci, k, k), dtype=torch.int8)
             ws, b = torch.rand(co) * 0.01 + 1e-3, torch.randn(co)
             x = torch.randint(0, 256, (batch, ci, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
-            oh = (hw - 1) // s + 1
+            oh = (hw + 2 * pad - k) // s + 1
             acc = torch.randint(0, 256, (batch, co, oh, oh), dtype=torch.uint8).contiguous(memory_format=cl)
             cands = {}
             for p in PROVIDERS:
-                pw = PackedConv2dWeight(w, ws, b, (s, s), (0, 0), (1, 1), 1, p, x_shape=list(x.shape),
+                pw = PackedConv2dWeight(w, ws, b, (s, s), (pad, pad), (1, 1), 1, p, x_shape=list(x.shape),
                                         x_qparams=(0.02, 128))
                 cands[p] = lambda pw=pw: pw.conv2d(x, 0.02, 128, 0.1, 128, torch.uint8, "relu")
                 cands[p + "+res"] = lambda pw=pw: pw.conv2d(x, 0.02, 128, 0.1, 128, torch.uint8, "relu", acc, 0.05, 128)
@@ -78,7 +82,8 @@ def main(argv=None) -> int:
             m = {k: v.min_us for k, v in t.items()}
             r = min(m["onednn"], m["fbgemm"]) / m["native"]
             rr = min(m["onednn+res"], m["fbgemm+res"]) / m["native+res"]
-            lines.append(f"| {model} {ci}->{co} @{hw} s{s} | {batch} | {m['native']:.1f} | {m['onednn']:.1f} | "
+            name = f"{model} {ci}->{co} @{hw}" + (f" {k}x{k}" if k != 1 else "") + f" s{s}"
+            lines.append(f"| {name} | {batch} | {m['native']:.1f} | {m['onednn']:.1f} | "
                          f"{m['fbgemm']:.1f} | {r:.2f} | {m['native+res']:.1f} | {m['onednn+res']:.1f} | "
                          f"{m['fbgemm+res']:.1f} | {rr:.2f} |")
             print(lines[-1], flush=True)
@@ -87,6 +92,11 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_table("1x1 convolutions: native vs oneDNN vs FBGEMM",
+                     [(m, ci, co, hw, 1, s, 0) for m, ci, co, hw, s in LAYERS], argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,14 @@
-// The native provider for 1x1 convolutions (groups 1, no padding, any stride): a GEMM over the
-// channels-last pixels with qbackend's own int8 kernel (csrc/kernels/gemm_*), the residual add and
-// relu fused in its epilogue. Other convolutions are not this provider's: the router sends them
-// elsewhere, and these ops refuse them with a ValueError.
+// The native provider for convolutions with groups 1 (any kernel, stride, padding, dilation): a
+// GEMM over the channels-last output pixels with qbackend's own int8 kernel (csrc/kernels/gemm_*),
+// the residual add and relu fused in its epilogue.
+//   * Unpadded 1x1, stride 1: the pixels are the GEMM's rows, read in place.
+//   * Unpadded 1x1, strided: the pixels read are gathered into one block first.
+//   * Otherwise: each output pixel's taps (KH x KW x C bytes; the activation's zero point where a
+//     tap falls in the padding, which adds nothing to the sums) are gathered into a row, in blocks
+//     of rows that stay in L2 (per thread, in a reused buffer: nothing allocated per call but the
+//     output), and each block is one GEMM against the weight [OC, KH * KW * C].
+// Grouped and depthwise convolutions are not this provider's: the router sends them elsewhere,
+// and these ops refuse them with a ValueError.
 //
 // Ops (torch.ops.qbackend):
 //   native_conv2d_prepack(Tensor weight, int[] stride, int[] padding, int[] dilation, int groups) -> Tensor
@@ -13,7 +20,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "ops/checks.h"
 #include "ops/conv_params.h"
@@ -25,18 +34,114 @@ namespace {
 
 using kernels::GemmArgs;
 
-void check_geometry(const Conv2dParams& p, int64_t KH, int64_t KW) {
-  TORCH_CHECK_VALUE(KH == 1 && KW == 1 && p.groups == 1 && p.padding[0] == 0 && p.padding[1] == 0,
-                    "the native provider runs 1x1 convolutions with groups 1 and no padding; got a ", KH, "x", KW,
-                    " kernel, groups ", p.groups, ", padding ", p.padding[0], "x", p.padding[1],
+void check_geometry(const Conv2dParams& p) {
+  TORCH_CHECK_VALUE(p.groups == 1, "the native provider runs convolutions with groups 1; got groups ", p.groups,
                     ": use the onednn or fbgemm provider");
 }
 
 at::Tensor native_conv2d_prepack(const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding,
                                  at::IntArrayRef dilation, int64_t groups) {
   check_conv_weight(weight, groups);
-  check_geometry(conv2d_params(stride, padding, dilation, groups), weight.size(2), weight.size(3));
-  return native::pack(weight.reshape({weight.size(0), weight.size(1)}).contiguous());
+  check_geometry(conv2d_params(stride, padding, dilation, groups));
+  return native::pack_conv(weight);
+}
+
+// Bytes of gathered taps per block of rows: the block stays in L2 with the weight's panel.
+constexpr int64_t kTapBlockBytes = int64_t(192) << 10;
+
+// The taps of output pixels [p0, p1) (pixel = (n * OH + oh) * OW + ow) as rows of dst, row-major
+// [p1 - p0, KH * KW * C]: row entry (kh * KW + kw) * C + c = x[n, c, oh * sh - ph + kh * dh,
+// ow * sw - pw + kw * dw], or `pad` (the zero point's byte) outside the image.
+struct Taps {
+  const uint8_t* x;  // channels-last [N, H, W, C]
+  int64_t C, H, W, OH, OW, KH, KW;
+  Conv2dParams p;
+  uint8_t pad;
+
+  int64_t row_bytes() const { return KH * KW * C; }
+
+  void gather(int64_t p0, int64_t p1, uint8_t* dst) const {
+    const int64_t sh = p.stride[0], sw = p.stride[1], ph = p.padding[0], pw = p.padding[1];
+    const int64_t dh = p.dilation[0], dw = p.dilation[1];
+    for (int64_t pix = p0; pix < p1; ++pix) {
+      const int64_t n = pix / (OH * OW), oh = pix / OW % OH, ow = pix % OW;
+      uint8_t* row = dst + (pix - p0) * row_bytes();
+      const int64_t iw0 = ow * sw - pw;
+      const bool row_inside = iw0 >= 0 && iw0 + (KW - 1) * dw < W;
+      for (int64_t kh = 0; kh < KH; ++kh) {
+        const int64_t ih = oh * sh - ph + kh * dh;
+        uint8_t* d = row + kh * KW * C;
+        if (ih < 0 || ih >= H) {
+          std::memset(d, pad, static_cast<size_t>(KW * C));
+          continue;
+        }
+        const uint8_t* src = x + ((n * H + ih) * W) * C;
+        if (row_inside && dw == 1) {  // the KW taps are adjacent pixels: one copy
+          std::memcpy(d, src + iw0 * C, static_cast<size_t>(KW * C));
+          continue;
+        }
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          const int64_t iw = iw0 + kw * dw;
+          if (iw < 0 || iw >= W) std::memset(d + kw * C, pad, static_cast<size_t>(C));
+          else std::memcpy(d + kw * C, src + iw * C, static_cast<size_t>(C));
+        }
+      }
+    }
+  }
+};
+
+// A buffer per thread for gathered taps, grown as needed and kept (no allocation per call).
+uint8_t* tap_buffer(int64_t bytes) {
+  static thread_local std::vector<uint8_t> buffer;
+  if (static_cast<int64_t>(buffer.size()) < bytes) buffer.resize(static_cast<size_t>(bytes));
+  return buffer.data();
+}
+
+int64_t out_element_bytes(kernels::GemmOut t) {
+  return t == kernels::GemmOut::f32 ? 4 : t == kernels::GemmOut::bf16 ? 2 : 1;
+}
+
+// The general case: blocks of gathered taps, each one GEMM. With enough pixels each thread takes an
+// equal range of them (in multiples of the kernel's row tile) and runs it block by block (gather,
+// then GEMM over every panel); otherwise the caller gathers every pixel and the GEMM splits over
+// the threads as a Linear would (by panels when the rows are few).
+void run_gathered(const GemmArgs& g0, const Taps& t, int64_t pixels) {
+  const int64_t K = t.row_bytes(), esize = out_element_bytes(g0.out_type);
+  const auto& k = native::gemm_kernels();
+  const int64_t rt = k.row_tile;
+  const int64_t block = std::max<int64_t>(rt, kTapBlockBytes / K / rt * rt);
+  const bool big = pixels * g0.N * K >= (int64_t(1) << 22);
+  const int threads = big ? at::get_num_threads() : 1;
+  auto rows_at = [&](GemmArgs& g, int64_t p0, int64_t rows, uint8_t* taps) {
+    g.M = rows;
+    g.a = taps;
+    g.lda = K;
+    g.r = g0.r ? g0.r + p0 * g0.ldr : nullptr;
+    g.out = static_cast<uint8_t*>(g0.out) + p0 * g0.ldc * esize;
+  };
+  if (threads <= 1 ? pixels <= block : pixels < 4 * rt * threads) {
+    uint8_t* taps = tap_buffer(pixels * K);
+    t.gather(0, pixels, taps);
+    GemmArgs g = g0;
+    rows_at(g, 0, pixels, taps);
+    native::run(g);
+    return;
+  }
+  const int64_t panels = kernels::gemm_num_panels(g0.N), tiles = (pixels + rt - 1) / rt;
+  parallel::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    uint8_t* taps = tap_buffer(block * K);
+    for (int64_t th = t0; th < t1; ++th) {
+      const int64_t begin = std::min(pixels, tiles * th / threads * rt);
+      const int64_t end = std::min(pixels, tiles * (th + 1) / threads * rt);
+      for (int64_t p0 = begin; p0 < end; p0 += block) {
+        const int64_t rows = std::min(block, end - p0);
+        t.gather(p0, p0 + rows, taps);
+        GemmArgs g = g0;
+        rows_at(g, p0, rows, taps);
+        k.gemm(g, 0, rows, 0, panels);
+      }
+    }
+  });
 }
 
 // What the checks established, for the kernel call.
@@ -71,6 +176,13 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
   const uint8_t* xp = static_cast<const uint8_t*>(xc.const_data_ptr());
   const uint8_t* rp = has_accum ? static_cast<const uint8_t*>(r.const_data_ptr()) : nullptr;
   uint8_t* yp = static_cast<uint8_t*>(y.data_ptr());
+  if (w.KH != 1 || w.KW != 1 || p.padding[0] != 0 || p.padding[1] != 0) {
+    g.r = rp;
+    g.out = yp;
+    const Taps t{xp, C, H, W, OH, OW, w.KH, w.KW, p, static_cast<uint8_t>(x_zero_point)};
+    run_gathered(g, t, N * OH * OW);
+    return;
+  }
   if (p.stride[0] == 1 && p.stride[1] == 1) {  // every pixel: one GEMM over N*H*W rows
     g.M = N * H * W;
     g.a = xp;
@@ -114,9 +226,9 @@ Checked check_all(const at::Tensor& x, double x_scale, int64_t x_zero_point, con
                   const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
   checks::activation(x, x_scale, x_zero_point);
   const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
-  const native::PackedView w = native::unpack(w_packed, "w_packed");
-  check_geometry(p, 1, 1);
-  const auto o = check_conv_input(x, w.K, 1, 1, p);
+  const native::PackedView w = native::unpack_conv(w_packed, "w_packed");
+  check_geometry(p);
+  const auto o = check_conv_input(x, w.K / (w.KH * w.KW), w.KH, w.KW, p);
   checks::scales(w_scales, w.N, "w_scales");
   checks::bias(bias, w.N);
   checks::output_qparams(output_scale, output_zero_point, output_dtype);

@@ -28,37 +28,88 @@ int64_t packed_bytes(int64_t N, int64_t K) {
   return kHeaderBytes + 4 * Np + Np * kernels::gemm_kp(K);
 }
 
-at::Tensor pack(const at::Tensor& w2d) {
+namespace {
+
+// Writes the header and packs w [N, K] into p.
+void pack_into(uint8_t* p, const at::Tensor& w2d, int64_t KH, int64_t KW) {
   const int64_t N = w2d.size(0), K = w2d.size(1);
-  TORCH_CHECK_VALUE(K <= 65536, "the native provider accumulates in int32 and takes in_features <= 65536, got ", K);
-  TORCH_CHECK_VALUE(N < (int64_t(1) << 24), "the native provider takes out_features < 2**24, got ", N);
-  at::Tensor out = at::empty({packed_bytes(N, K)}, at::kByte);
-  uint8_t* p = out.data_ptr<uint8_t>();
   std::memset(p, 0, kHeaderBytes);
   std::memcpy(p, kMagic, 8);
   std::memcpy(p + 8, &N, 8);
   std::memcpy(p + 16, &K, 8);
+  std::memcpy(p + 24, &KH, 8);
+  std::memcpy(p + 32, &KW, 8);
   const int64_t Np = kernels::gemm_np(N);
   kernels::gemm_pack_b(w2d.const_data_ptr<int8_t>(), N, K, reinterpret_cast<int8_t*>(p + kHeaderBytes + 4 * Np),
                        reinterpret_cast<int32_t*>(p + kHeaderBytes));
+}
+
+void check_gemm_size(int64_t N, int64_t K, const char* what) {
+  TORCH_CHECK_VALUE(K <= 65536, "the native provider accumulates in int32 and takes ", what, " <= 65536, got ", K);
+  TORCH_CHECK_VALUE(N < (int64_t(1) << 24), "the native provider takes out_features < 2**24, got ", N);
+}
+
+// The header's fields and the checks every packed tensor passes.
+PackedView read_header(const at::Tensor& packed, const char* name) {
+  TORCH_CHECK_VALUE(packed.defined() && packed.device().is_cpu() && packed.layout() == at::kStrided &&
+                        packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() >= kHeaderBytes,
+                    name, " is not a native packed weight (expected the uint8 tensor native_linear_prepack or "
+                    "native_conv2d_prepack returns)");
+  const uint8_t* p = packed.const_data_ptr<uint8_t>();
+  PackedView v;
+  int64_t kh = 0, kw = 0;
+  std::memcpy(&v.N, p + 8, 8);
+  std::memcpy(&v.K, p + 16, 8);
+  std::memcpy(&kh, p + 24, 8);
+  std::memcpy(&kw, p + 32, 8);
+  TORCH_CHECK_VALUE(std::memcmp(p, kMagic, 8) == 0 && v.N > 0 && v.K > 0 && v.K <= 65536 &&
+                        v.N < (int64_t(1) << 24) && kh >= 0 && kw >= 0 && kh <= 64 && kw <= 64 && (kh == 0) == (kw == 0),
+                    name, " is not a native packed weight (its header does not match)");
+  v.KH = kh ? kh : 1;
+  v.KW = kw ? kw : 1;
+  v.colsum = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
+  v.panels = reinterpret_cast<const int8_t*>(p + kHeaderBytes + 4 * kernels::gemm_np(v.N));
+  return v;
+}
+
+}  // namespace
+
+at::Tensor pack(const at::Tensor& w2d) {
+  check_gemm_size(w2d.size(0), w2d.size(1), "in_features");
+  at::Tensor out = at::empty({packed_bytes(w2d.size(0), w2d.size(1))}, at::kByte);
+  pack_into(out.data_ptr<uint8_t>(), w2d, 0, 0);
+  return out;
+}
+
+at::Tensor pack_conv(const at::Tensor& weight) {
+  const int64_t OC = weight.size(0), C = weight.size(1), KH = weight.size(2), KW = weight.size(3);
+  TORCH_CHECK_VALUE(KH <= 64 && KW <= 64, "the native provider takes kernels up to 64 x 64, got ", KH, "x", KW);
+  check_gemm_size(OC, KH * KW * C, "in_channels x kH x kW");
+  const at::Tensor w2d = weight.permute({0, 2, 3, 1}).reshape({OC, KH * KW * C}).contiguous();
+  const int64_t taps = KH * KW, bytes = packed_bytes(OC, KH * KW * C);
+  at::Tensor out = at::zeros({KH, KW, (bytes + taps - 1) / taps}, at::kByte);
+  pack_into(out.data_ptr<uint8_t>(), w2d, KH, KW);
   return out;
 }
 
 PackedView unpack(const at::Tensor& packed, const char* name) {
-  TORCH_CHECK_VALUE(packed.defined() && packed.device().is_cpu() && packed.layout() == at::kStrided &&
-                        packed.scalar_type() == at::kByte && packed.dim() == 1 && packed.is_contiguous() &&
-                        packed.numel() >= kHeaderBytes,
-                    name, " is not a native packed weight (expected the 1-D uint8 tensor native_linear_prepack or "
-                    "native_conv2d_prepack returns)");
-  const uint8_t* p = packed.const_data_ptr<uint8_t>();
-  PackedView v;
-  std::memcpy(&v.N, p + 8, 8);
-  std::memcpy(&v.K, p + 16, 8);
-  TORCH_CHECK_VALUE(std::memcmp(p, kMagic, 8) == 0 && v.N > 0 && v.K > 0 && v.K <= 65536 &&
-                        v.N < (int64_t(1) << 24) && packed.numel() == packed_bytes(v.N, v.K),
-                    name, " is not a native packed weight (its header or size does not match)");
-  v.colsum = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
-  v.panels = reinterpret_cast<const int8_t*>(p + kHeaderBytes + 4 * kernels::gemm_np(v.N));
+  TORCH_CHECK_VALUE(packed.defined() && packed.dim() == 1, name, " is not a native packed weight for a Linear "
+                    "(expected the 1-D uint8 tensor native_linear_prepack returns)");
+  const PackedView v = read_header(packed, name);
+  TORCH_CHECK_VALUE(packed.numel() == packed_bytes(v.N, v.K) && v.KH == 1 && v.KW == 1,
+                    name, " is not a native packed weight for a Linear (its header or size does not match)");
+  return v;
+}
+
+PackedView unpack_conv(const at::Tensor& packed, const char* name) {
+  TORCH_CHECK_VALUE(packed.defined() && (packed.dim() == 1 || packed.dim() == 3), name, " is not a native packed "
+                    "weight for a conv (expected the [kH, kW, L] uint8 tensor native_conv2d_prepack returns)");
+  const PackedView v = read_header(packed, name);
+  const int64_t taps = v.KH * v.KW, bytes = packed_bytes(v.N, v.K);
+  const bool ok = packed.dim() == 1 ? packed.numel() == bytes && taps == 1  // a 1x1 weight of earlier versions
+                                    : packed.size(0) == v.KH && packed.size(1) == v.KW &&
+                                          packed.size(2) == (bytes + taps - 1) / taps && v.K % taps == 0;
+  TORCH_CHECK_VALUE(ok, name, " is not a native packed weight for a conv (its header, shape or size does not match)");
   return v;
 }
 

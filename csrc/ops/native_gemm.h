@@ -1,12 +1,16 @@
 // The native provider's shared plumbing (csrc/ops/native_linear.cpp, native_conv.cpp): its packed
 // weight as a plain uint8 tensor, the kernel choice for this CPU, and the split over threads.
 //
-// Packed weight tensor (uint8, 1-D), made by native_linear_prepack / native_conv2d_prepack:
-//   [0, 64)                   header: "QBNGEMM1", int64 N, int64 K, zeros
+// Packed weight tensor (uint8), made by native_linear_prepack (1-D) / native_conv2d_prepack (3-D):
+//   [0, 64)                   header: "QBNGEMM1", int64 N, int64 K, int64 KH, int64 KW, zeros
+//                             (KH = KW = 0 for a Linear weight)
 //   [64, 64 + 4 Np)           colsum, int32 [Np]
 //   [64 + 4 Np, ... + Np Kp)  panels (csrc/kernels/gemm_kernels.h)
-// A plain tensor, not an opaque handle: it survives clone / deepcopy / torch.save, and every op
-// checks its header and size against N and K before reading it.
+// A conv weight [OC, C, KH, KW] is the GEMM weight [OC, KH * KW * C] (k = (kh * KW + kw) * C + c,
+// the order of the gathered taps), and its tensor is shaped [KH, KW, L] over the same bytes (padded
+// to a multiple of KH * KW), so that the fake impls know the kernel size. Earlier 1x1 conv weights
+// were 1-D and still load. A plain tensor, not an opaque handle: it survives clone / deepcopy /
+// torch.save, and every op checks its header and size before reading it.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -19,16 +23,21 @@ namespace qbackend::native {
 
 struct PackedView {
   int64_t N = 0, K = 0;
+  int64_t KH = 1, KW = 1;  // a conv weight's kernel size (1 x 1 for Linear weights)
   const int32_t* colsum = nullptr;
   const int8_t* panels = nullptr;
 };
 
 constexpr int64_t kHeaderBytes = 64;
 int64_t packed_bytes(int64_t N, int64_t K);
-// Packs w [N, K] (int8, contiguous) into a new packed tensor.
+// Packs w [N, K] (int8, contiguous) into a new 1-D packed tensor.
 at::Tensor pack(const at::Tensor& w2d);
+// Packs a conv weight [OC, C, KH, KW] (int8, groups 1) into a new [KH, KW, L] packed tensor.
+at::Tensor pack_conv(const at::Tensor& weight);
 // Validates `packed` (dtype, contiguity, header, size) and returns its view; `name` is the argument.
 PackedView unpack(const at::Tensor& packed, const char* name);
+// The same for a conv weight (3-D, or the 1-D 1x1 weights of earlier versions).
+PackedView unpack_conv(const at::Tensor& packed, const char* name);
 // Whether this CPU (and QBACKEND_ISA cap) has a native kernel: AVX512-VNNI, or AVX-VNNI.
 bool available();
 // The kernels for this CPU (and QBACKEND_ISA cap): AMX where the CPU and OS have AMX-INT8 and the

@@ -113,6 +113,14 @@ RULES: tuple[Rule, ...] = (
     Rule("conv2d", ("amx",), "native", "1x1 convs as one GEMM over the channels-last pixels on the native AMX "
          "kernel, residual fused (the reasons of the AMX Linear row). INFERRED, not measured on an AMX machine; "
          "`dispatch=\"tune\"` measures", when=_is_1x1, condition="1x1, groups 1, unpadded"),
+    Rule("conv2d", ("avx512_vnni",), "native", "KxK convs with groups 1 as one GEMM per block of gathered taps "
+         "(each output pixel's KH x KW x C bytes, the zero point in the padding), residual and relu fused: against "
+         "the best of oneDNN and FBGEMM on every 3x3 conv of ResNet-18/50 1.04-1.16x at batch 1 (1.08-1.29x with a "
+         "residual), 1.00-1.03x at batch 32 up to 2M output values, 0.91-0.99x beyond (the gather's share grows "
+         "with the pixels per output channel); on 3-channel inputs (stems) 0.44-0.84x "
+         "(benchmarks/results/kxk_conv.md)",
+         when=lambda s: s["groups"] == 1 and s["c_in"] >= 16 and _out_pixels(s) * s["c_out"] <= 2_000_000,
+         condition="groups 1, c_in >= 16, n*oh*ow*c_out <= 2M"),
     Rule("conv2d", ("avx512_vnni",), "fbgemm", "without the native provider, FBGEMM wins stride-2 1x1 convs from "
          "1024 input channels: ResNet-50's layer4 downsample 1.13x oneDNN at batch 1, level at batch 32 "
          "(benchmarks/results/pointwise_conv.md)",

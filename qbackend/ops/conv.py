@@ -1,6 +1,6 @@
 """Conv2d ops: fake (meta) impls of torch.ops.qbackend.{fbgemm,onednn,native}_conv2d[_prepack].
 
-The C++ kernels (csrc/ops/fbgemm_conv.cpp, onednn_conv.cpp, native_conv.cpp: 1x1 only) register the ops when the
+The C++ kernels (csrc/ops/fbgemm_conv.cpp, onednn_conv.cpp, native_conv.cpp: groups 1 only) register the ops when the
 extension loads; the fake impls give torch.compile / torch.export their output shapes (NCHW
 logical shape, channels-last memory, like the kernels). Semantics: qbackend.ops.reference.conv2d.
 Users call them through PackedConv2dWeight.
@@ -63,17 +63,21 @@ def _onednn_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stri
 
 @torch.library.register_fake("qbackend::native_conv2d_prepack")
 def _native_conv2d_prepack_fake(weight, stride, padding, dilation, groups):
-    oc, ic = weight.shape[:2]
-    return weight.new_empty((_C.native_packed_size(oc, ic),), dtype=torch.uint8)
+    # [kH, kW, L]: the bytes of the GEMM weight [OC, kH * kW * IC], padded to a multiple of kH * kW.
+    oc, ic, kh, kw = weight.shape
+    taps = kh * kw
+    return weight.new_empty((kh, kw, -(-_C.native_packed_size(oc, ic * taps) // taps)), dtype=torch.uint8)
 
 
 @torch.library.register_fake("qbackend::native_conv2d")
 def _native_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation,
                         groups, output_scale, output_zero_point, output_dtype, post_op, accum=None,
                         accum_scale=1.0, accum_zero_point=0):
-    # The native packed weight is flat bytes: the output channels come from w_scales (one each).
+    # The native packed weight is bytes shaped [kH, kW, L] (1-D: a 1x1 weight of earlier versions): the
+    # output channels come from w_scales (one each).
     check_same_device(x, w_packed=w_packed, w_scales=w_scales, bias=bias, accum=accum)
-    return _conv_out(x, w_scales.shape[0], (1, 1), stride, padding, dilation, output_dtype)
+    kernel = (w_packed.shape[0], w_packed.shape[1]) if w_packed.dim() == 3 else (1, 1)
+    return _conv_out(x, w_scales.shape[0], kernel, stride, padding, dilation, output_dtype)
 
 
 def _conv2d_add_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,

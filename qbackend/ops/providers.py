@@ -2,7 +2,8 @@
 Linear and Conv2d, with one signature for all of them.
 
   native     qbackend's own int8 GEMM (csrc/kernels/gemm_*, torch.ops.qbackend.native_*): Linear and
-             1x1 convs, on CPUs with AVX512-VNNI (AMX where present) or AVX-VNNI
+             convs with groups 1 (a KxK conv as a GEMM over gathered taps), on CPUs with AVX512-VNNI
+             (AMX where present) or AVX-VNNI
   fbgemm     FBGEMM's C++ API through csrc (torch.ops.qbackend.fbgemm_*)
   onednn     oneDNN through torch's plain-tensor onednn ops (torch.ops.qbackend.onednn_*)
   reference  plain PyTorch fp64 math (qbackend.ops.reference): slow, exact, always available
@@ -62,10 +63,11 @@ def _native_refuses(op: str, shape) -> str | None:
     if op == "linear":
         return None if shape.get("k", 0) <= 65536 else "in_features > 65536 (int32 accumulation)"
     if op == "conv2d":
-        if tuple(shape["kernel"]) != (1, 1) or shape["groups"] != 1:
-            return "it runs 1x1 convolutions with groups 1 only"
-        if tuple(shape.get("padding", (None,))) not in ((0, 0), (0,)):
-            return "it runs unpadded 1x1 convolutions only (padding unknown or non-zero)"
+        if shape["groups"] != 1:
+            return "it runs convolutions with groups 1 only"
+        kh, kw = shape["kernel"]
+        if shape["c_in"] * kh * kw > 65536:
+            return "in_channels x kH x kW > 65536 (int32 accumulation)"
         return None
     return f"it has no {op}"
 

@@ -5,7 +5,7 @@ from qbackend.dispatch import rules
 from qbackend.ops import EMBEDDING_PROVIDERS, PROVIDERS
 
 LINEAR = {"m": 1, "k": 768, "n": 768}
-# The rows behind the native provider: where it cannot run (no AVX512-VNNI, a 3x3 conv), these apply.
+# The rows behind the native provider: where it cannot run (no VNNI, a grouped conv), these apply.
 NO_NATIVE = lambda p: p != "native"  # noqa: E731
 CONV = {"n": 1, "c_in": 64, "c_out": 64, "h": 56, "w": 56, "kernel": (3, 3), "stride": 1, "groups": 1}
 
@@ -54,7 +54,11 @@ def test_native_rows():
     assert rules.choose("conv2d", "avx2_vnni", pointwise).provider == "native"
     assert rules.choose("conv2d", vnni, pointwise).provider == "native"  # 200k output values
     assert rules.choose("conv2d", vnni, dict(pointwise, n=32)).provider == "native"  # 6.4M: every size
-    assert rules.choose("conv2d", vnni, CONV).provider == "onednn"  # 3x3
+    assert rules.choose("conv2d", vnni, CONV).provider == "native"  # 3x3 at batch 1: 200k output values
+    assert rules.choose("conv2d", vnni, dict(CONV, n=32)).provider == "onednn"  # 6.4M
+    assert rules.choose("conv2d", vnni, dict(CONV, groups=64)).provider == "onednn"  # depthwise
+    stem = dict(CONV, c_in=3, h=224, w=224, kernel=(7, 7), stride=2)
+    assert rules.choose("conv2d", vnni, stem).provider != "native"  # 3 channels: oneDNN's direct conv
     # ResNet-50's stride-2 downsamples: native since it gathers the strided pixels into one GEMM
     # (1.06x the best of FBGEMM and oneDNN from 1024 channels at batch 1); FBGEMM without native.
     down = dict(pointwise, c_in=1024, c_out=2048, h=14, w=14, stride=(2, 2))
@@ -70,17 +74,19 @@ def test_router_skips_the_native_provider_where_it_cannot_run():
 
     refuses = PROVIDERS["native"].refuses
     pointwise = dict(CONV, kernel=(1, 1), padding=(0, 0))
-    assert refuses("conv2d", dict(pointwise, padding=(1, 1))) is not None
-    assert refuses("conv2d", {k: v for k, v in pointwise.items() if k != "padding"}) is not None  # unknown
+    assert refuses("conv2d", dict(pointwise, padding=(1, 1))) is None
+    assert refuses("conv2d", CONV) is None
     assert refuses("conv2d", dict(pointwise, groups=2)) is not None
-    assert refuses("conv2d", CONV) is not None
+    assert refuses("conv2d", dict(CONV, c_in=8192)) is not None  # 8192 x 9 > 65536: int32 sums
     assert refuses("linear", dict(LINEAR, k=70000)) is not None
-    r = route("conv2d", CONV, force="native")
+    depthwise = dict(CONV, groups=64)
+    r = route("conv2d", depthwise, force="native")
     assert r.provider != "native" and "native (forced) cannot run it" in r.why and not r.forced
     if cpu_features().isa_class == "avx512_vnni":
         assert route("linear", LINEAR).provider == "native"
         assert route("conv2d", pointwise).provider == "native"
-        assert route("conv2d", dict(pointwise, padding=(1, 1))).provider != "native"
+        assert route("conv2d", CONV).provider == "native"
+        assert route("conv2d", depthwise).provider != "native"
         assert route("linear", dict(LINEAR, k=70000)).provider == "fbgemm"
 
 

@@ -106,6 +106,7 @@ KERNELS = [(1, 1), (3, 3), (5, 5), (1, 3), (3, 1)]
 
 
 ALL_KINDS = ("dense", "pointwise", "stem", "grouped", "depthwise", "depthwise_x2")
+GROUPS_1_KINDS = ("dense", "pointwise", "stem")
 
 
 @st.composite
@@ -142,8 +143,8 @@ def conv_cases(draw, provider):
     exact = exact_8bit(provider)
     x_dtypes = [torch.uint8, torch.int8] if exact else [torch.uint8]
     c = {
-        # The native provider runs unpadded 1x1 convs only (any stride).
-        "geometry": draw(conv_geometry(("pointwise",) if provider == "native" else ALL_KINDS)),
+        # The native provider runs convs with groups 1 only (any kernel, stride, padding, dilation).
+        "geometry": draw(conv_geometry(GROUPS_1_KINDS if provider == "native" else ALL_KINDS)),
         "x_dtype": draw(st.sampled_from(x_dtypes)),
         "x_mode": draw(st.sampled_from(["full", "ends", "near_zp", "seven_bit"])),
         "channels_last": draw(st.booleans()),
@@ -231,15 +232,22 @@ FIXED = [
 ]
 
 
+def cases_for(provider):
+    """The fixed cases a provider runs (native: groups 1)."""
+    return [c for c in FIXED if provider != "native" or c[7] == 1]
+
+
 def fixed_conv(case, provider, g, bias=True):
     name, ic, oc, kernel, stride, padding, dilation, groups, n, h, w = case
+    if provider == "native" and groups != 1:
+        pytest.skip("the native provider runs convs with groups 1 only (test_native.py checks it refuses others)")
     wt = weights((oc, ic // groups, *kernel), "full", g)
     b = torch.randn(oc, generator=g) if bias else None
     return PackedConv2dWeight(wt, log_uniform(g, oc, -3, -2), b, stride, padding, dilation, groups, provider), \
         (n, ic, h, w), out_hw(h, w, kernel, stride, padding, dilation)
 
 
-@pytest.mark.parametrize("provider", FAST)
+@pytest.mark.parametrize("provider", FAST + NATIVE)
 @pytest.mark.parametrize("case", FIXED, ids=[c[0] for c in FIXED])
 def test_conv2d_every_combination(provider, case):
     """Every activation dtype x output dtype x post-op x residual (none, same dtype as the output:
@@ -275,11 +283,11 @@ def test_conv2d_every_combination(provider, case):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures)
 
 
-@pytest.mark.parametrize("provider", FAST)
+@pytest.mark.parametrize("provider", FAST + NATIVE)
 def test_conv2d_nchw_and_channels_last_agree(provider):
     """The same values in NCHW-contiguous and channels-last memory give identical outputs."""
     g = torch.Generator().manual_seed(8)
-    for case in FIXED:
+    for case in cases_for(provider):
         pw, xshape, _ = fixed_conv(case, provider, g)
         x = activations(xshape, torch.uint8, 0, "full", not exact_8bit(provider), g)
         for out_dtype in (torch.uint8, torch.float32):
@@ -319,7 +327,7 @@ def test_fbgemm_depthwise_8bit_activations(case):
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures)
 
 
-@pytest.mark.parametrize("provider", FAST)
+@pytest.mark.parametrize("provider", FAST + NATIVE)
 def test_conv2d_padding_holds_zero_point_above_127(provider):
     """Padding holds x_zp (the real zero) in the quantized domain. With 7-bit activations and a
     zero point above 127 the padded value is the only 8-bit value the kernel multiplies (likewise
@@ -328,7 +336,7 @@ def test_conv2d_padding_holds_zero_point_above_127(provider):
     may be refused with ValueError instead. All failures are collected and reported together."""
     g = torch.Generator().manual_seed(16)
     failures = []
-    for case in [c for c in FIXED if max(c[5]) > 0]:
+    for case in [c for c in cases_for(provider) if max(c[5]) > 0]:
         pw, xshape, _ = fixed_conv(case, provider, g)
         x = activations(xshape, torch.uint8, 0, "seven_bit", True, g).contiguous(memory_format=torch.channels_last)
         inputs = [(x, x_zp) for x_zp in (128, 200, 255)]
@@ -366,7 +374,7 @@ def test_onednn_weight_packed_with_nominal_activation_qparams():
                            acc, 0.04, 100, f"(nominal packing, x_scale={x_scale}, x_zp={x_zp})")
 
 
-@pytest.mark.parametrize("provider", FAST)
+@pytest.mark.parametrize("provider", FAST + NATIVE)
 def test_conv2d_large_multithreaded(provider):
     """Large enough for FBGEMM's multi-task split (>= 2**22 MACs); many elements for the
     off-by-one fraction."""
@@ -383,7 +391,7 @@ def test_conv2d_large_multithreaded(provider):
                            0.1, 128)
 
 
-@pytest.mark.parametrize("provider", FAST)
+@pytest.mark.parametrize("provider", FAST + NATIVE)
 def test_conv2d_empty_batch(provider):
     g = torch.Generator().manual_seed(12)
     pw, (n, ic, h, w), (oh, ow) = fixed_conv(FIXED[0], provider, g)

@@ -129,15 +129,94 @@ def test_conv1x1_strided_and_in_place(stride, n, c, hw, oc):
     assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 0.01
 
 
+@pytest.mark.parametrize("x_dtype,zp", [(torch.uint8, 0), (torch.uint8, 255), (torch.int8, -128), (torch.int8, 100)])
+@pytest.mark.parametrize("geometry", [
+    # (n, c, h, w, oc, kernel, stride, padding, dilation)
+    (1, 64, 14, 14, 70, (3, 3), (1, 1), (1, 1), (1, 1)),    # gathered once, the GEMM split over threads
+    (4, 32, 28, 28, 40, (3, 3), (1, 1), (1, 1), (1, 1)),    # per-thread ranges of gathered blocks
+    (2, 16, 17, 15, 24, (3, 3), (2, 2), (1, 1), (1, 1)),
+    (1, 3, 40, 36, 16, (7, 7), (2, 2), (3, 3), (1, 1)),     # a stem: 3 channels, 147-byte rows
+    (1, 8, 12, 13, 9, (3, 3), (1, 1), (2, 2), (2, 2)),      # dilated: the taps are not adjacent
+    (2, 5, 9, 8, 7, (1, 5), (1, 2), (0, 2), (1, 1)),
+    (1, 20, 6, 6, 33, (1, 1), (1, 1), (1, 1), (1, 1)),      # a padded 1x1: an all-padding border
+])
+def test_kxk_conv_sums_exactly(geometry, x_dtype, zp):
+    """Convs with groups 1 beyond unpadded 1x1 gather each output pixel's taps (the zero point's
+    byte in the padding) into rows: with unit scales and fp32 output the result is the exact
+    integer conv of (x - zp) and w (int64 reference), for zero points at both ends of the range."""
+    n, c, h, w, oc, kernel, stride, padding, dilation = geometry
+    g = torch.Generator().manual_seed(c * oc + h)
+    wt = torch.randint(-128, 128, (oc, c, *kernel), dtype=torch.int8, generator=g)
+    lo, hi = (0, 256) if x_dtype == torch.uint8 else (-128, 128)
+    x = torch.randint(lo, hi, (n, c, h, w), dtype=x_dtype, generator=g).contiguous(memory_format=torch.channels_last)
+    pw = PackedConv2dWeight(wt, torch.ones(oc), None, stride, padding, dilation, 1, "native")
+    assert tuple(pw.packed.shape[:2]) == kernel  # the packed bytes carry the kernel size for the fake impl
+    exact = torch.nn.functional.conv2d((x.to(torch.int64) - zp).double(), wt.double(), None, stride, padding,
+                                       dilation).to(torch.int64)  # exact: |sums| < 2**53
+    with all_threads():
+        y = pw.conv2d(x, 1.0, zp, 1.0, 0, torch.float32, "none")
+    assert torch.equal(y.to(torch.int64), exact)
+
+
+def test_kxk_conv_residual_in_place():
+    """A 3x3 conv with its residual fused (ResNet-18's second conv of a block), into accum in place."""
+    g = torch.Generator().manual_seed(5)
+    wt = torch.randint(-128, 128, (64, 64, 3, 3), dtype=torch.int8, generator=g)
+    ws, b = torch.rand(64, generator=g) * 0.01 + 1e-3, torch.randn(64, generator=g)
+    pw = PackedConv2dWeight(wt, ws, b, (1, 1), (1, 1), (1, 1), 1, "native")
+    x = torch.randint(0, 256, (2, 64, 14, 14), dtype=torch.uint8, generator=g).contiguous(
+        memory_format=torch.channels_last)
+    acc = torch.randint(0, 256, (2, 64, 14, 14), dtype=torch.uint8, generator=g).contiguous(
+        memory_format=torch.channels_last)
+    y64 = R.conv2d_fp64(x, 0.02, 120, wt, ws, b, (1, 1), (1, 1), (1, 1), 1, acc, 0.05, 128, "relu")
+    out_scale = float(y64.abs().max()) / 200
+    ref = R.quantize(y64, out_scale, 0, torch.uint8)
+    with all_threads():
+        y = pw.conv2d(x, 0.02, 120, out_scale, 0, torch.uint8, "relu", acc, 0.05, 128)
+        donated = acc.clone()
+        pw.conv2d_add_(x, 0.02, 120, out_scale, 0, torch.uint8, "relu", donated, 0.05, 128)
+    assert torch.equal(donated, y)
+    diff = (y.int() - ref.int()).abs()
+    assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 0.01
+
+
+def test_conv_packed_weights_are_checked():
+    """The [kH, kW, L] packed conv weight must match its header; a 1-D 1x1 weight (earlier versions'
+    format) still runs; a conv weight is not a Linear weight. (A Linear weight given to a conv reads
+    as such a 1x1 weight: its in_features are then checked against x's channels.)"""
+    g = torch.Generator().manual_seed(6)
+    wt = torch.randint(-128, 128, (8, 4, 3, 3), dtype=torch.int8, generator=g)
+    p = ops.native_conv2d_prepack(wt, [1, 1], [1, 1], [1, 1], 1)
+    x = torch.randint(0, 256, (1, 4, 5, 5), dtype=torch.uint8, generator=g)
+    args = ([1, 1], [1, 1], [1, 1], 1, 1.0, 0, torch.float32, "none")
+    y = ops.native_conv2d(x, 0.1, 3, p, torch.ones(8), None, *args)
+    for bad in (p.reshape(-1), p.reshape(3, 3, -1)[:, :, :-1].contiguous(), p.reshape(1, 9, -1),
+                p.view(3, 3, -1).transpose(0, 1)):
+        with pytest.raises(ValueError, match="not a native packed"):
+            ops.native_conv2d(x, 0.1, 3, bad, torch.ones(8), None, *args)
+    with pytest.raises(ValueError, match="x has 4 channels but the weight expects 36"):
+        ops.native_conv2d(x, 0.1, 3, ops.native_linear_prepack(wt.reshape(8, 36)), torch.ones(8), None, *args)
+    with pytest.raises(ValueError, match="not a native packed"):
+        ops.native_linear(x.reshape(1, -1)[:, :36], 0.1, 0, p, torch.ones(8), None, 1.0, 0, torch.float32, "none")
+    assert torch.equal(ops.native_conv2d(x, 0.1, 3, p.clone(), torch.ones(8), None, *args), y)
+    # A 1x1 weight packed the earlier way (1-D, kernel size 0 in the header) is still a conv weight.
+    w1 = wt[:, :, :1, :1].contiguous()
+    old = ops.native_linear_prepack(w1.reshape(8, 4))
+    new = ops.native_conv2d_prepack(w1, [1, 1], [0, 0], [1, 1], 1)
+    a1 = ([1, 1], [0, 0], [1, 1], 1, 1.0, 0, torch.float32, "none")
+    assert torch.equal(ops.native_conv2d(x, 0.1, 3, old, torch.ones(8), None, *a1),
+                       ops.native_conv2d(x, 0.1, 3, new, torch.ones(8), None, *a1))
+
+
 def test_conv_geometries_it_does_not_run_are_refused():
-    w = torch.zeros(8, 4, 3, 3, dtype=torch.int8)
-    with pytest.raises(ValueError, match="1x1 convolutions with groups 1 and no padding"):
-        PackedConv2dWeight(w, torch.ones(8), None, provider="native")
-    with pytest.raises(ValueError, match="no padding"):
-        PackedConv2dWeight(w[:, :, :1, :1], torch.ones(8), None, padding=(1, 1), provider="native")
     with pytest.raises(ValueError, match="groups 1"):
         PackedConv2dWeight(torch.zeros(8, 2, 1, 1, dtype=torch.int8), torch.ones(8), None, groups=2,
                            provider="native")
+    with pytest.raises(ValueError, match="groups 1"):
+        PackedConv2dWeight(torch.zeros(8, 1, 3, 3, dtype=torch.int8), torch.ones(8), None, groups=8,
+                           provider="native")
+    with pytest.raises(ValueError, match="65536"):
+        ops.native_conv2d_prepack(torch.zeros(8, 8192, 3, 3, dtype=torch.int8), [1, 1], [1, 1], [1, 1], 1)
 
 
 def test_packed_weight_is_checked():

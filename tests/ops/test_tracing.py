@@ -75,14 +75,10 @@ CONV_GEOM = dict(stride=(2, 1), padding=1, dilation=1, groups=1)
 ACCUM = _cl(_u8((2, 8, 4, 7), 6))  # the conv output's shape for x [2, 4, 7, 7]
 
 
-# The native provider runs 1x1 convs only: its conv is the centre tap of CONV_W, unpadded (the same
-# output shape as CONV_GEOM's 3x3 conv with padding 1).
-CONV_W_1X1 = CONV_W[:, :, 1:2, 1:2].contiguous()
-CONV_GEOM_1X1 = dict(CONV_GEOM, padding=0)
-
-
 def conv_weight_geometry(provider: str):
-    return (CONV_W_1X1, CONV_GEOM_1X1) if provider == "native" else (CONV_W, CONV_GEOM)
+    # Every provider runs the padded, strided 3x3 conv (the native one's packed weight is shaped
+    # [3, 3, L]: the fake impl reads the kernel size from it).
+    return CONV_W, CONV_GEOM
 
 
 @functools.cache
@@ -159,10 +155,10 @@ def opcheck_args(op_name: str):
     provider = op_name.split("_")[0]
     lw, cw = packed(provider)
     x, xc = _u8((3, 40), 30), _cl(_u8((2, 4, 7, 7), 31))
-    geom = ([2, 1], [0, 0] if provider == "native" else [1, 1], [1, 1], 1)
+    geom = ([2, 1], [1, 1], [1, 1], 1)
     args = {
         "native_linear_prepack": (LIN_W,),
-        "native_conv2d_prepack": (CONV_W_1X1, *geom),
+        "native_conv2d_prepack": (CONV_W, *geom),
         "native_linear": (x, X_SCALE, X_ZP, lw.packed, LIN_S, LIN_B, 0.08, 3, torch.uint8, "relu"),
         "native_linear_dynamic": (torch.randn(3, 40, generator=_gen(32)), lw.packed, LIN_S, LIN_B, True, "none"),
         "native_conv2d": (xc, X_SCALE, X_ZP, cw.packed, CONV_S, CONV_B, *geom, 0.1, 5, torch.uint8, "relu", ACCUM,
@@ -234,7 +230,7 @@ def fake_cases(provider):
     conv = getattr(OPS, f"{provider}_conv2d").default
     x3 = _u8((2, 3, 40), 40)
     xc = _cl(_u8((2, 4, 7, 7), 41))
-    geom = ([2, 1], [0, 0] if provider == "native" else [1, 1], [1, 1], 1)
+    geom = ([2, 1], [1, 1], [1, 1], 1)
     return {
         "linear_u8": (lin, (x3, X_SCALE, X_ZP, lw.packed, LIN_S, LIN_B, 0.08, 3, torch.uint8, "relu")),
         "linear_s8_out": (lin, (x3[0], X_SCALE, X_ZP, lw.packed, LIN_S, None, 0.08, -3, torch.int8, "none")),
