@@ -41,7 +41,7 @@ PROVIDERS = ("native", "onednn", "fbgemm")
 
 
 def run_table(title: str, layers, argv=None) -> int:
-    """Times `layers` ((model, c_in, c_out, input h = w, kernel, stride, padding) each) on every
+    """Times `layers` ((model, c_in, c_out, input h = w, kernel, stride, padding[, groups]) each) on every
     provider, interleaved, at batch 1 and 32, with and without an int8 residual; prints the markdown
     table (and writes it to --out)."""
     ap = argparse.ArgumentParser(description=title)
@@ -65,15 +65,16 @@ def run_table(title: str, layers, argv=None) -> int:
     cl = torch.channels_last
     layers = layers[:3] if args.quick else layers
     for batch in (1,) if args.quick else (1, 32):
-        for model, ci, co, hw, k, s, pad in layers:
-            w = torch.randint(-127, 128, (co, ci, k, k), dtype=torch.int8)
+        for model, ci, co, hw, k, s, pad, *grp in layers:
+            groups = grp[0] if grp else 1
+            w = torch.randint(-127, 128, (co, ci // groups, k, k), dtype=torch.int8)
             ws, b = torch.rand(co) * 0.01 + 1e-3, torch.randn(co)
             x = torch.randint(0, 256, (batch, ci, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
             oh = (hw + 2 * pad - k) // s + 1
             acc = torch.randint(0, 256, (batch, co, oh, oh), dtype=torch.uint8).contiguous(memory_format=cl)
             cands = {}
             for p in PROVIDERS:
-                pw = PackedConv2dWeight(w, ws, b, (s, s), (pad, pad), (1, 1), 1, p, x_shape=list(x.shape),
+                pw = PackedConv2dWeight(w, ws, b, (s, s), (pad, pad), (1, 1), groups, p, x_shape=list(x.shape),
                                         x_qparams=(0.02, 128))
                 cands[p] = lambda pw=pw: pw.conv2d(x, 0.02, 128, 0.1, 128, torch.uint8, "relu")
                 cands[p + "+res"] = lambda pw=pw: pw.conv2d(x, 0.02, 128, 0.1, 128, torch.uint8, "relu", acc, 0.05, 128)
@@ -82,7 +83,8 @@ def run_table(title: str, layers, argv=None) -> int:
             m = {k: v.min_us for k, v in t.items()}
             r = min(m["onednn"], m["fbgemm"]) / m["native"]
             rr = min(m["onednn+res"], m["fbgemm+res"]) / m["native+res"]
-            name = f"{model} {ci}->{co} @{hw}" + (f" {k}x{k}" if k != 1 else "") + f" s{s}"
+            name = (f"{model} {ci}->{co} @{hw}" + (f" {k}x{k}" if k != 1 else "") + f" s{s}"
+                    + (" dw" if groups == ci and groups > 1 else ""))
             lines.append(f"| {name} | {batch} | {m['native']:.1f} | {m['onednn']:.1f} | "
                          f"{m['fbgemm']:.1f} | {r:.2f} | {m['native+res']:.1f} | {m['onednn+res']:.1f} | "
                          f"{m['fbgemm+res']:.1f} | {rr:.2f} |")

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/avx512_common.h"
@@ -139,12 +140,18 @@ inline __m512 residual(const GemmArgs& g, int64_t m, int64_t n0, __mmask16 mask)
   return _mm512_cvtepi32_ps(_mm512_sub_epi32(ri, _mm512_set1_epi32(g.r_zp)));
 }
 
-// The epilogue of an MR x (NV * 16) block of int32 sums (sums[r * NV + v]) of rows m0.. and
-// columns n_base..: per 16-column vector, the per-column terms are loaded once for the MR rows.
-// a_zp is the zero point the sums are taken against (the uint8 view's, or 128 less for sums of
-// signed activations).
-template <int MR, int NV>
-__attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m512i* sums, int64_t m0, int64_t n_base, int32_t a_zp) {
+// The sums as fp32: int32 GEMM sums less the zero-point correction; fp32 sums (the depthwise
+// kernel's, zero-point free already) as they are.
+inline __m512 sum_to_float(__m512i s, __m512i zp_colsum) { return _mm512_cvtepi32_ps(_mm512_sub_epi32(s, zp_colsum)); }
+inline __m512 sum_to_float(__m512 s, __m512i) { return s; }
+
+// The epilogue of an MR x (NV * 16) block of sums (sums[r * NV + v]: int32 __m512i, or exact
+// integer values in fp32 __m512) of rows m0.. and columns n_base..: per 16-column vector, the
+// per-column terms are loaded once for the MR rows. a_zp is the zero point int32 sums are taken
+// against (the uint8 view's, or 128 less for sums of signed activations); fp32 sums have none.
+template <int MR, int NV, class Sum = __m512i>
+__attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const Sum* sums, int64_t m0, int64_t n_base, int32_t a_zp) {
+  constexpr bool int_sums = std::is_same_v<Sum, __m512i>;
   const bool int_out = g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8;
   const bool direct_requant = int_out && g.post != GemmPost::gelu;
   // Bounds of round(y / out_scale) for the output range (and relu's y >= 0), relative to out_zp.
@@ -158,7 +165,8 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m
     const int64_t n0 = n_base + v * 16;
     const int64_t valid = std::min<int64_t>(16, g.N - n0);
     const __mmask16 mask = avx512::tail_mask(valid);
-    const __m512i zp_colsum = _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + n0), _mm512_set1_epi32(a_zp));
+    __m512i zp_colsum = _mm512_setzero_si512();
+    if constexpr (int_sums) zp_colsum = _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + n0), _mm512_set1_epi32(a_zp));
     const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, g.w_scales + n0), _mm512_set1_ps(g.x_scale));
     const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + n0) : _mm512_setzero_ps();
     if (direct_requant) {
@@ -172,8 +180,7 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m
       const __m512 r2 = _mm512_set1_ps(g.r_scale * g.out_inv_scale);
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
-        __m512 t = _mm512_fmadd_ps(
-            _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums + r * NV + v), zp_colsum)), s2, b2);
+        __m512 t = _mm512_fmadd_ps(sum_to_float(sums[r * NV + v], zp_colsum), s2, b2);
         if (g.r) t = _mm512_fmadd_ps(residual(g, m0 + r, n0, mask), r2, t);
         const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, q_lo), q_hi)), out_zp);
         uint8_t* dst = static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0;
@@ -185,7 +192,7 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const int64_t m = m0 + r;
-      __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums + r * NV + v), zp_colsum)), scale, bias);
+      __m512 y = _mm512_fmadd_ps(sum_to_float(sums[r * NV + v], zp_colsum), scale, bias);
       if (g.r) y = _mm512_fmadd_ps(residual(g, m, n0, mask), _mm512_set1_ps(g.r_scale), y);
       if (g.post == GemmPost::relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
       else if (g.post == GemmPost::gelu) y = gelu(y);

@@ -7,8 +7,9 @@
 //     tap falls in the padding, which adds nothing to the sums) are gathered into a row, in blocks
 //     of rows that stay in L2 (per thread, in a reused buffer: nothing allocated per call but the
 //     output), and each block is one GEMM against the weight [OC, KH * KW * C].
-// Grouped and depthwise convolutions are not this provider's: the router sends them elsewhere,
-// and these ops refuse them with a ValueError.
+//   * Depthwise (groups = in = out channels; the packed weight says so): native_depthwise.h.
+// Other grouped convolutions are not this provider's: the router sends them elsewhere, and these
+// ops refuse them with a ValueError.
 //
 // Ops (torch.ops.qbackend):
 //   native_conv2d_prepack(Tensor weight, int[] stride, int[] padding, int[] dilation, int groups) -> Tensor
@@ -26,6 +27,7 @@
 
 #include "ops/checks.h"
 #include "ops/conv_params.h"
+#include "ops/native_depthwise.h"
 #include "ops/native_gemm.h"
 #include "runtime/parallel.h"
 
@@ -34,16 +36,17 @@ namespace {
 
 using kernels::GemmArgs;
 
-void check_geometry(const Conv2dParams& p) {
-  TORCH_CHECK_VALUE(p.groups == 1, "the native provider runs convolutions with groups 1; got groups ", p.groups,
-                    ": use the onednn or fbgemm provider");
-}
-
 at::Tensor native_conv2d_prepack(const at::Tensor& weight, at::IntArrayRef stride, at::IntArrayRef padding,
                                  at::IntArrayRef dilation, int64_t groups) {
   check_conv_weight(weight, groups);
-  check_geometry(conv2d_params(stride, padding, dilation, groups));
-  return native::pack_conv(weight);
+  const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
+  if (groups == 1) return native::pack_conv(weight);
+  const std::string why = native::depthwise_refusal(weight, groups);
+  TORCH_CHECK_VALUE(why.empty(), "the native provider cannot run this convolution (weight ", weight.sizes(),
+                    ", groups ", groups, "): ", why, "; use the onednn or fbgemm provider");
+  TORCH_CHECK_VALUE((weight.size(2) - 1) * p.dilation[0] + 1 <= 256, "the native depthwise conv takes a dilated "
+                    "kernel height of at most 256 rows");
+  return native::pack_depthwise(weight);
 }
 
 // Bytes of gathered taps per block of rows: the block stays in L2 with the weight's panel.
@@ -147,7 +150,9 @@ void run_gathered(const GemmArgs& g0, const Taps& t, int64_t pixels) {
 // What the checks established, for the kernel call.
 struct Checked {
   std::vector<int64_t> shape;  // the output's [N, OC, OH, OW]
-  native::PackedView w;
+  native::PackedView w;        // a GEMM weight (groups 1), or
+  bool depthwise = false;
+  native::DepthwiseView dw;    // a depthwise one
   Conv2dParams p;
   checks::PostOp op;
 };
@@ -167,8 +172,8 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   const int64_t OH = y.size(2), OW = y.size(3);
 
-  GemmArgs g = native::gemm_args(w, x.scalar_type(), x_zero_point, x_scale, ws, b, c.op, output_dtype, output_scale,
-                                 output_zero_point);
+  GemmArgs g = native::gemm_args(c.depthwise ? native::PackedView{} : w, x.scalar_type(), x_zero_point, x_scale, ws,
+                                 b, c.op, output_dtype, output_scale, output_zero_point);
   g.r_int8 = has_accum && r.scalar_type() == at::kChar;
   g.r_zp = static_cast<int32_t>(accum_zero_point);
   g.r_scale = static_cast<float>(accum_scale);
@@ -176,6 +181,21 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
   const uint8_t* xp = static_cast<const uint8_t*>(xc.const_data_ptr());
   const uint8_t* rp = has_accum ? static_cast<const uint8_t*>(r.const_data_ptr()) : nullptr;
   uint8_t* yp = static_cast<uint8_t*>(y.data_ptr());
+  if (c.depthwise) {
+    kernels::DepthwiseArgs a;
+    a.x = xp;
+    a.x_int8 = x.scalar_type() == at::kChar;
+    a.x_zp = static_cast<int32_t>(x_zero_point);
+    a.N = N, a.C = C, a.H = H, a.W = W, a.OH = OH, a.OW = OW, a.KH = c.dw.KH, a.KW = c.dw.KW;
+    a.sh = p.stride[0], a.sw = p.stride[1], a.ph = p.padding[0], a.pw = p.padding[1];
+    a.dh = p.dilation[0], a.dw = p.dilation[1];
+    a.epi = g;
+    a.epi.r = rp;
+    a.epi.ldr = C;
+    a.epi.out = yp;
+    native::run_depthwise(a, c.dw);
+    return;
+  }
   if (w.KH != 1 || w.KW != 1 || p.padding[0] != 0 || p.padding[1] != 0) {
     g.r = rp;
     g.out = yp;
@@ -226,13 +246,30 @@ Checked check_all(const at::Tensor& x, double x_scale, int64_t x_zero_point, con
                   const std::optional<at::Tensor>& accum, double accum_scale, int64_t accum_zero_point) {
   checks::activation(x, x_scale, x_zero_point);
   const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
-  const native::PackedView w = native::unpack_conv(w_packed, "w_packed");
-  check_geometry(p);
-  const auto o = check_conv_input(x, w.K / (w.KH * w.KW), w.KH, w.KW, p);
-  checks::scales(w_scales, w.N, "w_scales");
-  checks::bias(bias, w.N);
+  Checked c;
+  c.p = p;
+  c.op = checks::post_op(post_op);
+  int64_t OC = 0;
+  std::array<int64_t, 2> o{};
+  if (native::is_depthwise(w_packed)) {
+    c.depthwise = true;
+    c.dw = native::unpack_depthwise(w_packed, "w_packed");
+    TORCH_CHECK_VALUE(p.groups == c.dw.C, "w_packed is a depthwise weight for ", c.dw.C, " channels, so groups must be ",
+                      c.dw.C, ", got ", p.groups);
+    TORCH_CHECK_VALUE((c.dw.KH - 1) * p.dilation[0] + 1 <= 256, "the native depthwise conv takes a dilated kernel "
+                      "height of at most 256 rows");
+    o = check_conv_input(x, c.dw.C, c.dw.KH, c.dw.KW, p);
+    OC = c.dw.C;
+  } else {
+    c.w = native::unpack_conv(w_packed, "w_packed");
+    TORCH_CHECK_VALUE(p.groups == 1, "w_packed is a weight for groups 1, got groups ", p.groups);
+    o = check_conv_input(x, c.w.K / (c.w.KH * c.w.KW), c.w.KH, c.w.KW, p);
+    OC = c.w.N;
+  }
+  checks::scales(w_scales, OC, "w_scales");
+  checks::bias(bias, OC);
   checks::output_qparams(output_scale, output_zero_point, output_dtype);
-  Checked c{{x.size(0), w.N, o[0], o[1]}, w, p, checks::post_op(post_op)};
+  c.shape = {x.size(0), OC, o[0], o[1]};
   check_accum(accum, accum_scale, accum_zero_point, c.shape);
   native::gemm_kernels();  // raises on a CPU without the kernels
   return c;

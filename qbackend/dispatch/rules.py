@@ -121,6 +121,13 @@ RULES: tuple[Rule, ...] = (
          "(benchmarks/results/kxk_conv.md)",
          when=lambda s: s["groups"] == 1 and s["c_in"] >= 16 and _out_pixels(s) * s["c_out"] <= 2_000_000,
          condition="groups 1, c_in >= 16, n*oh*ow*c_out <= 2M"),
+    Rule("conv2d", ("avx512_vnni",), "native", "small depthwise convs: the native kernel (fp32 sums of exact integer "
+         "products over input rows converted once) costs a few us per call where oneDNN's op costs 30-40: on "
+         "MobileNetV2's depthwise convs up to 160k input values (its 28x28 to 7x7 layers at batch 1) 1.10-1.36x the "
+         "best of oneDNN and FBGEMM, one at 0.91x (576 channels at 14x14); larger ones are oneDNN's (0.44-0.90x at "
+         "56x56 and beyond, and at batch 32) (benchmarks/results/depthwise_conv.md)",
+         when=lambda s: s["groups"] == s["c_in"] == s["c_out"] > 1 and s["n"] * s["h"] * s["w"] * s["c_in"] <= 160_000,
+         condition="depthwise (groups = c_in = c_out), n*h*w*c_in <= 160k"),
     Rule("conv2d", ("avx512_vnni",), "fbgemm", "without the native provider, FBGEMM wins stride-2 1x1 convs from "
          "1024 input channels: ResNet-50's layer4 downsample 1.13x oneDNN at batch 1, level at batch 32 "
          "(benchmarks/results/pointwise_conv.md)",

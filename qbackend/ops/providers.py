@@ -3,7 +3,7 @@ Linear and Conv2d, with one signature for all of them.
 
   native     qbackend's own int8 GEMM (csrc/kernels/gemm_*, torch.ops.qbackend.native_*): Linear and
              convs with groups 1 (a KxK conv as a GEMM over gathered taps), on CPUs with AVX512-VNNI
-             (AMX where present) or AVX-VNNI
+             (AMX where present) or AVX-VNNI; depthwise convs (one filter per channel) with AVX512-VNNI
   fbgemm     FBGEMM's C++ API through csrc (torch.ops.qbackend.fbgemm_*)
   onednn     oneDNN through torch's plain-tensor onednn ops (torch.ops.qbackend.onednn_*)
   reference  plain PyTorch fp64 math (qbackend.ops.reference): slow, exact, always available
@@ -63,9 +63,17 @@ def _native_refuses(op: str, shape) -> str | None:
     if op == "linear":
         return None if shape.get("k", 0) <= 65536 else "in_features > 65536 (int32 accumulation)"
     if op == "conv2d":
-        if shape["groups"] != 1:
-            return "it runs convolutions with groups 1 only"
         kh, kw = shape["kernel"]
+        if shape["groups"] != 1:
+            if not (shape["groups"] == shape["c_in"] == shape["c_out"]):
+                return "it runs convolutions with groups 1, or depthwise ones (groups = in = out channels)"
+            if _C.usable_level() < 3:
+                return "its depthwise conv needs AVX512-VNNI (this CPU or QBACKEND_ISA lacks it)"
+            dilation = shape.get("dilation", 1)
+            dh = dilation if isinstance(dilation, int) else dilation[0]
+            if kh * kw > 512 or kh > 64 or kw > 64 or (kh - 1) * dh + 1 > 256:
+                return "its depthwise kernels take up to 512 taps, 64 per side"
+            return None
         if shape["c_in"] * kh * kw > 65536:
             return "in_channels x kH x kW > 65536 (int32 accumulation)"
         return None

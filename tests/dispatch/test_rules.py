@@ -56,7 +56,10 @@ def test_native_rows():
     assert rules.choose("conv2d", vnni, dict(pointwise, n=32)).provider == "native"  # 6.4M: every size
     assert rules.choose("conv2d", vnni, CONV).provider == "native"  # 3x3 at batch 1: 200k output values
     assert rules.choose("conv2d", vnni, dict(CONV, n=32)).provider == "onednn"  # 6.4M
-    assert rules.choose("conv2d", vnni, dict(CONV, groups=64)).provider == "onednn"  # depthwise
+    assert rules.choose("conv2d", vnni, dict(CONV, groups=64)).provider == "onednn"  # depthwise at 56x56
+    small_dw = dict(CONV, c_in=384, c_out=384, groups=384, h=14, w=14)
+    assert rules.choose("conv2d", vnni, small_dw).provider == "native"  # 75k input values
+    assert rules.choose("conv2d", vnni, dict(small_dw, n=32)).provider == "onednn"
     stem = dict(CONV, c_in=3, h=224, w=224, kernel=(7, 7), stride=2)
     assert rules.choose("conv2d", vnni, stem).provider != "native"  # 3 channels: oneDNN's direct conv
     # ResNet-50's stride-2 downsamples: native since it gathers the strided pixels into one GEMM
@@ -79,7 +82,7 @@ def test_router_skips_the_native_provider_where_it_cannot_run():
     assert refuses("conv2d", dict(pointwise, groups=2)) is not None
     assert refuses("conv2d", dict(CONV, c_in=8192)) is not None  # 8192 x 9 > 65536: int32 sums
     assert refuses("linear", dict(LINEAR, k=70000)) is not None
-    depthwise = dict(CONV, groups=64)
+    depthwise = dict(CONV, groups=64, c_out=128)  # a channel multiplier: not native's
     r = route("conv2d", depthwise, force="native")
     assert r.provider != "native" and "native (forced) cannot run it" in r.why and not r.forced
     if cpu_features().isa_class == "avx512_vnni":

@@ -106,7 +106,7 @@ KERNELS = [(1, 1), (3, 3), (5, 5), (1, 3), (3, 1)]
 
 
 ALL_KINDS = ("dense", "pointwise", "stem", "grouped", "depthwise", "depthwise_x2")
-GROUPS_1_KINDS = ("dense", "pointwise", "stem")
+NATIVE_KINDS = ("dense", "pointwise", "stem", "depthwise")  # groups 1, or depthwise with multiplier 1
 
 
 @st.composite
@@ -143,8 +143,9 @@ def conv_cases(draw, provider):
     exact = exact_8bit(provider)
     x_dtypes = [torch.uint8, torch.int8] if exact else [torch.uint8]
     c = {
-        # The native provider runs convs with groups 1 only (any kernel, stride, padding, dilation).
-        "geometry": draw(conv_geometry(GROUPS_1_KINDS if provider == "native" else ALL_KINDS)),
+        # The native provider runs convs with groups 1 (any kernel, stride, padding, dilation) and
+        # depthwise ones with one filter per channel.
+        "geometry": draw(conv_geometry(NATIVE_KINDS if provider == "native" else ALL_KINDS)),
         "x_dtype": draw(st.sampled_from(x_dtypes)),
         "x_mode": draw(st.sampled_from(["full", "ends", "near_zp", "seven_bit"])),
         "channels_last": draw(st.booleans()),
@@ -232,15 +233,21 @@ FIXED = [
 ]
 
 
+def native_runs(case):
+    _, ic, oc, _, _, _, _, groups = case[:8]
+    return groups == 1 or groups == ic == oc
+
+
 def cases_for(provider):
-    """The fixed cases a provider runs (native: groups 1)."""
-    return [c for c in FIXED if provider != "native" or c[7] == 1]
+    """The fixed cases a provider runs (native: groups 1, or depthwise with one filter per channel)."""
+    return [c for c in FIXED if provider != "native" or native_runs(c)]
 
 
 def fixed_conv(case, provider, g, bias=True):
     name, ic, oc, kernel, stride, padding, dilation, groups, n, h, w = case
-    if provider == "native" and groups != 1:
-        pytest.skip("the native provider runs convs with groups 1 only (test_native.py checks it refuses others)")
+    if provider == "native" and not native_runs(case):
+        pytest.skip("the native provider runs convs with groups 1 or depthwise ones with one filter per channel "
+                    "(test_native.py checks it refuses others)")
     wt = weights((oc, ic // groups, *kernel), "full", g)
     b = torch.randn(oc, generator=g) if bias else None
     return PackedConv2dWeight(wt, log_uniform(g, oc, -3, -2), b, stride, padding, dilation, groups, provider), \

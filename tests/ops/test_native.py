@@ -208,13 +208,75 @@ def test_conv_packed_weights_are_checked():
                        ops.native_conv2d(x, 0.1, 3, new, torch.ones(8), None, *a1))
 
 
+@pytest.mark.parametrize("x_dtype,zp", [(torch.uint8, 0), (torch.uint8, 255), (torch.int8, -128), (torch.int8, 127)])
+@pytest.mark.parametrize("geometry", [
+    # (n, c, h, w, kernel, stride, padding, dilation)
+    (1, 16, 10, 9, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 24, 14, 14, (3, 3), (2, 2), (1, 1), (1, 1)),     # stride 2 (MobileNetV2's downsampling)
+    (1, 8, 7, 7, (5, 5), (1, 1), (2, 2), (1, 1)),
+    (1, 17, 9, 11, (3, 3), (1, 1), (2, 2), (2, 2)),      # dilated; 17 channels: a partial vector
+    (1, 70, 6, 6, (1, 3), (1, 2), (0, 1), (1, 1)),       # 70 channels: 4 + 1 vectors, a partial one
+    (2, 96, 40, 40, (3, 3), (1, 1), (1, 1), (1, 1)),     # rows split over the threads, the row ring reused
+    (1, 3, 5, 6, (3, 3), (3, 2), (0, 0), (1, 1)),        # unpadded, output pixels fewer than a block
+])
+def test_depthwise_conv_sums_exactly(geometry, x_dtype, zp):
+    """Depthwise convs (groups = channels) accumulate (x - zp) * w in fp32 from integers (exact below
+    2**24): with unit scales and fp32 output the result is the exact integer conv (int64 reference)."""
+    n, c, h, w, kernel, stride, padding, dilation = geometry
+    g = torch.Generator().manual_seed(c * h + w)
+    wt = torch.randint(-128, 128, (c, 1, *kernel), dtype=torch.int8, generator=g)
+    wt[0, 0, 0, 0] = -128
+    lo, hi = (0, 256) if x_dtype == torch.uint8 else (-128, 128)
+    x = torch.randint(lo, hi, (n, c, h, w), dtype=x_dtype, generator=g).contiguous(memory_format=torch.channels_last)
+    x[0, 0] = lo if zp > 0 else hi - 1  # products at the extremes
+    pw = PackedConv2dWeight(wt, torch.ones(c), None, stride, padding, dilation, c, "native")
+    assert tuple(pw.packed.shape[:2]) == kernel
+    exact = torch.nn.functional.conv2d((x.to(torch.int64) - zp).double(), wt.double(), None, stride, padding,
+                                       dilation, c).to(torch.int64)
+    with all_threads():
+        y = pw.conv2d(x, 1.0, zp, 1.0, 0, torch.float32, "none")
+    assert torch.equal(y.to(torch.int64), exact)
+
+
+def test_depthwise_conv_epilogue_and_residual_in_place():
+    g = torch.Generator().manual_seed(9)
+    c = 40
+    wt = torch.randint(-128, 128, (c, 1, 3, 3), dtype=torch.int8, generator=g)
+    ws, b = torch.rand(c, generator=g) * 0.01 + 1e-3, torch.randn(c, generator=g)
+    pw = PackedConv2dWeight(wt, ws, b, (1, 1), (1, 1), (1, 1), c, "native")
+    x = torch.randint(0, 256, (2, c, 9, 9), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+    acc = torch.randint(-128, 128, (2, c, 9, 9), dtype=torch.int8, generator=g).contiguous(
+        memory_format=torch.channels_last)
+    y64 = R.conv2d_fp64(x, 0.02, 120, wt, ws, b, (1, 1), (1, 1), (1, 1), c, acc, 0.05, -3, "relu")
+    out_scale = float(y64.abs().max()) / 100
+    ref = R.quantize(y64, out_scale, 5, torch.int8)
+    y = pw.conv2d(x, 0.02, 120, out_scale, 5, torch.int8, "relu", acc, 0.05, -3)
+    donated = acc.clone()
+    pw.conv2d_add_(x, 0.02, 120, out_scale, 5, torch.int8, "relu", donated, 0.05, -3)
+    assert torch.equal(donated, y)
+    diff = (y.int() - ref.int()).abs()
+    assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 0.01
+
+
 def test_conv_geometries_it_does_not_run_are_refused():
-    with pytest.raises(ValueError, match="groups 1"):
-        PackedConv2dWeight(torch.zeros(8, 2, 1, 1, dtype=torch.int8), torch.ones(8), None, groups=2,
+    with pytest.raises(ValueError, match="groups 1, or depthwise"):
+        PackedConv2dWeight(torch.zeros(8, 2, 1, 1, dtype=torch.int8), torch.ones(8), None, groups=4,
                            provider="native")
-    with pytest.raises(ValueError, match="groups 1"):
-        PackedConv2dWeight(torch.zeros(8, 1, 3, 3, dtype=torch.int8), torch.ones(8), None, groups=8,
+    with pytest.raises(ValueError, match="groups 1, or depthwise"):  # a channel multiplier of 2
+        PackedConv2dWeight(torch.zeros(8, 1, 3, 3, dtype=torch.int8), torch.ones(8), None, groups=4,
                            provider="native")
+    dw = ops.native_conv2d_prepack(torch.zeros(8, 1, 3, 3, dtype=torch.int8), [1, 1], [1, 1], [1, 1], 8)
+    x = torch.zeros(1, 8, 5, 5, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="groups must be 8"):
+        ops.native_conv2d(x, 0.1, 0, dw, torch.ones(8), None, [1, 1], [1, 1], [1, 1], 1, 1.0, 0, torch.float32, "none")
+    gemm = ops.native_conv2d_prepack(torch.zeros(8, 8, 3, 3, dtype=torch.int8), [1, 1], [1, 1], [1, 1], 1)
+    with pytest.raises(ValueError, match="groups 1"):
+        ops.native_conv2d(x, 0.1, 0, gemm, torch.ones(8), None, [1, 1], [1, 1], [1, 1], 8, 1.0, 0, torch.float32,
+                          "none")
+    for bad in (dw.reshape(-1), dw[:, :, :-1].contiguous(), dw.view(1, 9, -1)):
+        with pytest.raises(ValueError, match="not a native packed"):
+            ops.native_conv2d(x, 0.1, 0, bad, torch.ones(8), None, [1, 1], [1, 1], [1, 1], 8, 1.0, 0,
+                              torch.float32, "none")
     with pytest.raises(ValueError, match="65536"):
         ops.native_conv2d_prepack(torch.zeros(8, 8192, 3, 3, dtype=torch.int8), [1, 1], [1, 1], [1, 1], 1)
 

@@ -1,0 +1,103 @@
+// The native provider's depthwise convs: packed weight and thread split (native_depthwise.h).
+#include "ops/native_depthwise.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cpu/probe.h"
+#include "runtime/parallel.h"
+
+namespace qbackend::native {
+namespace {
+
+constexpr char kMagic[8] = {'Q', 'B', 'N', 'D', 'W', 'C', '0', '1'};
+constexpr int64_t kHeaderBytes = 64;
+
+int64_t packed_bytes(int64_t C, int64_t KH, int64_t KW) {
+  const int64_t Cp = kernels::depthwise_cp(C);
+  return kHeaderBytes + 4 * Cp + 4 * KH * KW * Cp;
+}
+
+// A buffer per thread for the ring of converted rows, grown as needed and kept.
+float* scratch(size_t floats) {
+  static thread_local std::vector<float> buffer;
+  if (buffer.size() < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+}  // namespace
+
+std::string depthwise_refusal(const at::Tensor& weight, int64_t groups) {
+  const int64_t OC = weight.size(0), KH = weight.size(2), KW = weight.size(3);
+  if (weight.size(1) != 1 || groups != OC)
+    return "it runs convolutions with groups 1, or depthwise ones (groups = in_channels = out_channels)";
+  if (KH * KW > kernels::kDepthwiseMaxTaps || KH > 64 || KW > 64)
+    return "its depthwise kernels take up to 512 taps, 64 per side";
+  return "";
+}
+
+at::Tensor pack_depthwise(const at::Tensor& weight) {
+  const int64_t C = weight.size(0), KH = weight.size(2), KW = weight.size(3), Cp = kernels::depthwise_cp(C);
+  const int64_t taps = KH * KW, bytes = packed_bytes(C, KH, KW);
+  at::Tensor out = at::zeros({KH, KW, (bytes + taps - 1) / taps}, at::kByte);
+  uint8_t* p = out.data_ptr<uint8_t>();
+  std::memcpy(p, kMagic, 8);
+  std::memcpy(p + 8, &C, 8);
+  std::memcpy(p + 16, &KH, 8);
+  std::memcpy(p + 24, &KW, 8);
+  float* w = reinterpret_cast<float*>(p + kHeaderBytes + 4 * Cp);
+  const at::Tensor wc = weight.contiguous();
+  const int8_t* src = wc.const_data_ptr<int8_t>();
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t t = 0; t < taps; ++t) w[t * Cp + c] = static_cast<float>(src[c * taps + t]);
+  return out;
+}
+
+bool is_depthwise(const at::Tensor& packed) {
+  return packed.defined() && packed.device().is_cpu() && packed.scalar_type() == at::kByte &&
+         packed.is_contiguous() && packed.numel() >= kHeaderBytes &&
+         std::memcmp(packed.const_data_ptr<uint8_t>(), kMagic, 8) == 0;
+}
+
+DepthwiseView unpack_depthwise(const at::Tensor& packed, const char* name) {
+  TORCH_CHECK_VALUE(is_depthwise(packed) && packed.dim() == 3, name, " is not a native packed depthwise weight");
+  const uint8_t* p = packed.const_data_ptr<uint8_t>();
+  DepthwiseView v;
+  std::memcpy(&v.C, p + 8, 8);
+  std::memcpy(&v.KH, p + 16, 8);
+  std::memcpy(&v.KW, p + 24, 8);
+  const bool sane = v.C > 0 && v.C < (int64_t(1) << 24) && v.KH > 0 && v.KW > 0 && v.KH <= 64 && v.KW <= 64 &&
+                    v.KH * v.KW <= kernels::kDepthwiseMaxTaps;
+  const int64_t taps = sane ? v.KH * v.KW : 1;
+  TORCH_CHECK_VALUE(sane && packed.size(0) == v.KH && packed.size(1) == v.KW &&
+                        packed.size(2) == (packed_bytes(v.C, v.KH, v.KW) + taps - 1) / taps,
+                    name, " is not a native packed weight for a conv (its header, shape or size does not match)");
+  const int64_t Cp = kernels::depthwise_cp(v.C);
+  v.zeros = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
+  v.w = reinterpret_cast<const float*>(p + kHeaderBytes + 4 * Cp);
+  return v;
+}
+
+void run_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w) {
+  TORCH_CHECK_VALUE(cpu::usable_level() >= 3, "the native depthwise conv needs AVX512-VNNI, which this CPU (or "
+                    "QBACKEND_ISA) does not offer; use the onednn or fbgemm provider");
+  a.w = w.w;
+  a.epi.N = a.C;
+  a.epi.ldc = a.C;
+  a.epi.colsum = w.zeros;
+  a.epi.a_zp = 0;
+  const int64_t rows = a.N * a.OH;
+  const size_t floats = kernels::depthwise_scratch_floats(a);
+  const int64_t work = rows * a.OW * a.C * a.KH * a.KW;
+  if (work < (int64_t(1) << 20) || at::get_num_threads() <= 1) {
+    kernels::depthwise_rows_avx512(a, 0, rows, scratch(floats));
+    return;
+  }
+  parallel::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    kernels::depthwise_rows_avx512(a, begin, end, scratch(floats));
+  });
+}
+
+}  // namespace qbackend::native

@@ -1,0 +1,35 @@
+// The native provider's depthwise convs (groups = channels, one filter per channel): the packed
+// weight and the run over threads. The op entry points are native_conv2d / native_conv2d_add_
+// (native_conv.cpp), which take this route when the packed weight is a depthwise one.
+//
+// Packed depthwise weight (uint8 tensor [KH, KW, L], like the GEMM conv weights, so that the fake
+// impls know the kernel size):
+//   [0, 64)                        header: "QBNDWC01", int64 C, int64 KH, int64 KW, zeros
+//   [64, 64 + 4 Cp)                int32 zeros [Cp] (the epilogue's zero-point correction, unused)
+//   [64 + 4 Cp, ... + 4 KH KW Cp)  fp32 weights [KH * KW][Cp] (Cp = C rounded up to 16, 0 beyond C)
+#pragma once
+#include <ATen/ATen.h>
+
+#include "kernels/depthwise_kernels.h"
+#include "ops/conv_params.h"
+
+namespace qbackend::native {
+
+struct DepthwiseView {
+  int64_t C = 0, KH = 0, KW = 0;
+  const int32_t* zeros = nullptr;
+  const float* w = nullptr;
+};
+
+// Whether `weight` [OC, IC/groups, KH, KW] with `groups` is a conv this route runs (groups = IC =
+// OC); the reason it is not, or "".
+std::string depthwise_refusal(const at::Tensor& weight, int64_t groups);
+at::Tensor pack_depthwise(const at::Tensor& weight);
+// Whether `packed` carries the depthwise header (then unpack_depthwise validates the rest).
+bool is_depthwise(const at::Tensor& packed);
+DepthwiseView unpack_depthwise(const at::Tensor& packed, const char* name);
+// Runs the conv over every output row (threads split the rows); a.epi's output, residual and
+// requantization are set by the caller, the rest here.
+void run_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w);
+
+}  // namespace qbackend::native
