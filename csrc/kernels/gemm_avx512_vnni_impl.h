@@ -10,6 +10,9 @@
 // from L1/L2. Small MR hides the dot product's latency with KS independent accumulator sets over
 // alternating k-groups (1 row: 4 sets of 4 vectors), summed before the epilogue.
 #pragma once
+// epilogue<..., Sum> takes __m512i or __m512 as a template argument: GCC notes that the vector
+// types' alignment attributes do not take part in the template's identity, which is intended here.
+#pragma GCC diagnostic ignored "-Wignored-attributes"
 #include <immintrin.h>
 
 #include <algorithm>
