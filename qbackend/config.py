@@ -151,8 +151,17 @@ class QuantConfig:
     # weight's level to minimise the layer's output error on the calibration data (H = X^T X,
     # lowering/gptq.py; same scales, same kernels); "nearest" rounds each weight on its own.
     weight_rounding: str = "gptq"
+    # Static / dynamic Linear and Conv2d layers whose best provider (by the rule table) changes with
+    # the batch size hold one packed weight per provider they use and pick per call by its size
+    # (conv2d: batch; linear: rows), so a model converted from batch-8 examples runs its batch-1 and
+    # batch-32 calls on their own fastest kernels (qbackend.dispatch.batch_routes). False: one
+    # provider per layer, routed at the example input's size (the smallest memory). Not with a
+    # forced provider or tune mode, which choose one provider per layer.
+    route_by_batch: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.route_by_batch, bool):
+            raise TypeError(f"route_by_batch must be True or False, got {self.route_by_batch!r}")
         if not isinstance(self.bf16, bool):
             raise TypeError(f"bf16 must be True or False, got {self.bf16!r}")
         if self.weight_rounding not in WEIGHT_ROUNDINGS:

@@ -12,6 +12,11 @@ add fused into it, with an int8 output). The flags are read with .get(): models 
 existed route as without. embedding_bag: rows, dim, bits (8 / 4), fp16_qparams (1: fp16 scale and
 bias), padding_idx (1: the bag skips a padding row).
 
+The rules are read at a layer's example shape and, with QuantConfig.route_by_batch (the default),
+at every batch size it may be called with (dispatch/batch_routes.py: a layer whose provider
+changes with the batch is packed for each and picks per call), so a size condition here holds
+per call, not only for the example the model was converted from.
+
 A rule whose provider cannot run the op instance (Provider.refuses: the native provider needs
 AVX512-VNNI or AVX-VNNI and runs Linear and unpadded 1x1 convs only) is skipped, so the next one
 applies. Rows marked INFERRED were not measured on a CPU of their class (none was available):

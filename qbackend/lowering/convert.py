@@ -175,7 +175,8 @@ class _Rewriter:
                                 "post_op": op.post_op, "residual": op.accum is not None,
                                 "output": "int8" if out_qp is not None else "float32",
                                 "shape": spec.shape_key(), "x_shape": list(spec.x_shape),
-                                "forced": op.config.provider}
+                                "forced": op.config.provider,
+                                "route_by_batch": op.config.route_by_batch and self.tune is None}
         if spec.rounding is not None:
             self.layers[op.name]["weight_rounding"] = _rounding_record(spec.rounding)
         if out_qp is not None:

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..config import QuantConfig
 from ..dispatch import route
+from ..dispatch.batch_routes import BatchRoutes, batch_routes
 from ..dispatch.router import KERNEL_PROVIDERS
 from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear, WeightOnlyConv2d, WeightOnlyLinear
 from ..nn._weights import quantize_weight
@@ -58,15 +59,18 @@ def _is_8bit(qp: QParams) -> bool:
     return qp.dtype == torch.int8 or qp.qmax > 127
 
 
-def _pack(spec: LayerSpec, q: torch.Tensor, scales: torch.Tensor, provider: str, x_qparams):
+def _pack(spec: LayerSpec, q: torch.Tensor, scales: torch.Tensor, provider: str, x_qparams,
+          routes: BatchRoutes | None = None):
     if spec.kind == "linear":
         m = 1
         for d in spec.x_shape[:-1]:
             m *= d
-        return PackedLinearWeight(q, scales, spec.bias, provider=provider, x_shape=[m, spec.x_shape[-1]])
+        return PackedLinearWeight(q, scales, spec.bias, provider=provider, x_shape=[m, spec.x_shape[-1]],
+                                  batch_routes=routes)
     g = spec.geometry
     return PackedConv2dWeight(q, scales, spec.bias, g["stride"], g["padding"], g["dilation"], g["groups"],
-                              provider=provider, x_shape=list(spec.x_shape), x_qparams=x_qparams)
+                              provider=provider, x_shape=list(spec.x_shape), x_qparams=x_qparams,
+                              batch_routes=routes)
 
 
 @dataclass
@@ -82,13 +86,13 @@ class TuneOptions:
 
 
 def _module(spec: LayerSpec, q, scales, provider: str, x_qp: QParams | None, out_qp: QParams | None,
-            accum_qp: QParams | None) -> nn.Module:
-    """The quantized module of spec on `provider` (packing may raise ValueError for a geometry the
-    provider refuses)."""
+            accum_qp: QParams | None, routes: BatchRoutes | None = None) -> nn.Module:
+    """The quantized module of spec on `provider` (and, with `routes`, on each provider of its batch
+    routes; packing may raise ValueError for a geometry the provider refuses)."""
     if spec.config.mode == "dynamic":
-        return DynamicQuantizedLinear(_pack(spec, q, scales, provider, None), post_op=spec.post_op)
+        return DynamicQuantizedLinear(_pack(spec, q, scales, provider, None, routes), post_op=spec.post_op)
     x_qparams = (float(x_qp.scale), int(x_qp.zero_point))
-    packed = _pack(spec, q, scales, provider, x_qparams)
+    packed = _pack(spec, q, scales, provider, x_qparams, routes)
     out_dtype = out_qp.dtype if out_qp is not None else torch.float32
     out_qparams = (float(out_qp.scale), int(out_qp.zero_point)) if out_qp is not None else None
     out_qmax = out_qp.qmax if out_qp is not None else None
@@ -189,13 +193,20 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
     kind = spec.kind if mode == "static" else "linear"
     r = route(kind, spec.shape_key(), eight_bit_input=eight, force=spec.config.provider)
     provider, why = r.provider, r.why
+    routes = None
     if tune is not None and not r.forced:
         candidates = [p for p in KERNEL_PROVIDERS if (not eight or get_provider(p).exact_8bit())
                       and get_provider(p).refuses(kind, spec.shape_key()) is None]
         if len(candidates) > 1:
             provider, why = _tuned(spec, q, scales, candidates, x_qp, out_qp, accum_qp, tune, r.provider)
+    elif not r.forced and spec.config.route_by_batch:
+        routes = batch_routes(kind, spec.shape_key(), eight_bit_input=eight)
+        if len(routes.providers) > 1:
+            why = f"{why}; by batch size: {routes.describe()}"
+        else:
+            routes = None
     try:
-        return _module(spec, q, scales, provider, x_qp, out_qp, accum_qp), why
+        return _module(spec, q, scales, provider, x_qp, out_qp, accum_qp, routes), why
     except ValueError as exc:  # a geometry this provider refuses (e.g. oneDNN's depthwise bugs)
         if spec.config.provider is not None:
             raise ValueError(f"{spec.name}: the forced provider {spec.config.provider!r} refused it: {exc}") from exc

@@ -197,7 +197,8 @@ def convert_swapped(swapped: SwappedModel, tune=None) -> QuantizedModel:
                 new, why = build_layer(spec, tune=tune)
         info[name] = {"kind": type(wrapper.module).__name__.lower(), "mode": cfg.mode,
                       "module": path, "why": why, "post_op": "none", "residual": False, "output": "float32",
-                      "shape": shape, "x_shape": x_shape, "forced": cfg.provider}
+                      "shape": shape, "x_shape": x_shape, "forced": cfg.provider,
+                      "route_by_batch": cfg.route_by_batch and tune is None}
         model.set_submodule(name, new)
     for name, (module, ecfg) in swapped.tables.items():
         new, info[name] = _swap_table(name, module, ecfg)

@@ -9,7 +9,8 @@ again by this machine's rules.
   border (nn._activation.ActivationBorder: Quantize, Dequantize, the fused attention and LayerNorm)
   and quantized layer reading or writing the value is updated.
 * Routes: each static / dynamic layer goes through qbackend.dispatch.route with its recorded
-  example shape (a forced provider stays forced); a layer whose provider changes is repacked.
+  example shape (a forced provider stays forced), and its batch routes again where it was built
+  with them (QuantConfig.route_by_batch); a layer whose provider or routes change is repacked.
   The LSTM keeps its providers (its dynamic activations are exact on every provider).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import warnings
 import torch
 
 from ..dispatch import route
+from ..dispatch.batch_routes import BatchRoutes, batch_routes
 from ..dispatch.router import route_embedding
 from ..ops.embedding import get_embedding_provider
 from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear
@@ -68,11 +70,19 @@ def _is_8bit_input(m: StaticQParamsMixin, activations: dict) -> bool:
     return rec is None or rec["qmax"] > 127
 
 
-def _repack(m, provider: str):
-    state = m.packed.__getstate__()
+def _repack(m, provider: str, routes: BatchRoutes | None):
+    state = dict(m.packed.__getstate__(), batch_routes=routes)
     if isinstance(m.packed, PackedConv2dWeight):  # oneDNN picks its weight format for these qparams
         state["x_qparams"] = (m.x_scale, m.x_zero_point)
     return type(m.packed).from_state(state, provider)
+
+
+def _routes(kind: str, info: dict, r, eight_bit_input: bool) -> BatchRoutes | None:
+    """The layer's batch routes on this machine (None: one provider), as build_layer decides them."""
+    if r.forced or not info.get("route_by_batch", False):
+        return None
+    routes = batch_routes(kind, info["shape"], eight_bit_input=eight_bit_input)
+    return routes if len(routes.providers) > 1 else None
 
 
 def reroute(qmodel) -> dict[str, tuple[str, str]]:
@@ -81,12 +91,14 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
     for name, info in qmodel.qbackend_layers.items():
         m = qmodel.layer(name)
         if isinstance(m, (QuantizedLinear, QuantizedConv2d)):
-            r = route(info["kind"], info["shape"], eight_bit_input=_is_8bit_input(m, qmodel.qbackend_activations),
-                      force=info.get("forced"))
+            eight = _is_8bit_input(m, qmodel.qbackend_activations)
+            r = route(info["kind"], info["shape"], eight_bit_input=eight, force=info.get("forced"))
+            routes = _routes(info["kind"], info, r, eight)
             stale_hint = (isinstance(m.packed, PackedConv2dWeight) and m.packed.x_qparams is not None
                           and tuple(m.packed.x_qparams) != (m.x_scale, m.x_zero_point))
         elif isinstance(m, DynamicQuantizedLinear):
             r = route("linear", info["shape"], eight_bit_input=False, force=info.get("forced"))
+            routes = _routes("linear", info, r, False)
             stale_hint = False
         elif isinstance(m, (QuantizedEmbedding, QuantizedEmbeddingBag)):
             forced = info.get("forced")
@@ -103,11 +115,12 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
             continue
         else:
             continue
-        old = m.packed.provider_name
-        if r.provider != old or stale_hint:
-            m.packed = _repack(m, r.provider)
-            info["why"] = r.why if r.provider == old else f"re-routed on this machine ({old} before): {r.why}"
-            if r.provider != old:
+        old, old_routes = m.packed.provider_name, m.packed.batch_routes
+        if r.provider != old or routes != old_routes or stale_hint:
+            m.packed = _repack(m, r.provider, routes)
+            why = r.why if routes is None else f"{r.why}; by batch size: {routes.describe()}"
+            info["why"] = why if r.provider == old else f"re-routed on this machine ({old} before): {why}"
+            if r.provider != old or routes != old_routes:
                 changed[name] = (old, r.provider)
     return changed
 

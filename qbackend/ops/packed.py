@@ -1,6 +1,12 @@
 """Packed weights: one object per layer holding the int8 weight, its per-channel scales, the fp32
 bias, the provider it runs on and that provider's packed form.
 
+With `batch_routes` (dispatch/batch_routes.py: size ranges, each with its provider) a packed weight
+holds one packed form per provider in them and each call runs on the provider of its size (conv2d:
+the batch, linear: the rows); `provider` is the one of the example input's size (also used where
+the size is symbolic, under torch.export with a dynamic batch). A provider that refuses the
+geometry when packed leaves its sizes to `provider`.
+
 They pickle (and deep-copy) as the int8 weight plus metadata, never as the packed bytes, and
 repack when loaded, for the saved provider or for another (`with_provider`, or `from_state`).
 """
@@ -12,6 +18,7 @@ import copy
 
 import torch
 
+from ..dispatch.batch_routes import BatchRoutes
 from .providers import Provider, get_provider
 
 FORMAT_VERSION = 1
@@ -52,10 +59,63 @@ def _check_weight(weight, ndim: int, what: str) -> torch.Tensor:
     return weight.detach().contiguous()
 
 
+def _as_routes(batch_routes) -> BatchRoutes | None:
+    if batch_routes is None or isinstance(batch_routes, BatchRoutes):
+        return batch_routes
+    key, ranges = batch_routes  # the pickled form: [key, [[last, provider], ...]]
+    return BatchRoutes.from_list(key, ranges)
+
+
 class _Packed:
-    """Shared pickling / copying / repacking of the packed weights."""
+    """Shared pickling / copying / repacking of the packed weights, and the choice of packed form
+    by size where the weight has batch routes."""
 
     provider: Provider
+    packed: object
+    batch_routes: BatchRoutes | None = None
+    _forms = None  # with batch routes: ((last size or None, (provider, packed form)), ...)
+
+    def _pack_for(self, provider: Provider, size: int):
+        raise NotImplementedError
+
+    def _init_routes(self, batch_routes) -> None:
+        """Pack for every provider of `batch_routes` (the example size's is packed already). Routes
+        that do not name this weight's provider, or name only it, are dropped: one form."""
+        routes = _as_routes(batch_routes)
+        self.batch_routes, self._forms = None, None
+        if routes is None or len(routes.providers) < 2 or self.provider.name not in routes.providers:
+            return
+        forms = {self.provider.name: (self.provider, self.packed)}
+        first = 1
+        for last, name in routes.ranges:
+            if name not in forms:
+                p = get_provider(name)
+                try:
+                    forms[name] = (p, self._pack_for(p, first))
+                except ValueError:  # a geometry it refuses (e.g. oneDNN's depthwise bugs): the main provider's
+                    forms[name] = forms[self.provider.name]
+            first = (last or 0) + 1
+        self.batch_routes = routes
+        self._forms = tuple((last, forms[name]) for last, name in routes.ranges)
+
+    def _form(self, size) -> tuple[Provider, object]:
+        """(provider, packed form) for a call of this size (an int; a symbolic one takes `provider`)."""
+        if self._forms is not None and isinstance(size, int):
+            for last, form in self._forms:
+                if last is None or size <= last:
+                    return form
+        return self.provider, self.packed
+
+    @property
+    def packed_providers(self) -> tuple[str, ...]:
+        """Every provider this weight is packed for (one unless it has batch routes)."""
+        return self.batch_routes.providers if self.batch_routes is not None else (self.provider.name,)
+
+    def _routes_repr(self) -> str:
+        return "" if self.batch_routes is None else f", batch_routes={self.batch_routes.describe()!r}"
+
+    def _routes_state(self):
+        return None if self.batch_routes is None else [self.batch_routes.key, self.batch_routes.to_list()]
 
     def _state(self) -> dict:
         raise NotImplementedError
@@ -79,8 +139,8 @@ class _Packed:
         return obj
 
     def with_provider(self, provider: str):
-        """The same weight repacked for another provider."""
-        return type(self).from_state(self.__getstate__(), provider)
+        """The same weight repacked for another provider (only: batch routes are dropped)."""
+        return type(self).from_state(dict(self.__getstate__(), batch_routes=None), provider)
 
     def __deepcopy__(self, memo):
         return type(self).from_state(copy.deepcopy(self.__getstate__(), memo))
@@ -94,7 +154,8 @@ class PackedLinearWeight(_Packed):
     """int8 weight [out_features, in_features] (symmetric per-channel), scales, bias, packed form."""
 
     def __init__(self, weight: torch.Tensor, w_scales, bias: torch.Tensor | None = None, provider: str = "fbgemm",
-                 x_shape: Sequence[int] | None = None):
+                 x_shape: Sequence[int] | None = None, batch_routes=None):
+        """batch_routes: by rows (m) of x (see the module docstring)."""
         self.weight = _check_weight(weight, 2, "linear")
         self.out_features, self.in_features = self.weight.shape
         self.w_scales = _as_scales(w_scales, self.out_features, "linear")
@@ -105,28 +166,39 @@ class PackedLinearWeight(_Packed):
         # exactly on this CPU? Re-decided when the weight is repacked (loaded) elsewhere.
         self.exact_8bit = bool(self.provider.exact_8bit())
         self.packed = self.provider.prepack_linear(self.weight, self.x_shape)
+        self._init_routes(batch_routes)
+
+    def _pack_for(self, provider: Provider, size: int):
+        return provider.prepack_linear(self.weight, [size, self.in_features])
 
     def _state(self) -> dict:
         return {"weight": self.weight, "w_scales": self.w_scales, "bias": self.bias,
-                "provider": self.provider.name, "x_shape": self.x_shape}
+                "provider": self.provider.name, "x_shape": self.x_shape, "batch_routes": self._routes_state()}
+
+    def _rows_form(self, x: torch.Tensor) -> tuple[Provider, object]:
+        if self._forms is None:
+            return self.provider, self.packed
+        return self._form(x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0)
 
     def linear(self, x: torch.Tensor, x_scale: float, x_zero_point: int, output_scale: float = 1.0,
                output_zero_point: int = 0, output_dtype: torch.dtype = torch.float32,
                post_op: str = "none") -> torch.Tensor:
         """y = post_op(dequant(x) @ dequant(w).T + bias), returned as output_dtype (uint8/int8 requantized)."""
-        return self.provider.linear(x, x_scale, x_zero_point, self.packed, self.w_scales, self.bias,
-                                    output_scale, output_zero_point, output_dtype, post_op)
+        provider, packed = self._rows_form(x)
+        return provider.linear(x, x_scale, x_zero_point, packed, self.w_scales, self.bias,
+                               output_scale, output_zero_point, output_dtype, post_op)
 
     def linear_dynamic(self, x: torch.Tensor, reduce_range: bool | None = None, post_op: str = "none") -> torch.Tensor:
         """fp32 in, fp32 out; x quantized per call to uint8 over its own range (7-bit where the
         provider would saturate 8-bit products, when reduce_range is None)."""
+        provider, packed = self._rows_form(x)
         if reduce_range is None:
-            reduce_range = not self.exact_8bit
-        return self.provider.linear_dynamic(x, self.packed, self.w_scales, self.bias, reduce_range, post_op)
+            reduce_range = not (self.exact_8bit if provider is self.provider else provider.exact_8bit())
+        return provider.linear_dynamic(x, packed, self.w_scales, self.bias, reduce_range, post_op)
 
     def __repr__(self) -> str:
         return (f"PackedLinearWeight(out_features={self.out_features}, in_features={self.in_features}, "
-                f"provider={self.provider.name!r}, bias={self.bias is not None})")
+                f"provider={self.provider.name!r}, bias={self.bias is not None}{self._routes_repr()})")
 
 
 class PackedConv2dWeight(_Packed):
@@ -135,9 +207,10 @@ class PackedConv2dWeight(_Packed):
     def __init__(self, weight: torch.Tensor, w_scales, bias: torch.Tensor | None = None,
                  stride: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1),
                  groups: int = 1, provider: str = "onednn", x_shape: Sequence[int] | None = None,
-                 x_qparams: tuple[float, int] | None = None):
+                 x_qparams: tuple[float, int] | None = None, batch_routes=None):
         """x_shape and x_qparams (x_scale, x_zero_point) are hints: the shape and activation qparams
-        the layer will mostly run with (oneDNN chooses its weight format for them)."""
+        the layer will mostly run with (oneDNN chooses its weight format for them). batch_routes:
+        by batch size (see the module docstring)."""
         self.weight = _check_weight(weight, 4, "conv2d")
         self.out_channels = self.weight.shape[0]
         self.in_channels = self.weight.shape[1] * int(groups)
@@ -152,19 +225,27 @@ class PackedConv2dWeight(_Packed):
         self.provider = get_provider(provider)
         self.packed = self.provider.prepack_conv2d(self.weight, self.w_scales, self.stride, self.padding,
                                                    self.dilation, self.groups, self.x_shape, self.x_qparams)
+        self._init_routes(batch_routes)
+
+    def _pack_for(self, provider: Provider, size: int):
+        x_shape = None if self.x_shape is None else [size, *self.x_shape[1:]]
+        return provider.prepack_conv2d(self.weight, self.w_scales, self.stride, self.padding, self.dilation,
+                                       self.groups, x_shape, self.x_qparams)
 
     def _state(self) -> dict:
         return {"weight": self.weight, "w_scales": self.w_scales, "bias": self.bias, "stride": self.stride,
                 "padding": self.padding, "dilation": self.dilation, "groups": self.groups,
-                "provider": self.provider.name, "x_shape": self.x_shape, "x_qparams": self.x_qparams}
+                "provider": self.provider.name, "x_shape": self.x_shape, "x_qparams": self.x_qparams,
+                "batch_routes": self._routes_state()}
 
     def conv2d(self, x: torch.Tensor, x_scale: float, x_zero_point: int, output_scale: float = 1.0,
                output_zero_point: int = 0, output_dtype: torch.dtype = torch.float32, post_op: str = "none",
                accum: torch.Tensor | None = None, accum_scale: float = 1.0, accum_zero_point: int = 0) -> torch.Tensor:
         """y = post_op(conv(dequant(x), dequant(w)) + bias [+ dequant(accum)]), channels-last output."""
-        return self.provider.conv2d(x, x_scale, x_zero_point, self.packed, self.w_scales, self.bias, self.stride,
-                                    self.padding, self.dilation, self.groups, output_scale, output_zero_point,
-                                    output_dtype, post_op, accum, accum_scale, accum_zero_point)
+        provider, packed = self._form(x.shape[0]) if self._forms is not None else (self.provider, self.packed)
+        return provider.conv2d(x, x_scale, x_zero_point, packed, self.w_scales, self.bias, self.stride,
+                               self.padding, self.dilation, self.groups, output_scale, output_zero_point,
+                               output_dtype, post_op, accum, accum_scale, accum_zero_point)
 
     def conv2d_add_(self, x: torch.Tensor, x_scale: float, x_zero_point: int, output_scale: float,
                     output_zero_point: int, output_dtype: torch.dtype, post_op: str, accum: torch.Tensor,
@@ -172,11 +253,12 @@ class PackedConv2dWeight(_Packed):
         """conv2d with a residual the caller gives up (nothing reads accum afterwards): providers that
         can write the result into accum do (saving a copy of it) and return it; the others return
         conv2d's result and leave accum alone. accum must have the output's dtype."""
-        fn = self.provider.conv2d_add_ if accum.dtype == output_dtype else None
+        provider, packed = self._form(x.shape[0]) if self._forms is not None else (self.provider, self.packed)
+        fn = provider.conv2d_add_ if accum.dtype == output_dtype else None
         if fn is None:
             return self.conv2d(x, x_scale, x_zero_point, output_scale, output_zero_point, output_dtype, post_op,
                                accum, accum_scale, accum_zero_point)
-        fn(x, x_scale, x_zero_point, self.packed, self.w_scales, self.bias, self.stride, self.padding,
+        fn(x, x_scale, x_zero_point, packed, self.w_scales, self.bias, self.stride, self.padding,
            self.dilation, self.groups, output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
            accum_zero_point)
         return accum
@@ -184,7 +266,7 @@ class PackedConv2dWeight(_Packed):
     def __repr__(self) -> str:
         return (f"PackedConv2dWeight({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
                 f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
-                f"provider={self.provider.name!r})")
+                f"provider={self.provider.name!r}{self._routes_repr()})")
 
 
 def _pair(v, name: str) -> list[int]:

@@ -174,7 +174,7 @@ def test_conv_activation_qparams_hint_survives_pickling_and_is_only_a_hint():
 
 
 
-LINEAR_KEYS = {"format_version", "weight", "w_scales", "bias", "provider", "x_shape"}
+LINEAR_KEYS = {"format_version", "weight", "w_scales", "bias", "provider", "x_shape", "batch_routes"}
 CONV_KEYS = LINEAR_KEYS | {"stride", "padding", "dilation", "groups", "x_qparams"}
 
 

@@ -1,0 +1,126 @@
+"""Routes by batch size through the whole flow: a model converted from batch-16 examples runs each
+layer, at every batch size, on the provider the rule table gives for that size; the choice survives
+save / load, shows in explain(), and is what torch.export traces at a given batch size.
+QuantConfig(route_by_batch=False) keeps one provider per layer."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qbackend
+from qbackend.dispatch import cpu_features, route
+from qbackend.lowering.rebind import _is_8bit_input
+from qbackend.nn import QuantizedConv2d, QuantizedLinear
+
+from .toy_models import init_bn, sqnr
+
+EXAMPLE_BATCH = 16
+SIZES = (1, 2, 3, 8, 12, 13, 16, 40)
+
+
+class DepthwiseNet(nn.Module):
+    """Stem 3x3 (3 -> 16), depthwise 3x3 (16 channels at 28x28), 1x1 (16 -> 32), pool, Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.pw = nn.Sequential(nn.Conv2d(16, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.pw(self.dw(self.stem(x)))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def _images(n, seed):
+    return torch.randn(n, 3, 28, 28, generator=torch.Generator().manual_seed(seed))
+
+
+def _convert(config=None):
+    torch.manual_seed(0)
+    model = init_bn(DepthwiseNet()).eval()
+    prepared = qbackend.prepare(model, (_images(EXAMPLE_BATCH, 0),), config=config)
+    for i in range(3):
+        prepared(_images(EXAMPLE_BATCH, 100 + i))
+    return model, qbackend.convert(prepared)
+
+
+@pytest.fixture(scope="module")
+def converted():
+    return _convert()
+
+
+def _layers(qmodel):
+    for name, info in qmodel.qbackend_layers.items():
+        m = qmodel.layer(name)
+        if isinstance(m, (QuantizedConv2d, QuantizedLinear)):
+            yield name, info, m
+
+
+def test_every_size_runs_on_the_rule_tables_provider(converted):
+    _, qmodel = converted
+    split = []
+    for name, info, m in _layers(qmodel):
+        eight = _is_8bit_input(m, qmodel.qbackend_activations)
+        key = "n" if info["kind"] == "conv2d" else "m"
+        chosen = {s: m.packed._form(s)[0].name for s in SIZES}
+        expected = {s: route(info["kind"], {**info["shape"], key: s}, eight_bit_input=eight).provider for s in SIZES}
+        assert chosen == expected, name
+        assert m.provider == expected[EXAMPLE_BATCH], name
+        if len(set(expected.values())) > 1:
+            split.append(name)
+            assert m.packed.packed_providers == tuple(dict.fromkeys(
+                m.packed.batch_routes.provider_for(s) for s in range(1, 10 ** 4))), name
+            assert "by batch size: " + m.packed.batch_routes.describe() in info["why"], name
+        else:
+            assert m.packed.batch_routes is None, name
+    if cpu_features().isa_class == "avx512_vnni":
+        # the depthwise conv is native up to 160k input values (n <= 12 here), oneDNN beyond; the stem
+        # FBGEMM at batch 1 (<= 16384 output values), oneDNN beyond
+        dw = qmodel.layer("dw.0")
+        assert dw.packed.batch_routes.ranges == ((12, "native"), (None, "onednn"))
+        assert qmodel.layer("stem.0").packed.batch_routes.ranges == ((1, "fbgemm"), (None, "onednn"))
+        assert {"dw.0", "stem.0"} <= set(split)
+
+
+def test_outputs_at_each_batch_size_match_fp32_and_the_one_provider_model(converted):
+    model, qmodel = converted
+    _, fixed = _convert(qbackend.QuantConfig(route_by_batch=False))
+    assert all(m.packed.batch_routes is None for _, _, m in _layers(fixed))
+    for n in (1, 5, EXAMPLE_BATCH, 20):
+        x = _images(n, 7 + n)
+        with torch.no_grad():
+            ref, y, y_fixed = model(x), qmodel(x), fixed(x)
+        assert y.shape == ref.shape == (n, 10)
+        assert sqnr(ref, y) > 20, n
+        # the same int8 model on other kernels: equal up to a few output LSBs of some layers
+        assert sqnr(y_fixed, y) > 30, n
+
+
+def test_save_load_keeps_routes(converted, tmp_path):
+    _, qmodel = converted
+    path = tmp_path / "m.qb"
+    qbackend.save(qmodel, path)
+    loaded = qbackend.load(path)
+    for (name, _, m), (_, _, m2) in zip(_layers(qmodel), _layers(loaded)):
+        assert m2.packed.batch_routes == m.packed.batch_routes, name
+    for n in (1, EXAMPLE_BATCH):
+        x = _images(n, 3)
+        with torch.no_grad():
+            assert torch.equal(loaded(x), qmodel(x)), n
+
+
+@pytest.mark.skipif(cpu_features().isa_class != "avx512_vnni", reason="the native depthwise row of AVX512-VNNI")
+def test_export_traces_the_provider_of_its_batch_size(converted):
+    _, qmodel = converted
+
+    def conv_ops(n):
+        ep = torch.export.export(qmodel, (_images(n, 1),))
+        return sorted(str(node.target) for node in ep.graph.nodes
+                      if node.op == "call_function" and "conv2d" in str(node.target))
+
+    at_1, at_16 = conv_ops(1), conv_ops(EXAMPLE_BATCH)
+    assert "qbackend.native_conv2d.default" in at_1 and "qbackend.fbgemm_conv2d.default" in at_1, at_1
+    assert at_16.count("qbackend.onednn_conv2d.default") == 2, at_16  # the stem and the depthwise conv
