@@ -259,7 +259,7 @@ void gemm_amx(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_b
   const int64_t kmain = g.K / kTileBytes * kTileBytes;
   if (kmain == 0 || m_end - m_begin < kTileRows) {  // nothing fills a tile: the VNNI kernel
     sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows,
-          [&](int64_t p, int64_t mb, int64_t me) { vnni_panel_rows(g, p, mb, me); });
+          [&](int64_t p, int64_t mb, int64_t me, NextPanel next) { vnni_panel_rows(g, p, mb, me, next); });
     return;
   }
   T::configure(tile_config());

@@ -85,8 +85,11 @@ inline void store(const GemmArgs& g, __m512 y, int64_t m, int64_t n0, __mmask16 
 // demote them to memory).
 // B points at the tile's first 16-column vector; ldb is the byte step from one k-group to the next
 // (64 x the panel's vectors).
-template <int MR, int NV, bool I8>
-__attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t ldb, int64_t K, __m512i* out) {
+// With PFL > 0, it also prefetches PFL cache lines of `pf` into L2 per k-group (the next panel's
+// share of this tile: NextPanel in gemm_common.h).
+template <int MR, int NV, bool I8, int PFL = 0>
+__attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t ldb, int64_t K, __m512i* out,
+                                                    const int8_t* pf = nullptr) {
   constexpr int KS = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
   const int64_t kfull = K / 4, krem = K % 4;
   const int32_t flip = I8 ? static_cast<int32_t>(0x80808080u) : 0;
@@ -112,12 +115,26 @@ __attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t ld
     }                                                                                            \
   }
 
+#define QB_PREFETCH(k4)                                                                           \
+  if constexpr (PFL > 0) {                                                                        \
+    const char* q = reinterpret_cast<const char*>(pf + (k4) * (PFL * 64));                          \
+    _mm_prefetch(q, _MM_HINT_T1);                                                                 \
+    if constexpr (PFL > 1) _mm_prefetch(q + 64, _MM_HINT_T1);                                     \
+  }
+
   int64_t k4 = 0;
   for (; k4 + KS <= kfull; k4 += KS) {
 #pragma GCC unroll 4
-    for (int s = 0; s < KS; ++s) QB_STEP(s, k4 + s, load_a4(a + r * lda + (k4 + s) * 4))
+    for (int s = 0; s < KS; ++s) {
+      QB_STEP(s, k4 + s, load_a4(a + r * lda + (k4 + s) * 4))
+      QB_PREFETCH(k4 + s)
+    }
   }
-  for (; k4 < kfull; ++k4) QB_STEP(0, k4, load_a4(a + r * lda + k4 * 4))
+  for (; k4 < kfull; ++k4) {
+    QB_STEP(0, k4, load_a4(a + r * lda + k4 * 4))
+    QB_PREFETCH(k4)
+  }
+#undef QB_PREFETCH
   if (krem) {  // the last, partial k-group: its padding weights are 0, so the filler bytes do not count
     QB_STEP(0, kfull, load_tail(a + r * lda + kfull * 4, krem))
   }
@@ -204,15 +221,20 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const Sum
   }
 }
 
-// One MR x (NV * 16) tile of rows m0.. and panel p (NV: the panel's vectors).
+// One MR x (NV * 16) tile of rows m0.. and panel p (NV: the panel's vectors), prefetching
+// pf_lines (0, 1 or 2) lines of pf per k-group.
 template <int MR, int NV, bool I8>
-void tile(const GemmArgs& g, int64_t m0, int64_t p) {
+void tile(const GemmArgs& g, int64_t m0, int64_t p, const int8_t* pf, int pf_lines) {
   __m512i sums[MR * NV];
-  dot_tile<MR, NV, I8>(g.a + m0 * g.lda, g.lda, g.b + p * kGemmPanel * gemm_kp(g.K), NV * 64, g.K, sums);
+  const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K);
+  const uint8_t* a = g.a + m0 * g.lda;
+  if (pf_lines == 1) dot_tile<MR, NV, I8, 1>(a, g.lda, B, NV * 64, g.K, sums, pf);
+  else if (pf_lines == 2) dot_tile<MR, NV, I8, 2>(a, g.lda, B, NV * 64, g.K, sums, pf);
+  else dot_tile<MR, NV, I8>(a, g.lda, B, NV * 64, g.K, sums);
   epilogue<MR, NV>(g, sums, m0, p * kGemmPanel, g.a_zp);
 }
 
-using TileFn = void (*)(const GemmArgs&, int64_t, int64_t);
+using TileFn = void (*)(const GemmArgs&, int64_t, int64_t, const int8_t*, int);
 
 template <bool I8, int NV, int... R>
 constexpr auto row_table(std::integer_sequence<int, R...>) {
@@ -229,12 +251,25 @@ struct Tiles {
       row_table<I8, 4>(std::make_integer_sequence<int, kMaxRows>{})};
 };
 
-// Rows [mb, me) of panel p on the VNNI register tiles.
-inline void vnni_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me) {
+// Rows [mb, me) of panel p on the VNNI register tiles. With `next` and at least two row tiles,
+// the tiles share the prefetch of the next panel: tile i takes its i-th slice of
+// min(2, ceil(vectors / tiles)) lines per k-group (with three tiles, two of them cover it all).
+// With one tile (M <= 6: a GEMV streaming the weight) the prefetch measured up to 16% slower on a
+// Xeon (the hardware prefetcher keeps up with a single stream), so it has none. With 2+ tiles, on
+// the same Xeon: 1.2-1.3x faster at M = 8-64 on 4096 x 4096, about 1.05x on BERT's shapes at M = 64-128.
+inline void vnni_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, NextPanel next = {}) {
   const auto& table = g.a_int8 ? Tiles<true>::table : Tiles<false>::table;
   const int64_t cols = std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel);
   const auto& by_rows = table[(cols + 15) / 16 - 1];
-  for (int64_t m = mb; m < me; m += kMaxRows) by_rows[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p);
+  const int64_t tiles = (me - mb + kMaxRows - 1) / kMaxRows, kgroups = gemm_kp(g.K) / 4;
+  const int64_t next_vectors = next.bytes / (kgroups * 64);
+  const int lines = next.p && tiles >= 2 ? static_cast<int>(std::min<int64_t>(2, (next_vectors + tiles - 1) / tiles)) : 0;
+  const int64_t slice = lines * kgroups * 64;
+  int64_t i = 0;
+  for (int64_t m = mb; m < me; m += kMaxRows, ++i) {
+    const int8_t* pf = lines && i * slice < next.bytes ? next.p + i * slice : nullptr;
+    by_rows[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p, pf, lines);
+  }
 }
 
 }  // namespace

@@ -59,6 +59,19 @@ def test_every_tile_shape_sums_exactly(k):
                 assert torch.equal(y.to(torch.int64), ref), f"m={m} n={n} k={k} {dtype} zp={zp}"
 
 
+@pytest.mark.parametrize("n", [520, 590])
+def test_weights_beyond_the_l2_budget_sum_exactly(n):
+    """A weight over the kernel's L2 budget (K x N > 512 KiB) runs one panel at a time and has the
+    tiles prefetch the next panel (one to three slices of it for 2-4 row tiles, none for one): the
+    sums stay exact for every tile count and for a last panel of one or two partial vectors."""
+    g = torch.Generator().manual_seed(n)
+    k = 1027
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    for m in (1, 6, 7, 12, 13, 18, 19, 25):
+        x = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+        assert torch.equal(native_sums(x, 3, w).to(torch.int64), exact_sums(x, 3, w)), f"m={m} n={n}"
+
+
 def test_largest_sums_at_the_int32_range():
     """K = 65536 (the largest the provider takes) with x = 255 and w = -128 everywhere: the sum
     -255 * 128 * 2**16 is just inside int32. Every sum here is a multiple of 2**15 with at most 15
