@@ -17,7 +17,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ._batches import batches
+from ._batches import batches, bind_by_name
 from .config import QuantConfig
 from .lowering.capture import CaptureError
 from .lowering.convert import convert_graph
@@ -53,6 +53,10 @@ class PreparedModel(nn.Module):
         return self._prepared.observers()
 
     def forward(self, *args, **kwargs):
+        if kwargs and isinstance(self._prepared, PreparedGraph):  # inputs by name, as the model takes them
+            info = getattr(self.inner.graph._codegen, "pytree_info", None)
+            if info is not None:
+                args, kwargs = bind_by_name(info.orig_args, info.in_spec.child(0).num_children, args, kwargs)
         return self.inner(*args, **kwargs)
 
 
@@ -160,7 +164,7 @@ def convert(prepared: PreparedModel, tune: bool = False, tune_batch_sizes=None, 
         raise TypeError(f"convert takes the model qbackend.prepare returned, got {type(prepared).__name__}")
     if isinstance(prepared._prepared, PreparedGraph):
         (gm, in_spec, out_spec), layers, activations = convert_graph(prepared._prepared, tune=options)
-        return QuantizedModel(gm, layers, activations, in_spec, out_spec)
+        return QuantizedModel(gm, layers, activations, in_spec, out_spec, arg_names=gm.meta.get("arg_names"))
     return convert_swapped(prepared._prepared, tune=options)
 
 

@@ -2,6 +2,7 @@
 layers, empty and non-finite calibration, the module-swap fallback, quantize_dynamic."""
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import pytest
@@ -154,3 +155,40 @@ def test_prepared_model_exposes_mergeable_observers():
     for name, obs in a.observers().items():
         obs.merge(b.observers()[name])
         assert obs.compute_qparams() == one.observers()[name].compute_qparams(), name
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 8), nn.Linear(16, 8)
+
+    def forward(self, x, y, scale=None):
+        out = self.a(x) + self.b(y)
+        return (out, out * scale) if scale is not None else out
+
+
+def test_positional_calls_skip_the_input_spec_and_match_it():
+    """A call with exactly the graph's positional inputs passes them through without the pytree
+    flatten (QuantizedModel._positional) and gives what the flattening path gives; inputs may be
+    passed by their names, as to the FP32 model; a call of another structure gets a TypeError
+    naming the captured inputs."""
+    torch.manual_seed(0)
+    model = _TwoInputs().eval()
+    x, y = torch.randn(4, 16), torch.randn(4, 16)
+    qmodel = qbackend.quantize(model, (x, y), [(torch.randn(8, 16), torch.randn(8, 16))])
+    assert qmodel._positional == 2
+    fast = qmodel(x, y)
+    assert fast.shape == (4, 8)
+    assert torch.equal(qmodel(x, y=y), fast) and torch.equal(qmodel(y=y, x=x), fast)
+    assert torch.equal(qmodel.inner(x, y)[0], fast)
+    assert torch.equal(pickle.loads(pickle.dumps(qmodel))(x, y=y), fast)
+    with pytest.raises(TypeError, match=r"positional inputs \(x, y\); got 1 positional"):
+        qmodel(x)
+    with pytest.raises(TypeError, match="keywords \\['scale'\\]"):
+        qmodel(x, y, scale=torch.tensor(2.0))
+    k = torch.tensor(2.0)
+    qk = qbackend.quantize(model, (x, y), [{"x": x, "y": y, "scale": k}], example_kwargs={"scale": k})
+    assert qk._positional == -1
+    out, scaled = qk(x, y, scale=k)
+    assert torch.allclose(scaled, out * 2)
+    assert torch.equal(qk(x=x, y=y, scale=k)[0], out)

@@ -324,6 +324,10 @@ def _plain(gm: fx.GraphModule) -> tuple[fx.GraphModule, object, object]:
             owner, _, attr = node.target.rpartition(".")
             root[node.target] = getattr(gm.get_submodule(owner) if owner else gm, attr)
     plain = fx.GraphModule(root, graph, class_name="QuantizedGraph")
+    # The model's own names of its positional inputs (the export's forward signature), so that the
+    # QuantizedModel takes them by keyword too.
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    plain.meta["arg_names"] = list(info.orig_args) if info is not None else None
     return plain, in_spec, out_spec
 
 

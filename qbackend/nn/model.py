@@ -13,6 +13,8 @@ from torch import nn
 from torch.fx._pytree import tree_flatten_spec
 from torch.utils import _pytree as pytree
 
+from .._batches import bind_by_name
+
 
 class _DumpedSpec:
     """A pytree spec in its serialized (JSON) form, inside a pickled QuantizedModel."""
@@ -21,13 +23,31 @@ class _DumpedSpec:
         self.text = text
 
 
+def _positional_count(in_spec) -> int:
+    """n where the graph's inputs are exactly n positional arguments (the spec of `(args, {})` with
+    n leaves), so a call with n positional arguments and no keywords passes them through as they
+    are (what tree_flatten_spec would return, without its ~5 us); -1 otherwise."""
+    if in_spec is None or in_spec.num_children != 2:
+        return -1
+    args_spec, kwargs_spec = in_spec.children()
+    if kwargs_spec.type is not dict or kwargs_spec.num_children or args_spec.type not in (tuple, list) \
+            or not all(c.is_leaf() for c in args_spec.children()):
+        return -1
+    return args_spec.num_children
+
+
 class QuantizedModel(nn.Module):
-    def __init__(self, inner: nn.Module, layers: dict, activations: dict, in_spec=None, out_spec=None):
+    def __init__(self, inner: nn.Module, layers: dict, activations: dict, in_spec=None, out_spec=None,
+                 arg_names=None):
+        """arg_names: the model's names of the graph's positional inputs (its forward's parameters),
+        by which a call may also pass them as keywords."""
         super().__init__()
         self.inner = inner
         self.qbackend_layers = layers
         self.qbackend_activations = activations
         self._in_spec, self._out_spec = in_spec, out_spec
+        self._arg_names = list(arg_names) if arg_names else []
+        self._positional = _positional_count(in_spec)
 
     @property
     def graph_module(self):
@@ -43,9 +63,24 @@ class QuantizedModel(nn.Module):
     def forward(self, *args, **kwargs):
         if self._in_spec is None:
             return self.inner(*args, **kwargs)
-        flat = tree_flatten_spec((list(args), kwargs), self._in_spec)
-        out = self.inner(*flat)
+        if kwargs or len(args) != self._positional:
+            args = self._flatten(args, kwargs)
+        out = self.inner(*args)
         return pytree.tree_unflatten(list(out), self._out_spec)
+
+    def _flatten(self, args: tuple, kwargs: dict) -> list:
+        """The graph's flat inputs of a call: positional inputs given by keyword are moved to their
+        place first (as the FP32 model binds them); a call of another structure gets a TypeError
+        that names what the model was captured with."""
+        n_args = self._in_spec.child(0).num_children
+        args, kwargs = bind_by_name(self._arg_names, n_args, args, kwargs)
+        expected_kwargs = set(self._in_spec.child(1).context or ())
+        if len(args) != n_args or set(kwargs) != expected_kwargs:
+            names = ", ".join(self._arg_names[:n_args]) or f"{n_args} inputs"
+            raise TypeError(f"the quantized model was captured with the positional inputs ({names})"
+                            + (f" and the keywords {sorted(expected_kwargs)}" if expected_kwargs else "")
+                            + f"; got {len(args)} positional and keywords {sorted(kwargs)}")
+        return tree_flatten_spec((list(args), kwargs), self._in_spec)
 
     # The pytree specs pickle (and deep-copy) as their JSON form where torch can write one: pickling
     # TreeSpec objects goes through a deprecated LeafSpec check that warns on every save and load.
@@ -65,6 +100,8 @@ class QuantizedModel(nn.Module):
             if isinstance(state.get(key), _DumpedSpec):
                 state[key] = pytree.treespec_loads(state[key].text)
         super().__setstate__(state)
+        self.__dict__.setdefault("_arg_names", [])  # models saved before it existed
+        self._positional = _positional_count(self._in_spec)
 
     def extra_repr(self) -> str:
         kinds = {}
