@@ -5,6 +5,7 @@
 #include <fbgemm/Fbgemm.h>
 #include <fbgemm/Utils.h>
 
+#include "cpu/bf16_speed.h"
 #include "cpu/probe.h"
 #include "ops/native_gemm.h"
 #include "runtime/parallel.h"
@@ -152,6 +153,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("level"), pybind11::arg("allow_avx_vnni") = true);
   m.def("avx_vnni_usable", &qbackend::cpu::avx_vnni_usable);
   m.def("bf16_usable", &qbackend::cpu::bf16_usable);
+  m.def("bf16_products_pay", &qbackend::cpu::bf16_products_pay,
+        "whether bf16 dot products beat fp32 FMAs here (measured once; see bf16_products_policy)");
+  m.def("fma_gflops", &qbackend::cpu::fma_gflops, "GFLOP/s of an fp32 FMA loop on this thread (measured now)");
+  m.def("bf16_dot_gflops", &qbackend::cpu::bf16_dot_gflops,
+        "GFLOP/s of a bf16 dot-product loop on this thread (measured now; 0 without AVX512-BF16)");
+  m.def("set_bf16_products_policy", &qbackend::cpu::set_bf16_products_policy, py::arg("policy"),
+        "'auto' (measured), 'on' (wherever AVX512-BF16 runs: tests), 'off'");
+  m.def("bf16_products_policy", &qbackend::cpu::bf16_products_policy);
   m.def("isa_cap", &qbackend::cpu::level_cap);
   m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
   m.def("native_packed_size", &native_packed_size, "bytes of the native provider's packed N x K weight");

@@ -46,6 +46,19 @@ REPRESENTATIVE = {
 }
 
 
+def _bf16_line() -> str:
+    """Whether bf16 dot products pay here (measured), hence the attention cores' default."""
+    from qbackend._extension import _C
+
+    if not _C.bf16_usable():
+        return "bf16 products: no AVX512-BF16; attention cores: torch's SDPA (QuantConfig(attention='auto'))"
+    fma, dot = _C.fma_gflops(), _C.bf16_dot_gflops()
+    pays = _C.bf16_products_pay()
+    return (f"bf16 products: fp32 FMA {fma:.0f} GFLOP/s, bf16 dot {dot:.0f} GFLOP/s per thread (policy "
+            f"{_C.bf16_products_policy()}): {'they pay' if pays else 'they do not pay'}; attention cores: "
+            f"{'fused (qbackend::attention)' if pays else 'torch SDPA'} (QuantConfig(attention='auto'))")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     import torch
 
@@ -58,6 +71,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"override: QBACKEND_ISA={f.override}" if f.override else "override: none (QBACKEND_ISA unset)")
     print(f"ISA in use: {f.level_name} (dispatch class {f.isa_class}); FBGEMM: {fbgemm_isa()}; "
           f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset (all)')}")
+    print(_bf16_line())
     print()
     print("| feature | CPU has it | OS allows it |")
     print("|---|---|---|")

@@ -33,6 +33,7 @@ OBSERVERS: Mapping[str, type[Observer]] = MappingProxyType({
     "mse": MSEObserver,
 })
 MODES = ("static", "dynamic", "weight_only")
+ATTENTION_MODES = ("auto", "fused", "sdpa")
 WEIGHT_ROUNDINGS = ("gptq", "nearest")
 PROVIDER_NAMES = ("fbgemm", "onednn", "reference")  # qbackend.ops.providers.PROVIDERS
 EMBEDDING_PROVIDER_NAMES = ("builtin", "fbgemm", "fbgemm_gpu")  # qbackend.ops.embedding.EMBEDDING_PROVIDERS
@@ -140,13 +141,22 @@ class QuantConfig:
     # both transformers of benchmarks/accuracy.py); a SmoothQuantConfig for every Linear input it
     # can smooth; None: off.
     smoothquant: SmoothQuantConfig | str | None = "auto"
-    # BF16 for float work outside int8 where this CPU has native BF16 (AVX512-BF16 / AMX), model-wide
-    # (graph capture only): today the fused attention core's two matrix products (bf16 operands,
-    # fp32 accumulation and softmax; the kernel checks the CPU on each call, so a model saved on a
-    # BF16 machine runs fp32 products elsewhere). LayerNorm, residual adds and the rest stay FP32:
+    # BF16 for float work outside int8 where this CPU runs it faster than FP32, model-wide (graph
+    # capture only): today the fused attention core's two matrix products (bf16 operands, fp32
+    # accumulation and softmax), where AVX512-BF16's dot products measure faster than fp32 FMAs (the
+    # kernel checks on each call, qbackend._C.bf16_products_pay(), so a model saved on such a machine
+    # runs fp32 products elsewhere, e.g. on Intel's Xeons). LayerNorm, residual adds and the rest stay FP32:
     # torch's BF16 kernels for them measure slower than FP32 on AVX512-BF16 CPUs (benchmarks note).
     # False: every float op in FP32.
     bf16: bool = True
+    # The attention core (torch's scaled_dot_product_attention in the captured graph): "fused" runs
+    # it as qbackend::attention (one kernel per head, the quantize behind it folded in); "sdpa"
+    # keeps torch's SDPA (and a separate quantize); "auto" (the default) fuses it where this CPU runs
+    # bf16 dot products faster than fp32 FMAs (qbackend._C.bf16_products_pay(), measured once): there
+    # (AMD Zen 4/5) the kernel measured 1.6x (fp32 products) to 3.8x (bf16) faster than torch's SDPA;
+    # on Intel's AVX512-BF16 Xeons it measured 1.3-1.9x slower than torch's SDPA per call and the
+    # whole encoders 5-17% slower (benchmarks note), so SDPA stays.
+    attention: str = "auto"
     # How static Linears' int8 weights are rounded (per layer): "gptq" (the default) chooses each
     # weight's level to minimise the layer's output error on the calibration data (H = X^T X,
     # lowering/gptq.py; same scales, same kernels); "nearest" rounds each weight on its own.
@@ -164,6 +174,8 @@ class QuantConfig:
             raise TypeError(f"route_by_batch must be True or False, got {self.route_by_batch!r}")
         if not isinstance(self.bf16, bool):
             raise TypeError(f"bf16 must be True or False, got {self.bf16!r}")
+        if self.attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {self.attention!r}")
         if self.weight_rounding not in WEIGHT_ROUNDINGS:
             raise ValueError(f"weight_rounding must be one of {', '.join(WEIGHT_ROUNDINGS)}, "
                              f"got {self.weight_rounding!r}")

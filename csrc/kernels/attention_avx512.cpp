@@ -19,4 +19,9 @@ void attention_rows_avx512(const AttentionProblem& p, int64_t b, int64_t h, int6
   attention_detail::rows_f32(p, b, h, i0, i1, scratch);
 }
 
+double fma_flops_avx512(int64_t iters) {
+  QB_ZMM_THROUGHPUT_LOOP(iters, "vfmadd231ps")
+  return static_cast<double>(iters) * QB_ZMM_THROUGHPUT_INSNS * 16 * 2;
+}
+
 }  // namespace qbackend::kernels

@@ -17,4 +17,9 @@ void attention_rows_avx512_bf16(const AttentionProblem& p, int64_t b, int64_t h,
   attention_detail::rows_bf16(p, b, h, i0, i1, scratch);
 }
 
+double bf16_dot_flops_avx512(int64_t iters) {
+  QB_ZMM_THROUGHPUT_LOOP(iters, "vdpbf16ps")
+  return static_cast<double>(iters) * QB_ZMM_THROUGHPUT_INSNS * 32 * 2;
+}
+
 }  // namespace qbackend::kernels

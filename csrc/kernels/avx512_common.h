@@ -13,6 +13,33 @@
 
 #include <cstdint>
 
+// A throughput loop: `iters` times, the registers zmm0..11, 30, 31 zeroed (an fp32 unit must not
+// meet denormals or NaNs, which some CPUs run through slow microcode), then 8 x 12 independent
+// instructions `ins zmm30, zmm31, zmm0..11`, in one inline-assembly statement so the compiler can
+// neither drop nor reorder them. QB_ZMM_THROUGHPUT_INSNS instructions per iteration.
+#define QB_ZMM_THROUGHPUT_INSNS 96
+#define QB_ZMM_THROUGHPUT_LOOP(iters, ins)                                                          \
+  for (int64_t i_ = 0; i_ < (iters); ++i_) {                                                        \
+    __asm__ volatile(                                                                               \
+        "vpxord %%zmm0, %%zmm0, %%zmm0\n\t vpxord %%zmm1, %%zmm1, %%zmm1\n\t"                          \
+        "vpxord %%zmm2, %%zmm2, %%zmm2\n\t vpxord %%zmm3, %%zmm3, %%zmm3\n\t"                          \
+        "vpxord %%zmm4, %%zmm4, %%zmm4\n\t vpxord %%zmm5, %%zmm5, %%zmm5\n\t"                          \
+        "vpxord %%zmm6, %%zmm6, %%zmm6\n\t vpxord %%zmm7, %%zmm7, %%zmm7\n\t"                          \
+        "vpxord %%zmm8, %%zmm8, %%zmm8\n\t vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                          \
+        "vpxord %%zmm10, %%zmm10, %%zmm10\n\t vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                    \
+        "vpxord %%zmm30, %%zmm30, %%zmm30\n\t vpxord %%zmm31, %%zmm31, %%zmm31\n\t"                    \
+        ".rept 8\n\t"                                                                                 \
+        ins " %%zmm30, %%zmm31, %%zmm0\n\t" ins " %%zmm30, %%zmm31, %%zmm1\n\t"                         \
+        ins " %%zmm30, %%zmm31, %%zmm2\n\t" ins " %%zmm30, %%zmm31, %%zmm3\n\t"                         \
+        ins " %%zmm30, %%zmm31, %%zmm4\n\t" ins " %%zmm30, %%zmm31, %%zmm5\n\t"                         \
+        ins " %%zmm30, %%zmm31, %%zmm6\n\t" ins " %%zmm30, %%zmm31, %%zmm7\n\t"                         \
+        ins " %%zmm30, %%zmm31, %%zmm8\n\t" ins " %%zmm30, %%zmm31, %%zmm9\n\t"                         \
+        ins " %%zmm30, %%zmm31, %%zmm10\n\t" ins " %%zmm30, %%zmm31, %%zmm11\n\t"                       \
+        ".endr\n\t" ::                                                                                \
+            : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",   \
+              "xmm11", "xmm30", "xmm31");                                                            \
+  }
+
 namespace qbackend::kernels {
 namespace {
 namespace avx512 {

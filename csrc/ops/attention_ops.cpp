@@ -8,7 +8,8 @@
 // in fp32 arithmetic, returned as float32 / bfloat16, or quantized to uint8/int8 with
 // (out_scale, out_zero_point) exactly as qbackend::quantize_per_tensor quantizes the fp32 value.
 // bf16_products: the two matrix products take bf16 operands (fp32 accumulation) where the CPU has
-// AVX512-BF16 (qbackend::cpu::bf16_usable()); elsewhere the flag is ignored (fp32 products).
+// AVX512-BF16 and runs its dot products faster than fp32 FMAs (qbackend::cpu::bf16_products_pay(),
+// measured once: not on Intel's AVX512-BF16 cores); elsewhere the flag is ignored (fp32 products).
 // q, k, v: float32 or bfloat16 (one dtype), any strides (a last dimension that is not contiguous
 // is copied). mask: bool (true = attend) or float32/bfloat16 (added), broadcastable to
 // [B,H,Sq,Sk]. The output is laid out as [B,Sq,H,Dv] (its transpose(1, 2) is contiguous), so the
@@ -24,6 +25,7 @@
 #include <optional>
 #include <vector>
 
+#include "cpu/bf16_speed.h"
 #include "cpu/probe.h"
 #include "kernels/attention_kernels.h"
 #include "ops/checks.h"
@@ -143,7 +145,7 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   p.o_sb = out.stride(0), p.o_sh = out.stride(1), p.o_si = out.stride(2);
   p.out_scale = static_cast<float>(out_scale);
   p.out_zp = static_cast<int32_t>(out_zero_point);
-  p.bf16_products = bf16_products && qbackend::cpu::bf16_usable();
+  p.bf16_products = bf16_products && qbackend::cpu::bf16_products_pay();
   const auto rows = p.bf16_products ? kernels::attention_rows_avx512_bf16 : kernels::attention_rows_avx512;
 
   // Tasks: (b, h, chunk of query rows). Heads are split only when there are too few of them to

@@ -1,6 +1,8 @@
 """The attention-core pass of convert: each torch scaled_dot_product_attention left in the graph
 becomes a FusedAttention module (qbackend::attention, csrc/kernels/attention_avx512*.cpp), and a
 Quantize border that is its only reader is folded into it (the kernel writes uint8 directly).
+Whether it runs is QuantConfig.attention's choice (attention_fused: by default, where this CPU's
+bf16 dot products pay, which is where the kernel was measured faster than torch's SDPA).
 
 Taken: dropout 0, no grouped-query broadcast, 4-D float32/bfloat16 q, k, v with equal batch and
 head sizes, a bool or float mask (or is_causal, not both). Anything else stays torch's SDPA.
@@ -11,12 +13,20 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from .._extension import _C
 from ..nn.attention import FusedAttention
 from ..nn.quant import Quantize
 from .graph_utils import bound_args, node_value
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+
+
+def attention_fused(mode: str) -> bool:
+    """Whether convert fuses the attention cores for QuantConfig.attention `mode` on this CPU."""
+    if mode == "auto":
+        return bool(_C.bf16_products_pay())
+    return mode == "fused"
 
 
 def _eligible(a: dict) -> bool:

@@ -33,7 +33,8 @@ from torch import fx
 from ..observers import QParams
 from ..ops import reference
 from ..nn.quant import Dequantize, Quantize
-from .attention import fuse_attention
+from ..config import QuantConfig
+from .attention import attention_fused, fuse_attention
 from .layer_norm import fuse_layer_norms
 from .embeddings import rewrite_embeddings
 from . import gptq
@@ -294,7 +295,8 @@ def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
-    fused = fuse_attention(gm, bf16_products=prepared.config is None or prepared.config.bf16)
+    config = prepared.config or QuantConfig()
+    fused = fuse_attention(gm, bf16_products=config.bf16) if attention_fused(config.attention) else 0
     if fused + fuse_layer_norms(gm):
         gm.graph.eliminate_dead_code()
     _donate_dead_residuals(gm)

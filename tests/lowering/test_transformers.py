@@ -23,8 +23,21 @@ def small_bert():
     g = torch.Generator().manual_seed(1)
     cal = [bert_inputs(4, 24, g, vocab_size=2000) for _ in range(3)]
     qmodel = qbackend.quantize(model, cal[0], cal, config=qbackend.QuantConfig(
-        embedding=qbackend.EmbeddingConfig(min_weights=0)))
+        embedding=qbackend.EmbeddingConfig(min_weights=0), attention="fused"))
     return model, qmodel
+
+
+@pytest.fixture
+def bf16_products_on():
+    """bf16 products wherever AVX512-BF16 runs, also where they do not pay (see test_attention)."""
+    from qbackend._extension import _C
+    before = _C.bf16_products_policy()
+    _C.set_bf16_products_policy("on")
+    yield
+    _C.set_bf16_products_policy(before)
+
+
+FUSED = qbackend.QuantConfig(attention="fused")
 
 
 def _hidden(model, ids, mask):
@@ -149,7 +162,7 @@ def _graph_dtypes(gm):
     return out
 
 
-def test_bf16_switch_off_gives_an_fp32_only_graph():
+def test_bf16_switch_off_gives_an_fp32_only_graph(bf16_products_on):
     """QuantConfig(bf16=False): no bfloat16 value, parameter or buffer anywhere in the graph, the
     fused attention computes fp32 products, and its outputs equal a model whose attention core is
     torch's fp32 SDPA up to fp32 rounding. With the default (bf16=True) on a CPU with AVX512-BF16
@@ -158,7 +171,7 @@ def test_bf16_switch_off_gives_an_fp32_only_graph():
     g = torch.Generator().manual_seed(3)
     cal = [bert_inputs(4, 24, g, vocab_size=2000) for _ in range(2)]
     ids, mask = bert_inputs(4, 24, g, vocab_size=2000)
-    q32 = qbackend.quantize(model, cal[0], cal, config=qbackend.QuantConfig(bf16=False))
+    q32 = qbackend.quantize(model, cal[0], cal, config=qbackend.QuantConfig(bf16=False, attention="fused"))
     assert torch.bfloat16 not in _graph_dtypes(q32.graph_module)
     assert all(not m.bf16_products for m in _attention_modules(q32))
     y32 = _hidden(q32, ids, mask)
@@ -166,7 +179,7 @@ def test_bf16_switch_off_gives_an_fp32_only_graph():
     for m in _attention_modules(q32):
         m.forward = _sdpa_then_quantize(m)
     torch.testing.assert_close(_hidden(q32, ids, mask), y32, rtol=0, atol=float(y32.abs().max()) * 1e-2)
-    qbf = qbackend.quantize(model, cal[0], cal)
+    qbf = qbackend.quantize(model, cal[0], cal, config=FUSED)
     assert all(m.bf16_products for m in _attention_modules(qbf))
     ybf, ref = _hidden(qbf, ids, mask), _hidden(model, ids, mask)
     from qbackend._extension import _C
@@ -228,7 +241,7 @@ def test_other_encoders_quantize_with_fused_attention(build):
     model = build()
     g = torch.Generator().manual_seed(4)
     cal = [bert_inputs(4, 24, g, vocab_size=2000) for _ in range(3)]
-    qmodel = qbackend.quantize(model, cal[0], cal)
+    qmodel = qbackend.quantize(model, cal[0], cal, config=FUSED)
     assert len(_attention_modules(qmodel)) == 2 and not _sdpa_nodes(qmodel)
     assert sum(info["kind"] == "linear" for info in qmodel.qbackend_layers.values()) == 12
     ids, mask = bert_inputs(3, 20, g, vocab_size=2000, min_len=6)
@@ -262,9 +275,30 @@ def test_causal_bf16_attention_keeps_its_dtype():
     model = _CausalBF16Attention().eval()
     g = torch.Generator().manual_seed(1)
     cal = [(torch.randn(4, 9, 32, generator=g),) for _ in range(3)]
-    qmodel = qbackend.quantize(model, cal[0], cal)
+    qmodel = qbackend.quantize(model, cal[0], cal, config=FUSED)
     (fused,) = _attention_modules(qmodel)
     assert fused.is_causal and fused.out_dtype == torch.bfloat16
     x = torch.randn(2, 9, 32, generator=g)
     with torch.no_grad():
         assert sqnr(model(x), qmodel(x)) > 25.0
+
+
+def test_attention_mode_sdpa_and_auto():
+    """attention="sdpa" keeps torch's SDPA (and the Quantize behind it) and gives what the fused
+    kernel with fp32 products gives, up to fp32 rounding and one quantization level; "auto" (the
+    default) fuses exactly where this CPU's bf16 dot products pay (qbackend._C.bf16_products_pay)."""
+    from qbackend._extension import _C
+    model = bert_base(seed=0, **SMALL)
+    g = torch.Generator().manual_seed(6)
+    cal = [bert_inputs(4, 24, g, vocab_size=2000) for _ in range(2)]
+    ids, mask = bert_inputs(4, 24, g, vocab_size=2000)
+    kept = qbackend.quantize(model, cal[0], cal, config=qbackend.QuantConfig(attention="sdpa", bf16=False))
+    assert not _attention_modules(kept) and len(_sdpa_nodes(kept)) == SMALL["num_hidden_layers"]
+    fused = qbackend.quantize(model, cal[0], cal, config=qbackend.QuantConfig(attention="fused", bf16=False))
+    assert len(_attention_modules(fused)) == SMALL["num_hidden_layers"] and not _sdpa_nodes(fused)
+    ref, y_kept, y_fused = _hidden(model, ids, mask), _hidden(kept, ids, mask), _hidden(fused, ids, mask)
+    assert sqnr(ref, y_kept) > 25.0 and abs(sqnr(ref, y_kept) - sqnr(ref, y_fused)) < 1.0
+    auto = qbackend.quantize(model, cal[0], cal)
+    assert bool(_attention_modules(auto)) == bool(_C.bf16_products_pay())
+    with pytest.raises(ValueError, match="attention must be one of auto, fused, sdpa"):
+        qbackend.QuantConfig(attention="flash")

@@ -25,6 +25,16 @@ ops = torch.ops.qbackend
 BF16 = bool(_C.bf16_usable())
 
 
+@pytest.fixture
+def bf16_products_on():
+    """bf16 products wherever AVX512-BF16 runs (policy "on"), also on CPUs where they do not pay
+    (Intel's), so that their numerics are tested on every AVX512-BF16 machine."""
+    before = _C.bf16_products_policy()
+    _C.set_bf16_products_policy("on")
+    yield
+    _C.set_bf16_products_policy(before)
+
+
 def reference(q, k, v, mask=None, scale=None, causal=False):
     q, k, v = q.double(), k.double(), v.double()
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -77,7 +87,7 @@ def test_fp32_products_match_fp64(shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES[1:5], ids=lambda s: "x".join(map(str, s)))
-def test_bf16_products_within_bf16_rounding(shape):
+def test_bf16_products_within_bf16_rounding(shape, bf16_products_on):
     g = torch.Generator().manual_seed(7 + sum(shape))
     q, k, v = qkv(*shape, g)
     scale = 0.25
@@ -93,6 +103,34 @@ def test_bf16_products_within_bf16_rounding(shape):
         assert float((y - rounded).abs().max()) <= 2 ** -8 * vmax, name
         assert float((y - exact).abs().max()) <= 2 ** -6 * vmax, name
         assert not torch.equal(y, attention(q, k, v, mask, scale).double()), "bf16 products changed nothing"
+
+
+def test_bf16_products_only_where_they_pay():
+    """Policy "off" (and "auto" where bf16 dot products measure slower than fp32 FMAs, as on Intel's
+    AVX512-BF16 Xeons): bf16_products=True runs the fp32 products, bit for bit; the measured rates
+    are real numbers and "auto" follows them; a bad policy is refused."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = qkv(2, 3, 19, 21, 32, 24, g)
+    before = _C.bf16_products_policy()
+    try:
+        _C.set_bf16_products_policy("off")
+        assert not _C.bf16_products_pay()
+        assert torch.equal(attention(q, k, v, None, 0.3, bf16_products=True), attention(q, k, v, None, 0.3))
+        _C.set_bf16_products_policy("auto")
+        if BF16:
+            fma, dot = _C.fma_gflops(), _C.bf16_dot_gflops()
+            assert fma > 1.0 and dot > 1.0
+            pays = _C.bf16_products_pay()
+            # the measured decision (once per process): robust, the rates differ by 2x either way here
+            assert pays == (dot >= 1.25 * fma) or abs(dot / fma - 1.25) < 0.3
+            same = torch.equal(attention(q, k, v, None, 0.3, bf16_products=True), attention(q, k, v, None, 0.3))
+            assert same == (not pays)
+        else:
+            assert not _C.bf16_products_pay() and _C.bf16_dot_gflops() == 0.0
+        with pytest.raises(ValueError, match="'auto', 'on' or 'off'"):
+            _C.set_bf16_products_policy("always")
+    finally:
+        _C.set_bf16_products_policy(before)
 
 
 def test_bf16_inputs_are_widened_exactly():

@@ -1,0 +1,22 @@
+// Whether bf16 dot products pay on this CPU. AVX512-BF16's vdpbf16ps does twice the multiply-adds
+// of an fp32 FMA per instruction, and on AMD's Zen 4/5 it issues as often as an FMA (the fused
+// attention's bf16 products measured 2.3x faster than its fp32 ones there); Intel's Sapphire /
+// Emerald Rapids cores issue it a quarter as often (measured: 81 against 167 GFLOPS per core), so
+// bf16 products would halve the attention's arithmetic rate. Measured once per process.
+#pragma once
+#include <string>
+
+namespace qbackend::cpu {
+
+// True where bf16_usable() and the bf16 dot product's measured fp32-operation rate is at least 1.25x
+// the FMA's (or the policy says "on"). About 1 ms the first time it is asked.
+bool bf16_products_pay();
+// The two rates (GFLOP/s on this thread), measured on each call (0 for bf16 without AVX512-BF16).
+double fma_gflops();
+double bf16_dot_gflops();
+// "auto" (measured; the default, or QBACKEND_BF16_PRODUCTS=auto), "on" (wherever bf16_usable(): to
+// test the bf16 paths on any AVX512-BF16 CPU), "off". Raises std::invalid_argument on anything else.
+void set_bf16_products_policy(const std::string& policy);
+std::string bf16_products_policy();
+
+}  // namespace qbackend::cpu
