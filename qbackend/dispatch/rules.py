@@ -106,6 +106,13 @@ RULES: tuple[Rule, ...] = (
          "group (ResNeXt g=32: 2.3x, kernel-facts)",
          when=lambda s: 1 < s["groups"] < s["c_in"] and _channels_per_group(s) <= 8,
          condition="1 < groups < c_in and c_in/groups <= 8"),
+    Rule("conv2d", ("avx512_vnni",), "onednn", "1x1 convs to <= 16 channels over more than 100k output pixels "
+         "(MobileNetV2's 32 -> 16 @112 from batch 8): native's one-vector tiles load a weight vector and six "
+         "activation words per six dot products, and oneDNN was the faster at batch 32 on both CPUs measured, 1.27x "
+         "on an Intel Xeon and 1.03x on AMD EPYC (benchmarks/results/xeon/dispatch.md, dispatch.md); at batch 1 "
+         "native is 1.9-3.7x ahead (the next row)",
+         when=lambda s: _is_1x1(s) and s["c_out"] <= 16 and _out_pixels(s) > 100_000,
+         condition="1x1, groups 1, c_out <= 16, n*oh*ow > 100k"),
     Rule("conv2d", ("avx512_vnni",), "native", "1x1 convs as one GEMM over the channels-last pixels (strided ones "
          "gathered first), residual and relu fused: against the best of oneDNN and FBGEMM on every distinct 1x1 conv "
          "of ResNet-50 and MobileNetV2 1.06-1.97x at batch 1 and 0.97-1.24x at batch 32; with a residual up to 3x. "

@@ -68,6 +68,13 @@ def test_native_rows():
     assert rules.choose("conv2d", vnni, down).provider == "native"
     assert rules.choose("conv2d", vnni, down, usable=NO_NATIVE).provider == "fbgemm"
     assert rules.choose("conv2d", vnni, dict(down, c_in=512, c_out=1024, h=28, w=28)).provider == "native"
+    # 1x1 convs to <= 16 channels: native at batch 1 (12.5k pixels at 112x112), oneDNN over 100k pixels.
+    thin = dict(pointwise, c_in=32, c_out=16, h=112, w=112, n=1)
+    assert rules.choose("conv2d", vnni, thin).provider == "native"
+    assert rules.choose("conv2d", vnni, dict(thin, n=8)).provider == "onednn"  # 100,352 pixels
+    assert rules.choose("conv2d", vnni, dict(thin, n=7)).provider == "native"
+    assert rules.choose("conv2d", vnni, dict(thin, n=32)).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(thin, n=32, c_out=24)).provider == "native"
 
 
 def test_router_skips_the_native_provider_where_it_cannot_run():
