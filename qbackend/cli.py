@@ -51,7 +51,7 @@ def _bf16_line() -> str:
     from qbackend._extension import _C
 
     if not _C.bf16_usable():
-        return "bf16 products: no AVX512-BF16; attention cores: torch's SDPA (QuantConfig(attention='auto'))"
+        return "bf16 products: no AVX512-BF16; attention cores: torch SDPA (QuantConfig(attention='auto'))"
     fma, dot = _C.fma_gflops(), _C.bf16_dot_gflops()
     pays = _C.bf16_products_pay()
     return (f"bf16 products: fp32 FMA {fma:.0f} GFLOP/s, bf16 dot {dot:.0f} GFLOP/s per thread (policy "

@@ -154,8 +154,8 @@ class QuantConfig:
     # keeps torch's SDPA (and a separate quantize); "auto" (the default) fuses it where this CPU runs
     # bf16 dot products faster than fp32 FMAs (qbackend._C.bf16_products_pay(), measured once): there
     # (AMD Zen 4/5) the kernel measured 1.6x (fp32 products) to 3.8x (bf16) faster than torch's SDPA;
-    # on Intel's AVX512-BF16 Xeons it measured 1.3-1.9x slower than torch's SDPA per call and the
-    # whole encoders 5-17% slower (benchmarks note), so SDPA stays.
+    # on Intel's AVX512-BF16 Xeons it measured 1.3-1.9x slower than torch's SDPA per call and whole
+    # encoders took 1.04-1.15x the time of the SDPA path (benchmarks/results/xeon/README.md), so SDPA stays.
     attention: str = "auto"
     # How static Linears' int8 weights are rounded (per layer): "gptq" (the default) chooses each
     # weight's level to minimise the layer's output error on the calibration data (H = X^T X,

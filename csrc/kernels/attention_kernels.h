@@ -56,9 +56,10 @@ void attention_rows_avx512(const AttentionProblem& p, int64_t b, int64_t h, int6
 void attention_rows_avx512_bf16(const AttentionProblem& p, int64_t b, int64_t h, int64_t i0, int64_t i1,
                                 float* scratch);
 
-// Throughput loops for bf16_products_pay() (attention_ops.cpp): run `iters` iterations of 12
-// independent fp32 FMAs (resp. bf16 dot products, vdpbf16ps) on zmm registers and return the fp32
-// operations done (2 per multiply-add). The bf16 one only when qbackend::cpu::bf16_usable().
+// Throughput loops for qbackend::cpu::bf16_products_pay() (cpu/bf16_speed.cpp): `iters` iterations
+// of QB_ZMM_THROUGHPUT_LOOP (avx512_common.h) over fp32 FMAs (resp. bf16 dot products, vdpbf16ps);
+// they return the fp32 operations done (2 per multiply-add). The bf16 one only when
+// qbackend::cpu::bf16_usable().
 double fma_flops_avx512(int64_t iters);
 double bf16_dot_flops_avx512(int64_t iters);
 
