@@ -6,7 +6,7 @@ import os
 import subprocess
 
 import qbackend
-from qbackend._extension import _C
+from qbackend.core.extension import _C
 
 
 def cpu_model_name(default: str | None = None) -> str:

@@ -57,11 +57,11 @@ from _machine import cpu_line, git_state, load_average  # noqa: E402
 from kernels import Report, onednn_reorders  # noqa: E402
 
 import qbackend  # noqa: E402
-from qbackend.dispatch.router import ENV_PROVIDER  # noqa: E402
+from qbackend.dispatch import ENV_PROVIDER  # noqa: E402
 from qbackend.dispatch.rules import choose  # noqa: E402
 from qbackend.dispatch.tuner import TuneCache  # noqa: E402
 from qbackend.models import MODELS  # noqa: E402
-from qbackend._extension import _C  # noqa: E402
+from qbackend.core.extension import _C  # noqa: E402
 
 warnings.filterwarnings("ignore", category=UserWarning)  # FP32-op lists, export notes: not this benchmark's topic
 warnings.filterwarnings("ignore", category=FutureWarning)

@@ -46,7 +46,7 @@ from _timing import fmt_us, measure  # noqa: E402
 import qbackend  # noqa: E402
 from _machine import cpu_line, git_state, load_average  # noqa: E402
 from qbackend.ops.packed import PackedConv2dWeight, PackedLinearWeight  # noqa: E402
-from qbackend._extension import _C  # noqa: E402
+from qbackend.core.extension import _C  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
 warnings.filterwarnings("ignore", category=UserWarning, module="torch")

@@ -90,7 +90,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import qbackend  # noqa: E402
-from qbackend._extension import _C  # noqa: E402
+from qbackend.core.extension import _C  # noqa: E402
 from _machine import git_commit  # noqa: E402
 from _timing import measure  # noqa: E402
 from accuracy import error_note, sqnr_db  # noqa: E402

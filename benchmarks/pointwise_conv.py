@@ -22,7 +22,7 @@ from _machine import cpu_line, git_state, load_average  # noqa: E402
 from _timing import measure  # noqa: E402
 
 import qbackend  # noqa: E402
-from qbackend._extension import _C  # noqa: E402
+from qbackend.core.extension import _C  # noqa: E402
 from qbackend.ops import PackedConv2dWeight  # noqa: E402
 
 # (model, c_in, c_out, input h = w, stride)

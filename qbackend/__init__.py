@@ -1,4 +1,6 @@
-"""qbackend: a unified x86 INT8 quantization backend for PyTorch (FBGEMM + oneDNN, plain tensors).
+"""qbackend: a unified x86 INT8 quantization backend for PyTorch: plain uint8/int8 tensors, ops in
+the torch.ops.qbackend namespace, each op instance routed to the fastest correct kernel (qbackend's
+own VNNI/AMX GEMMs, FBGEMM or oneDNN).
 
     prepared = qbackend.prepare(model, example_inputs)      # backend="x86", config=QuantConfig()
     for batch in calibration_data:
@@ -7,17 +9,34 @@
 
 or `qbackend.quantize(model, example_inputs, calibration_data)` in one call, and
 `qbackend.quantize_dynamic(model)`. The ops themselves are torch.ops.qbackend.*; qbackend.ops wraps them.
+
+Layers, bottom first. A module imports only from its own layer and the layers below it, at module
+level (tests/test_layers.py checks both):
+
+  1 core           _C, core               the compiled extension (core.extension loads it); ISA levels,
+                                          routes, batches, version
+  2 ops            ops                     op fake impls, providers and their registry, packed weights
+  3 dispatch       dispatch                CPU probe, rule table, the routing call, tune mode
+  4 observers      observers               calibration statistics -> qparams
+  5 config         config                  QuantConfig and its parts
+  6 nn             nn                      quantized modules, QuantizedModel
+  7 lowering       lowering                capture, graph passes, convert, module swap
+  8 report         report                  explain, accuracy against FP32, the budgeted fallback
+  9 serialization  serialization           save / load
+  10 api           api                     prepare, calibrate, convert, quantize
+  11 top           __init__, __main__, cli, models   public names, the command line, the model zoo
 """
-from ._extension import _C  # noqa: F401  (loads the extension, applies QBACKEND_ISA)
+from .core.extension import _C  # noqa: F401  (loads the extension, applies QBACKEND_ISA)
 from .api import PreparedModel, calibrate, convert, prepare, quantize, quantize_dynamic
+from .core.version import VERSION
 from .config import EmbeddingConfig, ObserverSpec, QuantConfig, SmoothQuantConfig
 from .dispatch import cpu_features
-from .explain import explain
+from .report import explain
 from .nn.model import QuantizedModel
 from .report import compare
 from .serialization import load, save
 
-__version__ = "0.1.0"
+__version__ = VERSION
 __all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "PreparedModel", "QuantizedModel",
            "QuantConfig", "ObserverSpec", "EmbeddingConfig", "SmoothQuantConfig", "save", "load", "explain", "compare",
            "cpu_features", "__version__"]

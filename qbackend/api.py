@@ -17,13 +17,16 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ._batches import batches, bind_by_name
+from .core.batches import batches, bind_by_name
 from .config import QuantConfig
+from .dispatch import TuneOptions
 from .lowering.capture import CaptureError
 from .lowering.convert import convert_graph
+from .lowering.graph_utils import positional_inputs
 from .lowering.module_swap import SwappedModel, convert_swapped, swap_modules
 from .lowering.prepare import PreparedGraph, prepare_graph
 from .nn.model import QuantizedModel
+from .report.fallback import quantize_within_budget
 
 BACKENDS = ("x86",)
 
@@ -54,9 +57,9 @@ class PreparedModel(nn.Module):
 
     def forward(self, *args, **kwargs):
         if kwargs and isinstance(self._prepared, PreparedGraph):  # inputs by name, as the model takes them
-            info = getattr(self.inner.graph._codegen, "pytree_info", None)
-            if info is not None:
-                args, kwargs = bind_by_name(info.orig_args, info.in_spec.child(0).num_children, args, kwargs)
+            inputs = positional_inputs(self.inner)
+            if inputs is not None:
+                args, kwargs = bind_by_name(*inputs, args, kwargs)
         return self.inner(*args, **kwargs)
 
 
@@ -139,8 +142,6 @@ def _tune_options(tune, tune_batch_sizes, tune_cache):
         if tune_batch_sizes is not None or tune_cache is not None:
             raise ValueError("tune_batch_sizes / tune_cache apply with tune=True")
         return None
-    from .lowering.layers import TuneOptions
-
     if tune_batch_sizes is not None:
         sizes = tuple(int(b) for b in tune_batch_sizes)
         if not sizes or any(b < 1 for b in sizes):
@@ -189,8 +190,6 @@ def quantize(model: nn.Module, example_inputs, calibration_data: Iterable, confi
     if (eval_fn is None) != (max_drop is None):
         raise ValueError("give both eval_fn and max_drop (the accuracy-budgeted fallback), or neither")
     if eval_fn is not None:
-        from .report.fallback import quantize_within_budget
-
         calibration = list(calibration_data)
         return quantize_within_budget(
             model, _as_args(example_inputs), calibration, _check_config(config),

@@ -22,6 +22,7 @@ import torch
 
 from .observers import (HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver, MSEObserver, Observer,
                         PercentileObserver, PerChannelMinMaxObserver)
+from .ops import registry
 
 # The observers a config can name.
 OBSERVERS: Mapping[str, type[Observer]] = MappingProxyType({
@@ -35,8 +36,6 @@ OBSERVERS: Mapping[str, type[Observer]] = MappingProxyType({
 MODES = ("static", "dynamic", "weight_only")
 ATTENTION_MODES = ("auto", "fused", "sdpa")
 WEIGHT_ROUNDINGS = ("gptq", "nearest")
-PROVIDER_NAMES = ("fbgemm", "onednn", "reference")  # qbackend.ops.providers.PROVIDERS
-EMBEDDING_PROVIDER_NAMES = ("builtin", "fbgemm", "fbgemm_gpu")  # qbackend.ops.embedding.EMBEDDING_PROVIDERS
 
 
 @dataclass(frozen=True)
@@ -67,9 +66,8 @@ class EmbeddingConfig:
                              f"got {self.qparams_dtype!r}")
         if isinstance(self.min_weights, bool) or not isinstance(self.min_weights, int) or self.min_weights < 0:
             raise ValueError(f"EmbeddingConfig.min_weights must be a non-negative int, got {self.min_weights!r}")
-        if self.provider is not None and self.provider not in EMBEDDING_PROVIDER_NAMES:
-            raise ValueError(f"EmbeddingConfig.provider must be one of {', '.join(EMBEDDING_PROVIDER_NAMES)} or "
-                             f"None, got {self.provider!r}")
+        if self.provider is not None:
+            registry.check_name(self.provider, "embedding", "EmbeddingConfig.provider", optional=True)
 
 
 @dataclass(frozen=True)
@@ -184,8 +182,8 @@ class QuantConfig:
             raise TypeError(f"smoothquant must be 'auto', a SmoothQuantConfig or None, got {self.smoothquant!r}")
         if self.embedding is not None and not isinstance(self.embedding, EmbeddingConfig):
             raise TypeError(f"embedding must be an EmbeddingConfig or None, got {type(self.embedding).__name__}")
-        if self.provider is not None and self.provider not in PROVIDER_NAMES:
-            raise ValueError(f"provider must be one of {', '.join(PROVIDER_NAMES)} or None, got {self.provider!r}")
+        if self.provider is not None:
+            registry.check_name(self.provider, "kernel", "provider", optional=True)
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         for what, spec in (("activation", self.activation), ("weight", self.weight)):

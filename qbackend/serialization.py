@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from .core.version import VERSION as QBACKEND_VERSION
 from .dispatch import cpu_features
 from .lowering.rebind import rebind
 from .nn.model import QuantizedModel
@@ -33,12 +34,10 @@ def save(qmodel: QuantizedModel, path: str | os.PathLike) -> None:
     if not isinstance(qmodel, QuantizedModel):
         raise TypeError(f"qbackend.save takes the model qbackend.convert / quantize returned, got "
                         f"{type(qmodel).__name__}")
-    from . import __version__
-
     payload = io.BytesIO()
     torch.save(qmodel, payload)
     f = cpu_features()
-    header = {"format": FORMAT, "version": VERSION, "qbackend_version": __version__,
+    header = {"format": FORMAT, "version": VERSION, "qbackend_version": QBACKEND_VERSION,
               "torch_version": str(torch.__version__), "saved_on": {"isa_class": f.isa_class, "vendor": f.vendor,
                                                                "model": f.model_name}}
     torch.save({"header": header, "model": payload.getvalue()}, path)

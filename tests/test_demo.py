@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from qbackend import demo
+from qbackend.cli import demo
 
 
 @pytest.fixture(scope="module")

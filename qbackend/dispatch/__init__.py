@@ -1,6 +1,16 @@
-"""Dispatch: the CPU probe and the rules that route each op instance to a kernel provider."""
-from .cpu import CpuFeatures, Feature, cpu_features, fbgemm_isa
-from .batch_routes import BatchRoutes, batch_routes
-from .router import Route, route
+"""Dispatch: which provider runs each op instance, decided in one call.
 
-__all__ = ["BatchRoutes", "CpuFeatures", "Feature", "batch_routes", "cpu_features", "fbgemm_isa", "Route", "route"]
+  cpu.py           what this CPU can do (the probe, QBACKEND_ISA), and its class in the rule table
+  rules.py         the rule table: rows of (op, CPU classes, condition, provider, evidence), as data
+  routing.py       route(op, shape, ...) -> Route: forced providers, the rules, exactness, tune
+                   mode and batch ranges; every caller routes through it
+  batch_routes.py  the sizes a layer is routed at, and their ranges
+  tuner.py         tune mode: timing candidates on the layer (tune_cache.py: the on-disk cache)
+"""
+from ..core.routes import BatchRoutes, Route
+from .cpu import ISA_CLASSES, CpuFeatures, Feature, cpu_features, fbgemm_isa
+from .routing import ENV_PROVIDER, env_forced, route
+from .tuner import TuneOptions, TuneRequest
+
+__all__ = ["BatchRoutes", "CpuFeatures", "ENV_PROVIDER", "Feature", "ISA_CLASSES", "Route", "TuneOptions",
+           "TuneRequest", "cpu_features", "env_forced", "fbgemm_isa", "route"]

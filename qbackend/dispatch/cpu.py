@@ -2,15 +2,18 @@
 
 `cpu_features()` returns a frozen `CpuFeatures`: for each feature whether the CPU has it and
 whether the OS lets us use it, plus `level`, the ISA class qbackend actually uses after the cap.
-The dispatcher routes on `isa_class` (amx, avx512_vnni, avx2_vnni, avx512, avx2).
+The dispatcher routes on `isa_class` (one of ISA_CLASSES).
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, fields
 
-from .._extension import _C
-from .. import _isa_override
+from ..core.extension import _C
+from ..core import isa
+
+# The CPU classes the rule table has columns for, fastest first.
+ISA_CLASSES = ("amx", "avx512_vnni", "avx2_vnni", "avx512", "avx2")
 
 FEATURE_NAMES = (
     "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx_vnni",
@@ -45,29 +48,35 @@ class CpuFeatures:
     amx_int8: Feature
     amx_bf16: Feature
     override: str | None  # QBACKEND_ISA, if set
-    level: int            # 0 scalar, 1 avx2, 2 avx512, 3 avx512_vnni, 4 amx (after the override)
+    level: isa.Isa        # the level qbackend's own kernels use (after the override)
 
     @property
     def level_name(self) -> str:
-        return _isa_override.LEVEL_NAMES[self.level]
+        return self.level.label
 
     @property
     def has_vnni(self) -> bool:
         """u8 x s8 dot products without 16-bit saturation (AVX512-VNNI, or AVX-VNNI) in use."""
-        if self.level >= 3:
+        if self.level >= isa.Isa.AVX512_VNNI:
             return True
-        return self.override in (None, "avx2_vnni") and self.avx_vnni.usable and self.level >= 1
+        return self.override in (None, "avx2_vnni") and self.avx_vnni.usable and self.level >= isa.Isa.AVX2
 
     @property
     def isa_class(self) -> str:
-        """The row of the dispatch rule table this machine uses."""
-        if self.level >= 4:
+        """The column of the dispatch rule table this machine uses (one of ISA_CLASSES)."""
+        if self.level >= isa.Isa.AMX:
             return "amx"
-        if self.level == 3:
+        if self.level == isa.Isa.AVX512_VNNI:
             return "avx512_vnni"
         if self.has_vnni:
             return "avx2_vnni"
-        return "avx512" if self.level == 2 else "avx2"
+        return "avx512" if self.level == isa.Isa.AVX512 else "avx2"
+
+    @property
+    def bf16_products_pay(self) -> bool:
+        """Whether AVX512-BF16 dot products run faster than fp32 FMAs here (measured once per
+        process, csrc/cpu/bf16_speed.cpp; False without AVX512-BF16)."""
+        return bool(_C.bf16_products_pay())
 
     def features(self) -> dict[str, Feature]:
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Feature)}
@@ -78,8 +87,8 @@ def cpu_features() -> CpuFeatures:
     raw = _C.cpu_probe()
     feats = {name: Feature(*raw[name]) for name in FEATURE_NAMES}
     return CpuFeatures(
-        vendor=raw["vendor"], model_name=raw["model_name"], override=_isa_override.requested(),
-        level=_C.usable_level(), **feats,
+        vendor=raw["vendor"], model_name=raw["model_name"], override=isa.requested(),
+        level=isa.Isa(_C.usable_level()), **feats,
     )
 
 

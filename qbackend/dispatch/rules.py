@@ -33,7 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-ISA_CLASSES = ("amx", "avx512_vnni", "avx2_vnni", "avx512", "avx2")
+from .cpu import ISA_CLASSES
+
 ALL = ISA_CLASSES
 
 
@@ -171,16 +172,27 @@ RULES: tuple[Rule, ...] = (
          "behind a Python call (never reached while fbgemm takes the same tables)"),
     Rule("embedding_bag", ALL, "builtin", "qbackend's own kernel runs every table (fp32 scale/bias, "
          "padding_idx), 1.6x slower than fbgemm on large tables"),
+    # ---- attention cores (shape key bf16_products_pay: the CPU's measured bf16 vs fp32 rates) ----
+    Rule("attention", ALL, "native", "qbackend's fused attention with bf16 products: 3.8x torch's SDPA on AMD "
+         "EPYC Zen 4/5, where AVX512-BF16 dot products run at the fp32 FMA rate or faster (benchmarks/results/"
+         "models_transformers.md)", when=lambda s: s.get("bf16_products_pay", 0), condition="bf16 products pay"),
+    Rule("attention", ALL, "sdpa", "torch's SDPA: the fused kernel's fp32 products measured 1.3-1.9x slower per "
+         "call on an Intel Xeon, whose bf16 dot products issue at a quarter of the FMA rate "
+         "(benchmarks/results/xeon/README.md)"),
 )
 
 
-def choose(op: str, isa_class: str, shape: Mapping, usable: Callable[[str], bool] | None = None) -> Rule:
+def choose(op: str, isa_class: str, shape: Mapping, usable: Callable[[str], bool] | None = None,
+           missing_ok: bool = False) -> Rule | None:
     """The first rule for `op` on `isa_class` whose condition holds for `shape` (and, with
-    `usable`, whose provider it accepts: optional providers that are not installed are skipped)."""
+    `usable`, whose provider it accepts: providers that cannot run the op instance are skipped).
+    No such rule: ValueError, or None with missing_ok."""
     if isa_class not in ISA_CLASSES:
         raise ValueError(f"unknown ISA class {isa_class!r}; expected one of {', '.join(ISA_CLASSES)}")
     for rule in RULES:
         if rule.op == op and isa_class in rule.isa_classes and rule.when(shape) \
                 and (usable is None or usable(rule.provider)):
             return rule
+    if missing_ok:
+        return None
     raise ValueError(f"no dispatch rule for op {op!r} on {isa_class!r}")

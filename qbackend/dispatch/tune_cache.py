@@ -51,6 +51,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+import torch
+
+from ..core import isa
+from ..core.version import VERSION
+from ..ops import registry
+from .cpu import cpu_features
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover  (not POSIX)
@@ -176,12 +183,6 @@ class TuneResult:
         return text + (f" ({second / best:.2f}x)" if best > 0 else "")
 
 
-def _known_providers() -> frozenset[str]:
-    from ..ops.providers import PROVIDERS  # lazily: ops imports dispatch
-
-    return frozenset(PROVIDERS)
-
-
 def _result_problem(result: Any, known: frozenset[str]) -> str | None:
     """Why `result` (a TuneResult or the file's {"provider", "times_us"} object) is not a valid
     entry, or None."""
@@ -222,24 +223,14 @@ def machine_fingerprint() -> dict:
     """What a tuning result depends on besides the layer: the CPU (vendor and model string), the
     ISA class in use (after QBACKEND_ISA) and the override itself, the torch and qbackend
     versions, and torch's intra-op thread count (read now: set_num_threads changes it)."""
-    import torch
-
-    from .. import _isa_override
-    from .cpu import cpu_features
-
     f = cpu_features()
-    try:
-        from .. import __version__ as qb_version
-    except ImportError:  # qbackend/__init__ still importing
-        from importlib.metadata import version
-        qb_version = version("qbackend")
     return {
         "cpu_vendor": f.vendor,
         "cpu_model": f.model_name,
         "isa_class": f.isa_class,
-        "isa_override": _isa_override.requested(),
+        "isa_override": isa.requested(),
         "torch": torch.__version__,
-        "qbackend": qb_version,
+        "qbackend": VERSION,
         "threads": torch.get_num_threads(),
     }
 
@@ -338,7 +329,7 @@ class TuneCache:
         """Store `result` for `key` on this machine and write the file now (merged with its
         current contents, atomically). Raises ValueError for a result the file could not hold
         (unknown provider, non-finite times)."""
-        problem = _result_problem(result, _known_providers())
+        problem = _result_problem(result, registry.all_names())
         if problem is not None:
             raise ValueError(f"cannot cache {key}: {problem}")
         fp = machine_fingerprint()
@@ -395,7 +386,7 @@ class TuneCache:
             self._warn(f"ignoring tune cache {self.path}: cannot read it ({exc}); it will be replaced")
             return
         try:
-            self._sections, dropped = _parse(text, _known_providers())
+            self._sections, dropped = _parse(text, registry.all_names())
         except _FileProblem as exc:
             self._warn(f"ignoring tune cache {self.path}: {exc}; it will be replaced")
             return

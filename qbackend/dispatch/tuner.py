@@ -13,6 +13,10 @@ in turn, so drift on a shared machine (frequency, other processes) hits all cand
 and other processes only ever add to it, so the least disturbed round is the best estimate (the
 median of multi-thread calls on a busy 2-core machine measured scheduler quanta).
 
+`tune_route` is tune mode for one layer, as the router (routing.py) runs it: `tune` at each batch
+size of the request, the provider with the best geometric mean of its time relative to the fastest
+winning, the rule table's provider kept when it is within TUNE_MARGIN of it.
+
 This module re-exports the cache's names, so `from qbackend.dispatch.tuner import ...` is enough.
 """
 from __future__ import annotations
@@ -20,13 +24,46 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from .tune_cache import (TuneCache, TuneCacheWarning, TuneKey, TuneResult, _known_providers, default_cache_path,
-                         machine_fingerprint)
+from ..ops import registry
+from .tune_cache import (TuneCache, TuneCacheWarning, TuneKey, TuneResult, default_cache_path, machine_fingerprint)
 
-__all__ = ["TuneKey", "TuneResult", "TuneCache", "TuneCacheWarning", "default_cache_path", "machine_fingerprint",
-           "time_candidates", "tune"]
+__all__ = ["TuneKey", "TuneResult", "TuneCache", "TuneCacheWarning", "TuneOptions", "TuneRequest",
+           "default_cache_path", "machine_fingerprint", "time_candidates", "tune", "tune_route"]
+
+# Tune mode keeps the rule table's provider unless another one is faster by more than this: the
+# rules are measured on many layers, one layer's timing on a busy machine is noisier than a few
+# per cent, and a near-tie costs nothing either way.
+TUNE_MARGIN = 1.03
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """Tune mode as the user asks for it (qbackend.convert(tune=True, ...)).
+
+    batch_sizes: the batch sizes to time (None: the example's); cache: a TuneCache (None: the
+    default on-disk cache)."""
+
+    batch_sizes: tuple[int, ...] | None = None
+    cache: TuneCache | None = None
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """Tune mode for one layer: the options, what identifies the layer's kernel in the cache
+    (`key_op`, the rules' shape at each batch size `shape_at(b)`, and the `variant`: output dtype,
+    post-op, activation bits...), the example's batch size, and `bench(provider, b)`, which
+    builds the layer on that provider and returns a zero-argument callable running it once at
+    batch size b (it may raise ValueError or RuntimeError: that provider is no candidate)."""
+
+    options: TuneOptions
+    key_op: str
+    batch: int
+    shape_at: Callable[[int], Mapping]
+    variant: Mapping
+    bench: Callable[[str, int], Callable[[], object]]
 
 MAX_CALLS_PER_ROUND = 1_000_000
 # How tune() times candidates unless told otherwise.
@@ -105,10 +142,10 @@ def tune(key: TuneKey, builders: Mapping[str, Callable[[], Callable[[], object]]
     default cache: pass `TuneCache()` for that. Raises ValueError if no provider can run, or if
     `builders` names a provider qbackend does not know.
     """
-    unknown = sorted(set(builders) - _known_providers())
+    unknown = sorted(set(builders) - registry.all_names())
     if unknown:
         raise ValueError(f"tune {key}: unknown provider(s) {', '.join(map(repr, unknown))}; "
-                         f"expected among {', '.join(sorted(_known_providers()))}")
+                         f"expected among {', '.join(sorted(registry.all_names()))}")
     if cache is not None:
         hit = cache.get(key)
         if hit is not None and hit.provider in builders:
@@ -132,3 +169,29 @@ def tune(key: TuneKey, builders: Mapping[str, Callable[[], Callable[[], object]]
     if cache is not None:
         cache.put(key, result)
     return result, False
+
+
+def tune_route(request: TuneRequest, candidates, rule_provider: str | None = None) -> tuple[str, str]:
+    """(provider, why) from timing `candidates` (or the cache) at each batch size of the request;
+    the rule's provider is kept when it is within TUNE_MARGIN of the fastest."""
+    cache = request.options.cache if request.options.cache is not None else TuneCache()
+    batches = request.options.batch_sizes or (request.batch,)
+    results = []
+    for b in batches:
+        key = TuneKey.make(request.key_op, request.shape_at(int(b)), **request.variant)
+        builders = {p: (lambda p=p, b=int(b): request.bench(p, b)) for p in candidates}
+        res, hit = tune(key, builders, cache)
+        results.append((b, res, hit))
+    scores = {}
+    for p in candidates:
+        ratios = [r.times_us[p] / min(r.times_us.values()) for _, r, _ in results if p in r.times_us]
+        if len(ratios) == len(results):
+            scores[p] = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
+    if not scores:
+        raise ValueError("no provider could run it")
+    best = min(scores, key=scores.get)
+    detail = "; ".join(f"batch {b}: {r.why().removeprefix('tuned: ')}" + (" (cached)" if hit else "")
+                       for b, r, hit in results)
+    if rule_provider in scores and rule_provider != best and scores[rule_provider] <= scores[best] * TUNE_MARGIN:
+        return rule_provider, f"tuned: {detail}; kept the rule's {rule_provider} (within {TUNE_MARGIN:.2f}x)"
+    return best, f"tuned: {detail}"

@@ -1,8 +1,10 @@
 """The attention-core pass of convert: each torch scaled_dot_product_attention left in the graph
 becomes a FusedAttention module (qbackend::attention, csrc/kernels/attention_avx512*.cpp), and a
 Quantize border that is its only reader is folded into it (the kernel writes uint8 directly).
-Whether it runs is QuantConfig.attention's choice (attention_fused: by default, where this CPU's
-bf16 dot products pay, which is where the kernel was measured faster than torch's SDPA).
+Whether it runs is routed (qbackend.dispatch.route, op "attention": provider "native" fuses,
+"sdpa" keeps torch's SDPA): QuantConfig.attention "fused" / "sdpa" forces either, "auto" follows
+the rule table (by default the fused kernel where this CPU's bf16 dot products pay, which is where
+it was measured faster than torch's SDPA).
 
 Taken: dropout 0, no grouped-query broadcast, 4-D float32/bfloat16 q, k, v with equal batch and
 head sizes, a bool or float mask (or is_causal, not both). Anything else stays torch's SDPA.
@@ -13,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from .._extension import _C
+from ..core.routes import Route
+from ..dispatch import route
 from ..nn.attention import FusedAttention
 from ..nn.quant import Quantize
 from .graph_utils import bound_args, node_value
@@ -22,11 +25,13 @@ _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
 
-def attention_fused(mode: str) -> bool:
-    """Whether convert fuses the attention cores for QuantConfig.attention `mode` on this CPU."""
-    if mode == "auto":
-        return bool(_C.bf16_products_pay())
-    return mode == "fused"
+# QuantConfig.attention -> the attention provider it forces (None: routed by the rules).
+FORCED_BY_MODE = {"auto": None, "fused": "native", "sdpa": "sdpa"}
+
+
+def attention_route(mode: str) -> Route:
+    """Where the attention cores run for QuantConfig.attention `mode` on this CPU."""
+    return route("attention", {}, eight_bit_input=False, forced=FORCED_BY_MODE[mode])
 
 
 def _eligible(a: dict) -> bool:

@@ -32,15 +32,16 @@ from torch import fx
 
 from ..observers import QParams
 from ..ops import reference
+from ..nn import QuantizedConv2d, QuantizedLinear
 from ..nn.quant import Dequantize, Quantize
 from ..config import QuantConfig
-from .attention import attention_fused, fuse_attention
+from .attention import attention_route, fuse_attention
 from .layer_norm import fuse_layer_norms
 from .embeddings import rewrite_embeddings
 from . import gptq
 from .gptq import HessianStats
-from .graph_utils import quiet_treespec_deprecation
-from .layers import build_layer
+from .graph_utils import positional_inputs, quiet_treespec_deprecation
+from .layers import build_layer, route_text
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
 from . import smoothquant
 from .fold import get_attr_value
@@ -162,7 +163,8 @@ class _Rewriter:
             spec.hessian, spec.hessian_factor = self._hessian(op.name, smooth)
         if op.accum is not None:
             spec.residual = "int8" if out_qp is not None else "float32"
-        module, why = build_layer(spec, x_qp, out_qp, acc_qp, tune=self.tune)
+        module, r = build_layer(spec, x_qp, out_qp, acc_qp, tune=self.tune)
+        why = route_text(r)
         if static:
             module.x_value = self.value_ids[id(x_qp)]
             module.out_value = self.value_ids[id(out_qp)] if out_qp is not None else None
@@ -296,7 +298,8 @@ def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
     config = prepared.config or QuantConfig()
-    fused = fuse_attention(gm, bf16_products=config.bf16) if attention_fused(config.attention) else 0
+    fused = fuse_attention(gm, bf16_products=config.bf16) if attention_route(config.attention).provider == "native" \
+        else 0
     if fused + fuse_layer_norms(gm):
         gm.graph.eliminate_dead_code()
     _donate_dead_residuals(gm)
@@ -328,8 +331,8 @@ def _plain(gm: fx.GraphModule) -> tuple[fx.GraphModule, object, object]:
     plain = fx.GraphModule(root, graph, class_name="QuantizedGraph")
     # The model's own names of its positional inputs (the export's forward signature), so that the
     # QuantizedModel takes them by keyword too.
-    info = getattr(gm.graph._codegen, "pytree_info", None)
-    plain.meta["arg_names"] = list(info.orig_args) if info is not None else None
+    inputs = positional_inputs(gm)
+    plain.meta["arg_names"] = inputs[0] if inputs is not None else None
     return plain, in_spec, out_spec
 
 
@@ -338,8 +341,6 @@ def _donate_dead_residuals(gm: fx.GraphModule) -> None:
     the input must be a fresh tensor (made by a quantized layer, a Quantize border or int8 max
     pooling; never a graph input, a view or an output) and every other reader must come before the
     conv in the graph. Saves one copy of the residual per call (oneDNN's sum post-op)."""
-    from ..nn import QuantizedConv2d, QuantizedLinear
-
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     fresh_modules = (QuantizedConv2d, QuantizedLinear, Quantize)
     for node in gm.graph.nodes:

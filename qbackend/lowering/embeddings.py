@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from ..config import EmbeddingConfig, QuantConfig
-from ..dispatch.router import route_embedding
+from ..dispatch import route
 from ..nn.embedding import QuantizedEmbedding, QuantizedEmbeddingBag
 from ..ops.embedding import PackedEmbeddingTable, quantize_rowwise
 from .fold import get_attr_value
@@ -136,7 +136,7 @@ def rewrite_embeddings(gm: fx.GraphModule, ops: list[EmbeddingOp]) -> dict[str, 
         shape = {"rows": int(rows), "dim": int(dim), "bits": ecfg.bits,
                  "fp16_qparams": int(ecfg.qparams_dtype == torch.float16),
                  "padding_idx": int(op.kind == "embedding_bag" and op.padding_idx is not None)}
-        r = route_embedding(shape, force=ecfg.provider)
+        r = route("embedding_bag", shape, eight_bit_input=False, forced=ecfg.provider)
         packed = PackedEmbeddingTable(quantize_rowwise(table, ecfg.bits, ecfg.qparams_dtype), dim, ecfg.bits,
                                       r.provider)
         if op.kind == "embedding":

@@ -91,3 +91,12 @@ def quiet_treespec_deprecation():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
         yield
+
+
+def positional_inputs(gm: fx.GraphModule) -> tuple[list[str], int] | None:
+    """(the model's names of its forward's parameters, the number of positional inputs the graph
+    takes) of a graph torch.export captured, or None for a graph without that record."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is None:
+        return None
+    return list(info.orig_args), info.in_spec.child(0).num_children

@@ -4,20 +4,18 @@ weight, and wrap it in the qbackend.nn module for its mode. Used by the graph lo
 module-swap fallback alike (a `LayerSpec` says all it needs)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from ..config import QuantConfig
-from ..dispatch import route
-from ..dispatch.batch_routes import BatchRoutes, batch_routes
-from ..dispatch.router import KERNEL_PROVIDERS
+from ..core.routes import BatchRoutes, Route
+from ..dispatch import TuneOptions, TuneRequest, route
 from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear, WeightOnlyConv2d, WeightOnlyLinear
-from ..nn._weights import quantize_weight
+from ..nn.weights import quantize_weight
 from ..observers import QParams
-from ..ops import PackedConv2dWeight, PackedLinearWeight, get_provider
+from ..ops import PackedConv2dWeight, PackedLinearWeight
 from ..ops.conv import conv2d_output_hw
 from .gptq import gptq_round
 
@@ -73,18 +71,6 @@ def _pack(spec: LayerSpec, q: torch.Tensor, scales: torch.Tensor, provider: str,
                               batch_routes=routes)
 
 
-@dataclass
-class TuneOptions:
-    """Tune mode: time each candidate provider on the layer's shapes instead of trusting the rules.
-
-    batch_sizes: the batch sizes to time (None: the example's); the provider with the best
-    geometric mean of its time relative to the fastest, over them, wins. cache: a TuneCache
-    (None: the default on-disk cache)."""
-
-    batch_sizes: tuple[int, ...] | None = None
-    cache: object | None = None
-
-
 def _module(spec: LayerSpec, q, scales, provider: str, x_qp: QParams | None, out_qp: QParams | None,
             accum_qp: QParams | None, routes: BatchRoutes | None = None) -> nn.Module:
     """The quantized module of spec on `provider` (and, with `routes`, on each provider of its batch
@@ -122,58 +108,41 @@ def _example_inputs(spec: LayerSpec, module: nn.Module, x_qp, accum_qp) -> tuple
     return x, acc.contiguous(memory_format=torch.channels_last)
 
 
-# Tune mode keeps the rule table's provider unless another one is faster by more than this: the
-# rules are measured on many layers, one layer's timing on a busy machine is noisier than a few
-# per cent, and a near-tie costs nothing either way.
-TUNE_MARGIN = 1.03
+WEIGHT_ONLY_WHY = "weight-only (FP32 compute)"
 
 
-def _tuned(spec: LayerSpec, q, scales, candidates, x_qp, out_qp, accum_qp, options: TuneOptions,
-           rule_provider: str | None = None):
-    """(provider, why) from timing the candidates (or the cache) at each batch size; the rule's
-    provider is kept when it is within TUNE_MARGIN of the fastest."""
-    from ..dispatch.tuner import TuneCache, TuneKey, tune
+def route_text(r: Route | None) -> str:
+    """A layer's why: its route's, or that it computes in float (weight-only)."""
+    return WEIGHT_ONLY_WHY if r is None else r.describe()
 
-    cache = options.cache if options.cache is not None else TuneCache()
-    batches = options.batch_sizes or (spec.x_shape[0],)
-    results = []
-    for b in batches:
-        s = replace(spec, x_shape=(int(b),) + tuple(spec.x_shape[1:]))
-        key = TuneKey.make(spec.kind if spec.config.mode == "static" else "linear_dynamic", s.shape_key(),
-                           x_bits=(8 if x_qp is not None and _is_8bit(x_qp) else 7) if x_qp is not None else 0,
-                           out=str(out_qp.dtype if out_qp is not None else torch.float32).replace("torch.", ""),
-                           post_op=spec.post_op, residual=accum_qp is not None)
 
-        def builder(p, s=s):
-            module = _module(s, q, scales, p, x_qp, out_qp, accum_qp)
-            inputs = _example_inputs(s, module, x_qp, accum_qp)
+def _tune_request(spec: LayerSpec, options: TuneOptions, q, scales, x_qp, out_qp, accum_qp) -> TuneRequest:
+    """Tune mode for this layer: the cache key's parts and a bench that builds it on a provider."""
+    def at_batch(b: int) -> LayerSpec:
+        return replace(spec, x_shape=(int(b),) + tuple(spec.x_shape[1:]))
 
-            def run():
-                with torch.no_grad():
-                    return module(*inputs)
-            return run
-        res, hit = tune(key, {p: (lambda p=p: builder(p)) for p in candidates}, cache)
-        results.append((b, res, hit))
-    scores = {}
-    for p in candidates:
-        ratios = [r.times_us[p] / min(r.times_us.values()) for _, r, _ in results if p in r.times_us]
-        if len(ratios) == len(results):
-            scores[p] = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
-    if not scores:
-        raise ValueError(f"{spec.name}: no provider could run it")
-    best = min(scores, key=scores.get)
-    detail = "; ".join(f"batch {b}: {r.why().removeprefix('tuned: ')}" + (" (cached)" if hit else "")
-                       for b, r, hit in results)
-    if rule_provider in scores and rule_provider != best and scores[rule_provider] <= scores[best] * TUNE_MARGIN:
-        return rule_provider, f"tuned: {detail}; kept the rule's {rule_provider} (within {TUNE_MARGIN:.2f}x)"
-    return best, f"tuned: {detail}"
+    def bench(provider: str, b: int):
+        s = at_batch(b)
+        module = _module(s, q, scales, provider, x_qp, out_qp, accum_qp)
+        inputs = _example_inputs(s, module, x_qp, accum_qp)
+
+        def run():
+            with torch.no_grad():
+                return module(*inputs)
+        return run
+
+    x_bits = (8 if _is_8bit(x_qp) else 7) if x_qp is not None else 0
+    variant = {"x_bits": x_bits, "out": str(out_qp.dtype if out_qp is not None else torch.float32).replace("torch.", ""),
+               "post_op": spec.post_op, "residual": accum_qp is not None}
+    return TuneRequest(options, spec.kind if spec.config.mode == "static" else "linear_dynamic", spec.x_shape[0],
+                       lambda b: at_batch(b).shape_key(), variant, bench)
 
 
 def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | None = None,
-                accum_qp: QParams | None = None, tune: TuneOptions | None = None) -> tuple[nn.Module, str]:
-    """(the quantized module, why its provider was chosen). x_qp is required in static mode.
-    With `tune`, the providers are timed on this layer (unless one is forced, by the config or
-    QBACKEND_PROVIDER)."""
+                accum_qp: QParams | None = None, tune: TuneOptions | None = None) -> tuple[nn.Module, Route | None]:
+    """(the quantized module, its route; None for weight-only layers, which compute in float).
+    x_qp is required in static mode. With `tune`, the providers are timed on this layer (unless
+    one is forced, by the config or QBACKEND_PROVIDER)."""
     mode = spec.config.mode
     w_obs = spec.config.weight.create(f"{spec.name}.weight")
     q, scales = quantize_weight(spec.weight, w_obs, spec.name)
@@ -182,35 +151,22 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
                                       factored=spec.hessian_factor)
     if mode == "weight_only":
         if spec.kind == "linear":
-            return WeightOnlyLinear(q, scales, spec.bias), "weight-only (FP32 compute)"
+            return WeightOnlyLinear(q, scales, spec.bias), None
         g = spec.geometry
-        return WeightOnlyConv2d(q, scales, spec.bias, g["stride"], g["padding"], g["dilation"], g["groups"]), \
-            "weight-only (FP32 compute)"
+        return WeightOnlyConv2d(q, scales, spec.bias, g["stride"], g["padding"], g["dilation"], g["groups"]), None
     if mode == "static" and x_qp is None:
         raise ValueError(f"{spec.name}: static quantization needs the input's qparams")
     # dynamic: linear_dynamic picks 7 or 8 bits per provider, so every provider is exact
     eight = mode == "static" and _is_8bit(x_qp)
     kind = spec.kind if mode == "static" else "linear"
-    r = route(kind, spec.shape_key(), eight_bit_input=eight, force=spec.config.provider)
-    provider, why = r.provider, r.why
-    routes = None
-    if tune is not None and not r.forced:
-        candidates = [p for p in KERNEL_PROVIDERS if (not eight or get_provider(p).exact_8bit())
-                      and get_provider(p).refuses(kind, spec.shape_key()) is None]
-        if len(candidates) > 1:
-            provider, why = _tuned(spec, q, scales, candidates, x_qp, out_qp, accum_qp, tune, r.provider)
-    elif not r.forced and spec.config.route_by_batch:
-        routes = batch_routes(kind, spec.shape_key(), eight_bit_input=eight)
-        if len(routes.providers) > 1:
-            why = f"{why}; by batch size: {routes.describe()}"
-        else:
-            routes = None
+    request = _tune_request(spec, tune, q, scales, x_qp, out_qp, accum_qp) if tune is not None else None
+    r = route(kind, spec.shape_key(), eight_bit_input=eight, forced=spec.config.provider,
+              by_batch=spec.config.route_by_batch, tune=request)
     try:
-        return _module(spec, q, scales, provider, x_qp, out_qp, accum_qp, routes), why
-    except ValueError as exc:  # a geometry this provider refuses (e.g. oneDNN's depthwise bugs)
+        return _module(spec, q, scales, r.provider, x_qp, out_qp, accum_qp, r.batch_routes), r
+    except ValueError as exc:  # a geometry the provider refuses only when packing
         if spec.config.provider is not None:
             raise ValueError(f"{spec.name}: the forced provider {spec.config.provider!r} refused it: {exc}") from exc
-        other = "fbgemm" if provider == "onednn" else "onednn"
-        route(kind, spec.shape_key(), eight, force=other)  # raises if the other one is not exact either
-        return (_module(spec, q, scales, other, x_qp, out_qp, accum_qp),
-                f"{provider} refused it ({exc}); {other} instead")
+        other = route(kind, spec.shape_key(), eight_bit_input=eight, exclude=(r.provider,))
+        instead = Route(other.provider, other.source, f"{r.provider} refused it ({exc}); {other.provider} instead")
+        return _module(spec, q, scales, other.provider, x_qp, out_qp, accum_qp), instead

@@ -18,10 +18,12 @@ import torch
 from torch import nn
 
 from ..config import QuantConfig
+from ..dispatch import route
 from ..observers import Observer
+from ..nn import DynamicQuantizedLSTM, QuantizedEmbedding, QuantizedEmbeddingBag
 from ..nn.model import QuantizedModel
 from ..nn.quant import Quantize
-from .layers import LayerSpec, build_layer
+from .layers import LayerSpec, build_layer, route_text
 
 ASSUMED_M = 64  # the rows routing assumes for a dynamic Linear whose input was never seen
 
@@ -134,14 +136,11 @@ def _table(name: str, module: nn.Module, config: QuantConfig, skipped: list):
 
 
 def _swap_table(name: str, module: nn.Module, ecfg) -> tuple[nn.Module, dict]:
-    from ..dispatch.router import route_embedding
-    from ..nn.embedding import QuantizedEmbedding, QuantizedEmbeddingBag
-
     bag = isinstance(module, nn.EmbeddingBag)
     shape = {"rows": module.num_embeddings, "dim": module.embedding_dim, "bits": ecfg.bits,
              "fp16_qparams": int(ecfg.qparams_dtype == torch.float16),
              "padding_idx": int(bag and module.padding_idx is not None)}
-    r = route_embedding(shape, force=ecfg.provider)
+    r = route("embedding_bag", shape, eight_bit_input=False, forced=ecfg.provider)
     klass = QuantizedEmbeddingBag if bag else QuantizedEmbedding
     new = klass.from_float(module, ecfg.bits, ecfg.qparams_dtype, r.provider)
     info = {"kind": "embedding_bag" if bag else "embedding", "mode": "weight_only", "module": name, "why": r.why,
@@ -171,8 +170,6 @@ def convert_swapped(swapped: SwappedModel, tune=None) -> QuantizedModel:
         cfg = wrapper.config
         path = name
         if isinstance(wrapper.module, nn.LSTM):
-            from ..nn.lstm import DynamicQuantizedLSTM
-
             new = DynamicQuantizedLSTM.from_float(wrapper.module, weight_observer=cfg.weight.create(),
                                                   example_shape=wrapper.x_shape)
             why = "dynamic LSTM (providers: " + ", ".join(f"{k} {v}" for k, v in new.providers.items()) + ")"
@@ -187,14 +184,16 @@ def convert_swapped(swapped: SwappedModel, tune=None) -> QuantizedModel:
                 value = f"{name}.input"
                 activations[value] = {"range": [float(lo), float(hi)], "dtype": str(x_qp.dtype).replace("torch.", ""),
                                       "symmetric": obs.symmetric, "qmin": x_qp.qmin, "qmax": x_qp.qmax, "eps": obs.eps}
-                layer, why = build_layer(spec, x_qp, tune=tune)
+                layer, r = build_layer(spec, x_qp, tune=tune)
+                why = route_text(r)
                 layer.x_value = value
                 top = 255 if x_qp.dtype == torch.uint8 else 127
                 new = FloatBoundary(Quantize(x_qp.scale, x_qp.zero_point, x_qp.dtype,
                                              x_qp.qmax if x_qp.qmax < top else None, value=value), layer)
                 path = name + ".layer"
             else:
-                new, why = build_layer(spec, tune=tune)
+                new, r = build_layer(spec, tune=tune)
+                why = route_text(r)
         info[name] = {"kind": type(wrapper.module).__name__.lower(), "mode": cfg.mode,
                       "module": path, "why": why, "post_op": "none", "residual": False, "output": "float32",
                       "shape": shape, "x_shape": x_shape, "forced": cfg.provider,

@@ -19,12 +19,11 @@ import warnings
 
 import torch
 
+from ..core.routes import BatchRoutes
 from ..dispatch import route
-from ..dispatch.batch_routes import BatchRoutes, batch_routes
-from ..dispatch.router import route_embedding
 from ..ops.embedding import get_embedding_provider
 from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear
-from ..nn._activation import ActivationBorder, StaticQParamsMixin
+from ..nn.activation import ActivationBorder, StaticQParamsMixin
 from ..observers import choose_qparams, default_reduce_range
 from ..ops import PackedConv2dWeight
 
@@ -77,14 +76,6 @@ def _repack(m, provider: str, routes: BatchRoutes | None):
     return type(m.packed).from_state(state, provider)
 
 
-def _routes(kind: str, info: dict, r, eight_bit_input: bool) -> BatchRoutes | None:
-    """The layer's batch routes on this machine (None: one provider), as build_layer decides them."""
-    if r.forced or not info.get("route_by_batch", False):
-        return None
-    routes = batch_routes(kind, info["shape"], eight_bit_input=eight_bit_input)
-    return routes if len(routes.providers) > 1 else None
-
-
 def reroute(qmodel) -> dict[str, tuple[str, str]]:
     """Route every layer again on this machine; returns {layer: (old provider, new provider)} of the changed."""
     changed = {}
@@ -92,20 +83,20 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
         m = qmodel.layer(name)
         if isinstance(m, (QuantizedLinear, QuantizedConv2d)):
             eight = _is_8bit_input(m, qmodel.qbackend_activations)
-            r = route(info["kind"], info["shape"], eight_bit_input=eight, force=info.get("forced"))
-            routes = _routes(info["kind"], info, r, eight)
+            r = route(info["kind"], info["shape"], eight_bit_input=eight, forced=info.get("forced"),
+                      by_batch=info.get("route_by_batch", False))
             stale_hint = (isinstance(m.packed, PackedConv2dWeight) and m.packed.x_qparams is not None
                           and tuple(m.packed.x_qparams) != (m.x_scale, m.x_zero_point))
         elif isinstance(m, DynamicQuantizedLinear):
-            r = route("linear", info["shape"], eight_bit_input=False, force=info.get("forced"))
-            routes = _routes("linear", info, r, False)
+            r = route("linear", info["shape"], eight_bit_input=False, forced=info.get("forced"),
+                      by_batch=info.get("route_by_batch", False))
             stale_hint = False
         elif isinstance(m, (QuantizedEmbedding, QuantizedEmbeddingBag)):
             forced = info.get("forced")
-            if forced is not None and get_embedding_provider(forced).refuses(
+            if forced is not None and get_embedding_provider(forced).refuses_table(
                     m.packed.qparams_dtype, m.packed.bits, m.packed.dim, -1) is not None:
                 forced = None  # forced where it was saved, not available here: the rules decide
-            r = route_embedding(info["shape"], force=forced)
+            r = route("embedding_bag", info["shape"], eight_bit_input=False, forced=forced)
             old = m.packed.saved_provider  # e.g. fbgemm_gpu, saved where it is installed
             if r.provider != m.packed.provider_name:
                 m.packed = m.packed.with_provider(r.provider)
@@ -116,9 +107,10 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
         else:
             continue
         old, old_routes = m.packed.provider_name, m.packed.batch_routes
+        routes = r.batch_routes
         if r.provider != old or routes != old_routes or stale_hint:
             m.packed = _repack(m, r.provider, routes)
-            why = r.why if routes is None else f"{r.why}; by batch size: {routes.describe()}"
+            why = r.describe()
             info["why"] = why if r.provider == old else f"re-routed on this machine ({old} before): {why}"
             if r.provider != old or routes != old_routes:
                 changed[name] = (old, r.provider)

@@ -35,7 +35,7 @@ import torch
 from torch import fx, nn
 
 from ..config import QuantConfig, SmoothQuantConfig
-from ..nn._weights import quantize_weight
+from ..nn.weights import quantize_weight
 from ..observers import Observer, QParams
 from .fold import get_attr_value, register_constant
 from .graph_utils import is_float_tensor

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .case import ModelCase, check_sizes, generator
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -90,7 +92,6 @@ def image_model_case(name: str, model: nn.Module, *, batch_size: int, num_calibr
     synthetic batches of `bn_batch_size` (their own generator, seed + 1), then calibration batches
     (seed + 2; the first is also the example) and evaluation batches (seed + 3), all synthetic
     images of `image_size`. Mode static, output the logits, no metric (random weights)."""
-    from .case import ModelCase, check_sizes, generator
 
     check_sizes(name, batch_size=batch_size, num_calibration_batches=num_calibration_batches,
                 num_eval_batches=num_eval_batches, image_size=image_size)

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from ._activation import ActivationBorder, QDTYPES, check_qparams, reduced_qmax
+from .activation import ActivationBorder, QDTYPES, check_qparams, reduced_qmax
 
 ops = torch.ops.qbackend
 

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from ..ops import PackedConv2dWeight
-from ._activation import QDTYPES, StaticQParamsMixin, check_qparams
-from ._weights import quantize_weight
+from .activation import QDTYPES, StaticQParamsMixin, check_qparams
+from .weights import quantize_weight
 
 
 class QuantizedConv2d(StaticQParamsMixin, nn.Module):

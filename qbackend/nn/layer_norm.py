@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._activation import ActivationBorder, QDTYPES, check_qparams, dtype_top, reduced_qmax
+from .activation import ActivationBorder, QDTYPES, check_qparams, dtype_top, reduced_qmax
 
 ops = torch.ops.qbackend
 

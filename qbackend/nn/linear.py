@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from ..ops import PackedLinearWeight
-from ._activation import POST_OPS, StaticQParamsMixin, check_post_op
-from ._weights import quantize_weight
+from .activation import POST_OPS, StaticQParamsMixin, check_post_op
+from .weights import quantize_weight
 
 __all__ = ["POST_OPS", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear"]
 

@@ -61,11 +61,10 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from ..dispatch.cpu import cpu_features
-from ..dispatch.rules import choose
+from ..dispatch import route
 from ..observers import Observer, PerChannelMinMaxObserver
-from ._weights import quantize_weight
 from ..ops import PackedLinearWeight
+from .weights import quantize_weight
 
 __all__ = ["DynamicQuantizedLSTM"]
 
@@ -129,7 +128,7 @@ def _example_dims(example_shape, batch_first: bool, input_size: int) -> tuple[in
 
 
 def _choose_providers(provider, shapes: dict[str, tuple[int, int, int]]) -> dict[str, str]:
-    """{"ih": name, "hh": name}: the given provider(s) or the dispatch rule's for each (m, k, n)."""
+    """{"ih": name, "hh": name}: the given provider(s), or the route of each dynamic product (m, k, n)."""
     if isinstance(provider, str):
         return {"ih": provider, "hh": provider}
     if isinstance(provider, Mapping):
@@ -141,10 +140,9 @@ def _choose_providers(provider, shapes: dict[str, tuple[int, int, int]]) -> dict
     else:
         raise TypeError(f"provider must be a provider name, a {{'ih': ..., 'hh': ...}} mapping or None, got "
                         f"{type(provider).__name__}")
-    isa = cpu_features().isa_class
     for kind, (m, k, n) in shapes.items():
         if chosen.get(kind) is None:
-            chosen[kind] = choose("linear", isa, {"m": m, "k": k, "n": n}).provider
+            chosen[kind] = route("linear", {"m": m, "k": k, "n": n}, eight_bit_input=False).provider
     return chosen
 
 

@@ -13,7 +13,7 @@ from torch import nn
 from torch.fx._pytree import tree_flatten_spec
 from torch.utils import _pytree as pytree
 
-from .._batches import bind_by_name
+from ..core.batches import bind_by_name
 
 
 class _DumpedSpec:

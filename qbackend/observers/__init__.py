@@ -14,15 +14,12 @@ qbackend.observers.qparams.
 The hot loops (one-pass finite min/max, histogram accumulation, range search, error model) are
 C++ ops in torch.ops.qbackend (csrc/ops/observer_ops.cpp).
 """
-from .base import NONFINITE_POLICIES, NonFiniteWarning, Observer, ObserverError
+from .base import NONFINITE_POLICIES, OBSERVER_CLASSES, NonFiniteWarning, Observer, ObserverError
 from .histogram import HistogramObserver
 from .minmax import MinMaxObserver, MovingAverageMinMaxObserver, PerChannelMinMaxObserver
 from .mse import MSEObserver
 from .percentile import PercentileObserver
 from .qparams import QParams, choose_qparams, default_reduce_range, qrange
-
-OBSERVER_CLASSES = {cls.kind: cls for cls in (MinMaxObserver, MovingAverageMinMaxObserver, PerChannelMinMaxObserver,
-                                              HistogramObserver, PercentileObserver, MSEObserver)}
 
 __all__ = ["Observer", "ObserverError", "NonFiniteWarning", "NONFINITE_POLICIES", "QParams", "choose_qparams",
            "default_reduce_range", "qrange", "MinMaxObserver", "MovingAverageMinMaxObserver",

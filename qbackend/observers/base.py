@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..ops import observer_ops  # noqa: F401  (registers the observer ops' fake impls)
 from .qparams import F32_EPS, QParams, _check_eps, check_qdtype, choose_qparams, qrange
 
 __all__ = ["Observer", "ObserverError", "NonFiniteWarning", "NONFINITE_POLICIES"]
@@ -58,9 +59,12 @@ def _is_int(v) -> bool:
 
 
 def _ops():
-    from .. import ops  # noqa: F401  (registers the fake impls with the ops)
-
+    """torch.ops.qbackend, whose observer ops' fake impls qbackend.ops.observer_ops registers."""
     return torch.ops.qbackend
+
+
+# kind -> observer class: every concrete subclass registers itself (Observer.__init_subclass__).
+OBSERVER_CLASSES: dict[str, type] = {}
 
 
 class Observer(abc.ABC):
@@ -71,6 +75,11 @@ class Observer(abc.ABC):
     """
 
     kind: ClassVar[str] = "Observer"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            OBSERVER_CLASSES[cls.kind] = cls
     _per_channel: ClassVar[bool] = False
 
     def __init__(self, dtype: torch.dtype = torch.uint8, symmetric: bool = False, *, reduce_range: bool | None = None,
@@ -154,8 +163,6 @@ class Observer(abc.ABC):
             raise TypeError(f"state_dict must be a dict, got {type(state).__name__}")
         target = cls
         if cls is Observer or cls.kind != state.get("kind"):
-            from . import OBSERVER_CLASSES
-
             target = OBSERVER_CLASSES.get(state.get("kind"))
             if target is None or (cls is not Observer and not issubclass(target, cls)):
                 raise ValueError(f"state_dict kind {state.get('kind')!r} is not a {cls.kind} "

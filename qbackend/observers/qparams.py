@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..dispatch.cpu import cpu_features
+
 __all__ = ["QParams", "choose_qparams", "default_reduce_range", "qrange", "F32_EPS"]
 
 F32_EPS = float(torch.finfo(torch.float32).eps)
@@ -50,8 +52,6 @@ def default_reduce_range(dtype: torch.dtype) -> bool:
     """7-bit activations where the CPU (or QBACKEND_ISA) lacks VNNI; never for int8."""
     if dtype != torch.uint8:
         return False
-    from ..dispatch import cpu_features
-
     return not cpu_features().has_vnni
 
 

@@ -1,5 +1,6 @@
-"""Ops: the qbackend torch.library ops' Python side (fake impls, the observer ops' too), the provider
-table, the packed weights, and the fp64 reference semantics."""
+"""Ops: the qbackend torch.library ops' Python side (fake impls, the observer ops' too), the
+providers of each op family and their registry (registry.py), the packed weights, and the fp64
+reference semantics."""
 from .packed import PackedConv2dWeight, PackedLinearWeight
 from .providers import PROVIDERS, Provider, get_provider
 from .quantize import dequantize, quantize  # noqa: F401  (also registers the ops' fake impls)
@@ -8,7 +9,8 @@ from . import pool  # noqa: F401,E402  (the int8 pooling op's fake impl)
 from .attention import attention  # noqa: E402  (also registers the fused attention op's fake impl)
 from . import layer_norm  # noqa: F401,E402  (the fused LayerNorm + quantize op's fake impl)
 from .embedding import EMBEDDING_PROVIDERS, PackedEmbeddingTable, quantize_rowwise  # noqa: E402
+from . import registry  # noqa: E402
 
 __all__ = ["PackedConv2dWeight", "PackedLinearWeight", "PROVIDERS", "Provider", "get_provider",
            "EMBEDDING_PROVIDERS", "PackedEmbeddingTable", "quantize_rowwise",
-           "attention", "dequantize", "quantize"]
+           "attention", "dequantize", "quantize", "registry"]

@@ -10,12 +10,35 @@ transpose(1, 2) + reshape a transformer does next is a view.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from .._extension import _C  # noqa: F401  (loads the .so, which registers the op)
+from ..core.extension import _C  # noqa: F401  (loads the .so, which registers the op)
 
-__all__ = ["attention"]
+__all__ = ["ATTENTION_PROVIDERS", "AttentionProvider", "attention"]
+
+
+@dataclass(frozen=True)
+class AttentionProvider:
+    """Who runs an attention core (torch's scaled_dot_product_attention in a captured graph)."""
+
+    name: str
+    description: str
+    routed: bool = True
+
+    def refuses(self, op: str, shape) -> str | None:
+        return None if op == "attention" else f"it has no {op}"
+
+    def exact_8bit(self) -> bool:
+        return True  # float inputs
+
+
+ATTENTION_PROVIDERS: dict[str, AttentionProvider] = {
+    "native": AttentionProvider("native", "qbackend::attention: scores, mask, softmax and P v in one pass per head, "
+                                          "the quantize behind it fused"),
+    "sdpa": AttentionProvider("sdpa", "torch's scaled_dot_product_attention, kept in the graph"),
+}
 
 _FLOATS = (torch.float32, torch.bfloat16)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .._extension import _C  # loads the .so, which registers the ops
+from ..core.extension import _C
+from .library import ops_named
 from .linear import check_same_device
 
 
@@ -87,5 +88,5 @@ def _conv2d_add_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride,
 
 
 # The in-place residual convs share one signature and return nothing.
-for _provider in ("native", "onednn"):
-    torch.library.register_fake(f"qbackend::{_provider}_conv2d_add_")(_conv2d_add_fake)
+for _name in ops_named("conv2d_add_"):
+    torch.library.register_fake(_name)(_conv2d_add_fake)

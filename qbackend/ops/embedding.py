@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from .._extension import _C  # noqa: F401  (loads the .so, which registers the ops)
+from ..core.extension import _C  # noqa: F401  (loads the .so, which registers the ops)
 
 ops = torch.ops.qbackend
 QPARAMS_DTYPES = (torch.float16, torch.float32)
@@ -109,14 +109,28 @@ def qparams_dtype_of(table: torch.Tensor, dim: int, bits: int) -> torch.dtype:
 
 @dataclass(frozen=True)
 class EmbeddingProvider:
+    """A provider of rowwise-quantized embedding lookups (one record of EMBEDDING_PROVIDERS)."""
+
     name: str
     available: Callable[[], bool]
-    # why it cannot run a table/call with these properties, or None
-    refuses: Callable[..., str | None]
+    # (qparams dtype, bits, dim, padding_idx or -1) -> why it cannot run such a table, or None
+    refuses_table: Callable[..., str | None]
     pack: Callable            # (table, dim, bits) -> packed
     unpack: Callable          # (packed, dim, bits) -> table
     # (packed, dim, bits, rows, indices 1-D, offsets, mode, per_sample_weights, include_last_offset, padding_idx)
     bag: Callable
+    routed: bool = True       # a candidate of the rule table
+
+    def refuses(self, op: str, shape) -> str | None:
+        """Why it cannot run the op instance (op "embedding_bag"; shape keys rows, dim, bits,
+        fp16_qparams, padding_idx as in qbackend.dispatch.rules), or None."""
+        if op != "embedding_bag":
+            return f"it has no {op}"
+        qparams = torch.float16 if shape.get("fp16_qparams", 1) else torch.float32
+        return self.refuses_table(qparams, shape["bits"], shape["dim"], 0 if shape.get("padding_idx", 0) else -1)
+
+    def exact_8bit(self) -> bool:
+        return True  # weight-only: the activations stay float
 
 
 def _builtin_bag(packed, dim, bits, rows, indices, offsets, mode, psw, include_last_offset, padding_idx):
@@ -219,7 +233,7 @@ class PackedEmbeddingTable:
         self.num_embeddings = int(table.shape[0])
         self.qparams_dtype = qparams_dtype_of(table, self.dim, self.bits)
         self.provider = get_embedding_provider(provider)
-        why = self.provider.refuses(self.qparams_dtype, self.bits, self.dim, -1)
+        why = self.provider.refuses_table(self.qparams_dtype, self.bits, self.dim, -1)
         if why is not None:
             raise ValueError(f"embedding provider {provider!r} cannot hold this table: {why}")
         self.packed = self.provider.pack(table.detach().contiguous(), self.dim, self.bits)
@@ -258,7 +272,7 @@ class PackedEmbeddingTable:
                              f"this qbackend reads version {FORMAT_VERSION}")
         provider = state["provider"]
         table = state["table"]
-        if get_embedding_provider(provider).refuses(qparams_dtype_of(table, state["dim"], state["bits"]),
+        if get_embedding_provider(provider).refuses_table(qparams_dtype_of(table, state["dim"], state["bits"]),
                                                     state["bits"], state["dim"], -1) is not None:
             # saved where that provider ran (e.g. fbgemm_gpu installed), loaded where it cannot:
             # the builtin kernel holds any table; qbackend.load then routes it for this machine

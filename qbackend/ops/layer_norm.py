@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .._extension import _C  # noqa: F401  (loads the .so, which registers the op)
+from ..core.extension import _C  # noqa: F401  (loads the .so, which registers the op)
 
 
 def residual_broadcasts(residual_shape, x_shape) -> bool:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .._extension import _C
+from ..core.extension import _C
+from .library import ops_named
 
 
 def check_same_device(x, **tensors):
@@ -53,6 +54,7 @@ def _linear_dynamic_fake(x, w_packed, w_scales, bias, reduce_range, post_op):
 
 
 # Every provider's linear ops share one signature and one output shape (N from w_scales).
-for _provider in ("native", "fbgemm", "onednn"):
-    torch.library.register_fake(f"qbackend::{_provider}_linear")(_linear_fake)
-    torch.library.register_fake(f"qbackend::{_provider}_linear_dynamic")(_linear_dynamic_fake)
+for _name in ops_named("linear"):
+    torch.library.register_fake(_name)(_linear_fake)
+for _name in ops_named("linear_dynamic"):
+    torch.library.register_fake(_name)(_linear_dynamic_fake)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._extension import _C  # noqa: F401  (loads the .so, which registers the ops)
+from ..core.extension import _C  # noqa: F401  (loads the .so, which registers the ops)
 
 __all__: list[str] = []
 

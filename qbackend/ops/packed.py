@@ -18,7 +18,7 @@ import copy
 
 import torch
 
-from ..dispatch.batch_routes import BatchRoutes
+from ..core.routes import BatchRoutes
 from .providers import Provider, get_provider
 
 FORMAT_VERSION = 1

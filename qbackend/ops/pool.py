@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._extension import _C  # noqa: F401  (loads the .so, which registers the op)
+from ..core.extension import _C  # noqa: F401  (loads the .so, which registers the op)
 
 
 def _pair(v, default):

@@ -18,11 +18,11 @@ from typing import Callable
 
 import torch
 
-from . import conv as _conv  # noqa: F401  (fake impls)
-from . import linear as _linear  # noqa: F401  (fake impls)
+from . import conv  # noqa: F401  (registers the conv ops' fake impls)
+from . import linear  # noqa: F401  (registers the linear ops' fake impls)
 from . import reference
-from .._extension import _C
-from ..dispatch.cpu import cpu_features
+from ..core.extension import _C
+from ..core.isa import Isa
 
 ops = torch.ops.qbackend
 
@@ -51,6 +51,9 @@ class Provider:
     # (op, shape key) -> why this provider cannot run that op instance on this CPU, or None.
     # Shape keys as in qbackend.dispatch.rules; a provider that refuses is skipped by the router.
     refuses: Callable[[str, dict], str | None] = lambda op, shape: None
+    # A candidate of the rule table's fallbacks and of tune mode (the reference provider is not:
+    # it is slow, for tests and comparisons).
+    routed: bool = True
 
 
 def _fbgemm_exact() -> bool:
@@ -67,7 +70,7 @@ def _native_refuses(op: str, shape) -> str | None:
         if shape["groups"] != 1:
             if not (shape["groups"] == shape["c_in"] == shape["c_out"]):
                 return "it runs convolutions with groups 1, or depthwise ones (groups = in = out channels)"
-            if _C.usable_level() < 3:
+            if _C.usable_level() < Isa.AVX512_VNNI:
                 return "its depthwise conv needs AVX512-VNNI (this CPU or QBACKEND_ISA lacks it)"
             dilation = shape.get("dilation", 1)
             dh = dilation if isinstance(dilation, int) else dilation[0]
@@ -81,7 +84,17 @@ def _native_refuses(op: str, shape) -> str | None:
 
 
 def _onednn_exact() -> bool:
-    return cpu_features().level >= 3 or bool(_C.avx_vnni_usable())
+    return _C.usable_level() >= Isa.AVX512_VNNI or bool(_C.avx_vnni_usable())
+
+
+def _onednn_refuses(op: str, shape) -> str | None:
+    if op == "conv2d":
+        stride = shape.get("stride", 1)
+        sh, sw = (stride, stride) if isinstance(stride, int) else tuple(stride)
+        if shape["groups"] == shape["c_in"] and shape["c_out"] > shape["c_in"] and sh != sw:
+            return "its depthwise convs with a channel multiplier and unequal strides compute wrong values"
+        return None
+    return None if op == "linear" else f"it has no {op}"
 
 
 def _ref_float(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -140,6 +153,7 @@ PROVIDERS: dict[str, Provider] = {
         conv2d=ops.onednn_conv2d,
         exact_8bit=_onednn_exact,
         conv2d_add_=ops.onednn_conv2d_add_,
+        refuses=_onednn_refuses,
     ),
     "reference": Provider(
         name="reference",
@@ -149,6 +163,7 @@ PROVIDERS: dict[str, Provider] = {
         prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None, x_qparams=None: w,
         conv2d=_ref_conv2d,
         exact_8bit=lambda: True,
+        routed=False,
     ),
 }
 

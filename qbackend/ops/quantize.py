@@ -12,7 +12,7 @@ import numbers
 
 import torch
 
-from .._extension import _C  # noqa: F401  (loads the .so, which registers the ops)
+from ..core.extension import _C  # noqa: F401  (loads the .so, which registers the ops)
 
 __all__ = ["quantize", "dequantize"]
 

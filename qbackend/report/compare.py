@@ -29,7 +29,11 @@ from torch import fx, nn
 from torch.fx._pytree import tree_flatten_spec
 from torch.utils import _pytree as pytree
 
-from .._batches import batches as iter_batches
+from ..config import QuantConfig
+from ..core.batches import batches as iter_batches
+from ..lowering.capture import capture
+from ..lowering.fold import fold_batchnorm
+from ..lowering.patterns import match
 from ..nn import QuantizedConv2d, QuantizedLinear, WeightOnlyConv2d, WeightOnlyLinear
 from ..nn.model import QuantizedModel
 
@@ -133,10 +137,6 @@ class _GraphSide:
     input (and residual) values."""
 
     def __init__(self, fp32_model: nn.Module, qmodel: QuantizedModel, args, kwargs):
-        from ..config import QuantConfig
-        from ..lowering.capture import capture
-        from ..lowering.fold import fold_batchnorm
-        from ..lowering.patterns import match
 
         self.gm = capture(fp32_model, args, kwargs)
         fold_batchnorm(self.gm)

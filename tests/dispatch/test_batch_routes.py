@@ -1,12 +1,19 @@
-"""Batch routes (qbackend.dispatch.batch_routes): the rule table's provider over the sizes a layer
-may be called with, as ranges. Checked against route() at every evaluated size, against the rule
+"""Batch routes (qbackend.dispatch.batch_routes, through route(by_batch=True)): the rule table's
+provider over the sizes a layer may be called with, as ranges. Checked against route() at every evaluated size, against the rule
 arithmetic of the native conv rows on this CPU class, and for the ranges' own validation."""
 from __future__ import annotations
 
 import pytest
 
 from qbackend.dispatch import cpu_features, route
-from qbackend.dispatch.batch_routes import BatchRoutes, batch_routes, sizes
+from qbackend.core.routes import BatchRoutes
+from qbackend.dispatch.batch_routes import size_ranges, sizes
+
+
+def batch_routes(op, shape, eight_bit_input=True, upto=None):
+    """The rule table's providers over the sizes of op's size key (route's by-batch ranges, also
+    where every size has one provider)."""
+    return size_ranges(op, shape, lambda s: route(op, s, eight_bit_input=eight_bit_input).provider, upto)
 
 DEPTHWISE = {"n": 8, "c_in": 192, "c_out": 192, "h": 28, "w": 28, "kernel": (3, 3), "stride": (1, 1),
              "padding": (1, 1), "groups": 192, "int8_residual": 0}
@@ -74,3 +81,13 @@ def test_bad_ranges_are_refused(ranges):
 def test_unknown_op_is_refused():
     with pytest.raises(ValueError, match="batch routes are defined for"):
         batch_routes("embedding_bag", {"rows": 10, "dim": 8, "bits": 8})
+
+
+@pytest.mark.parametrize("op,shape", [("conv2d", DEPTHWISE), ("conv2d", DENSE_3X3), ("conv2d", POINTWISE)]
+                         + [("linear", s) for s in LINEARS])
+def test_route_by_batch_keeps_ranges_only_where_the_provider_changes(op, shape):
+    routes = batch_routes(op, shape)
+    r = route(op, shape, by_batch=True)
+    assert r.provider == route(op, shape).provider
+    assert r.batch_routes == (routes if len(routes.providers) > 1 else None)
+    assert route(op, shape, by_batch=True, forced="fbgemm").batch_routes is None

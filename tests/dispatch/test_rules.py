@@ -2,7 +2,7 @@
 import pytest
 
 from qbackend.dispatch import rules
-from qbackend.ops import EMBEDDING_PROVIDERS, PROVIDERS
+from qbackend.ops import PROVIDERS, registry
 
 LINEAR = {"m": 1, "k": 768, "n": 768}
 # The rows behind the native provider: where it cannot run (no VNNI, a grouped conv), these apply.
@@ -21,11 +21,14 @@ def test_every_op_has_a_route_on_every_class(op, shape, isa_class):
 def test_rules_name_known_classes_and_providers():
     for rule in rules.RULES:
         assert set(rule.isa_classes) <= set(rules.ISA_CLASSES)
-        assert rule.provider in (EMBEDDING_PROVIDERS if rule.op == "embedding_bag" else PROVIDERS)
+        assert rule.provider in registry.provider_names(registry.family_of(rule.op))
 
 
 def test_embedding_rules_skip_providers_that_cannot_run_the_table():
-    from qbackend.dispatch.router import route_embedding
+    from qbackend.dispatch import route
+
+    def route_embedding(shape, force=None):
+        return route("embedding_bag", shape, eight_bit_input=False, forced=force)
 
     shape = {"rows": 1000, "dim": 64, "bits": 8, "fp16_qparams": 1, "padding_idx": 0}
     assert route_embedding(shape).provider == "fbgemm"
@@ -78,7 +81,7 @@ def test_native_rows():
 
 
 def test_router_skips_the_native_provider_where_it_cannot_run():
-    from qbackend.dispatch.router import route
+    from qbackend.dispatch import route
     from qbackend.dispatch.cpu import cpu_features
     from qbackend.ops.providers import PROVIDERS
 
@@ -90,7 +93,7 @@ def test_router_skips_the_native_provider_where_it_cannot_run():
     assert refuses("conv2d", dict(CONV, c_in=8192)) is not None  # 8192 x 9 > 65536: int32 sums
     assert refuses("linear", dict(LINEAR, k=70000)) is not None
     depthwise = dict(CONV, groups=64, c_out=128)  # a channel multiplier: not native's
-    r = route("conv2d", depthwise, force="native")
+    r = route("conv2d", depthwise, forced="native")
     assert r.provider != "native" and "native (forced) cannot run it" in r.why and not r.forced
     if cpu_features().isa_class == "avx512_vnni":
         assert route("linear", LINEAR).provider == "native"

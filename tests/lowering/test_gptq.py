@@ -13,7 +13,7 @@ from torch import nn
 
 import qbackend
 from qbackend.lowering.gptq import HessianStats, factor, gptq_round
-from qbackend.nn._weights import quantize_weight
+from qbackend.nn.weights import quantize_weight
 
 from .toy_models import sqnr
 

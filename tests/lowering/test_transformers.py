@@ -30,7 +30,7 @@ def small_bert():
 @pytest.fixture
 def bf16_products_on():
     """bf16 products wherever AVX512-BF16 runs, also where they do not pay (see test_attention)."""
-    from qbackend._extension import _C
+    from qbackend.core.extension import _C
     before = _C.bf16_products_policy()
     _C.set_bf16_products_policy("on")
     yield
@@ -182,7 +182,7 @@ def test_bf16_switch_off_gives_an_fp32_only_graph(bf16_products_on):
     qbf = qbackend.quantize(model, cal[0], cal, config=FUSED)
     assert all(m.bf16_products for m in _attention_modules(qbf))
     ybf, ref = _hidden(qbf, ids, mask), _hidden(model, ids, mask)
-    from qbackend._extension import _C
+    from qbackend.core.extension import _C
     if _C.bf16_usable():
         assert not torch.equal(ybf, y32)
     assert sqnr(ref, ybf) > sqnr(ref, y32) - 0.5 and sqnr(ref, y32) > 25.0
@@ -287,7 +287,7 @@ def test_attention_mode_sdpa_and_auto():
     """attention="sdpa" keeps torch's SDPA (and the Quantize behind it) and gives what the fused
     kernel with fp32 products gives, up to fp32 rounding and one quantization level; "auto" (the
     default) fuses exactly where this CPU's bf16 dot products pay (qbackend._C.bf16_products_pay)."""
-    from qbackend._extension import _C
+    from qbackend.core.extension import _C
     model = bert_base(seed=0, **SMALL)
     g = torch.Generator().manual_seed(6)
     cal = [bert_inputs(4, 24, g, vocab_size=2000) for _ in range(2)]

@@ -11,7 +11,8 @@ import torch
 import qbackend
 from qbackend.dispatch import tuner
 from qbackend.dispatch.tuner import TuneCache
-from qbackend.lowering.layers import TUNE_MARGIN
+from qbackend.dispatch import routing
+from qbackend.dispatch.tuner import TUNE_MARGIN
 from qbackend.ops.providers import PROVIDERS
 
 from .toy_models import ResidualCNN, init_bn, sqnr
@@ -105,14 +106,14 @@ def test_tune_keeps_the_rule_within_the_margin(prepared, tmp_path, monkeypatch, 
         return {q: 100.0 * (slower if q == layer_rule else 1.0) for q in fns}
 
     current = [None]
-    real_build = qbackend.lowering.layers._tuned
+    real_tune_route = routing.tune_route
 
-    def tuned(spec, *args, **kwargs):
-        current[0] = rule[spec.name]
-        return real_build(spec, *args, **kwargs)
+    def tuned(request, candidates, rule_provider=None):
+        current[0] = rule_provider
+        return real_tune_route(request, candidates, rule_provider)
 
     monkeypatch.setattr(tuner, "time_candidates", fake)
-    monkeypatch.setattr(qbackend.lowering.layers, "_tuned", tuned)
+    monkeypatch.setattr(routing, "tune_route", tuned)
     q = qbackend.convert(p, tune=True, tune_cache=TuneCache(tmp_path / "t.json"))
     assert calls
     for r in qbackend.explain(q):

@@ -396,16 +396,17 @@ def test_deepcopy_save_load_repr():
 
 
 def test_default_provider_follows_rules():
-    from qbackend.dispatch.cpu import cpu_features
-    from qbackend.dispatch.rules import choose
+    from qbackend.dispatch import route
+
+    def routed(m, k, n):
+        return route("linear", {"m": m, "k": k, "n": n}, eight_bit_input=False).provider
 
     lstm = make_lstm(13, 128, 256, num_layers=2)
-    isa = cpu_features().isa_class
     q = DynamicQuantizedLSTM.from_float(lstm, example_shape=(64, 32, 128))
-    assert q.providers["ih"] == [choose("linear", isa, {"m": 2048, "k": k, "n": 1024}).provider for k in (128, 256)]
-    assert q.providers["hh"] == [choose("linear", isa, {"m": 32, "k": 256, "n": 1024}).provider] * 2
+    assert q.providers["ih"] == [routed(2048, k, 1024) for k in (128, 256)]
+    assert q.providers["hh"] == [routed(32, 256, 1024)] * 2
     q1 = DynamicQuantizedLSTM.from_float(lstm)  # default: batch 1, T 64
-    assert q1.providers["hh"] == [choose("linear", isa, {"m": 1, "k": 256, "n": 1024}).provider] * 2
+    assert q1.providers["hh"] == [routed(1, 256, 1024)] * 2
 
 
 # ----------------------------------------------------------------------------- torch.compile / export

@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from qbackend._extension import _C
+from qbackend.core.extension import _C
 from qbackend.ops import PROVIDERS
 from qbackend.ops import reference as R
 

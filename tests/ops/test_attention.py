@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import qbackend  # noqa: F401
-from qbackend._extension import _C
+from qbackend.core.extension import _C
 from qbackend.ops import attention
 from tests.ops.numerics import all_threads
 

@@ -10,7 +10,7 @@ import pickle
 import pytest
 import torch
 
-from qbackend.dispatch.batch_routes import BatchRoutes
+from qbackend.core.routes import BatchRoutes
 from qbackend.ops import PackedConv2dWeight, PackedLinearWeight
 from qbackend.ops import providers as providers_mod
 

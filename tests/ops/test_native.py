@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import qbackend  # noqa: F401
-from qbackend._extension import _C
+from qbackend.core.extension import _C
 from qbackend.ops import PackedConv2dWeight, PackedLinearWeight
 from qbackend.ops import reference as R
 from tests.ops.numerics import all_threads
@@ -328,9 +328,9 @@ def test_refused_without_avx512_vnni():
     op, and a forced route falls back to the rules."""
     code = r'''
 import json, torch, qbackend
-from qbackend._extension import _C
+from qbackend.core.extension import _C
 from qbackend.ops.providers import PROVIDERS
-from qbackend.dispatch.router import route
+from qbackend.dispatch import route
 ops = torch.ops.qbackend
 out = {"isa": _C.native_isa(), "refuses": PROVIDERS["native"].refuses("linear", {"m": 1, "k": 8, "n": 8})}
 p = ops.native_linear_prepack(torch.ones(4, 8, dtype=torch.int8))
@@ -339,7 +339,7 @@ try:
     out["error"] = None
 except ValueError as e:
     out["error"] = str(e)
-out["route"] = route("linear", {"m": 1, "k": 8, "n": 8}, eight_bit_input=False, force="native").provider
+out["route"] = route("linear", {"m": 1, "k": 8, "n": 8}, eight_bit_input=False, forced="native").provider
 print(json.dumps(out))
 '''
     proc = run_py(code, env={"QBACKEND_ISA": "avx2"}, check=True)

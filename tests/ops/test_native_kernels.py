@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import qbackend  # noqa: F401
-from qbackend._extension import _C
+from qbackend.core.extension import _C
 from qbackend.ops import PackedConv2dWeight
 from tests.ops.numerics import HSET, all_threads
 from tests.ops.test_linear import SLOW_HSET, linear_cases, run_linear_case

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qbackend  # noqa: F401
-from qbackend._extension import _C
+from qbackend.core.extension import _C
 from tests.subprocess_utils import json_lines, run_py
 
 ops = torch.ops.qbackend
@@ -158,7 +158,7 @@ def test_concurrent_python_threads():
 
 FORK_CHILD = """
 import json, os, torch, qbackend
-from qbackend._extension import _C
+from qbackend.core.extension import _C
 _C.set_own_pool(True)
 torch.set_num_threads(2)
 before = _C.parallel_probe(1000, 1, work_us=2000)  # the parent's pool starts its worker
@@ -186,7 +186,7 @@ def test_forked_child_gets_a_fresh_pool():
 ])
 def test_pool_choice_follows_the_environment(env, own):
     base = {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "", "QBACKEND_THREADING": "", "QBACKEND_SPIN_US": "50"}
-    code = ("import json, qbackend\nfrom qbackend._extension import _C\n"
+    code = ("import json, qbackend\nfrom qbackend.core.extension import _C\n"
             "print(json.dumps({'own': _C.own_pool(), 'spin': _C.spin_us()}))")
     out = json_lines(run_py(code, env={**base, **env}, check=True))[-1]
     assert out == {"own": own, "spin": 50}

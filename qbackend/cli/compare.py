@@ -1,195 +1,31 @@
-"""The `qbackend` command line (also `python -m qbackend`): `info`, `explain`, `demo` and `compare`.
-
-    qbackend info                                   # CPU features and the provider each op kind would use
-    qbackend explain model.qb                       # per layer of a saved model: provider and why
-    qbackend demo [--json FILE]                     # digits CNN: FP32 vs INT8 top-1, latency, size
-    qbackend compare examples.digits_case:case [--json FILE] [--plot FILE.png] [--max-drop X]
-
-`compare` imports a user function (``package.module:function``, or ``path/to/file.py:function``;
-the current directory and every ``--path`` are put on sys.path first) returning
-``(model, example_inputs, calibration_data, eval_data, metric_or_None)``, quantizes the model
-(calibration with a progress bar; with ``--max-drop`` the accuracy-budgeted fallback keeps the
-most sensitive layers in FP32), and prints ``qbackend.compare``'s per-layer SQNR, output error and
-metric as a table. Exit codes: 0 done, 2 bad arguments or a failing user function (one line on
-stderr; ``--traceback`` for the whole traceback), 3 the ``--max-drop`` budget was not met (the
-best model found is still reported).
-"""
+"""`qbackend compare FUNCTION`: import a user function returning (model, example_inputs,
+calibration_data, eval_data, metric_or_None), quantize the model (calibration with a progress
+bar; with --max-drop the accuracy-budgeted fallback keeps the most sensitive layers in FP32) and
+print qbackend.compare's per-layer SQNR, output error and metric (rich tables, or markdown),
+optionally as JSON and a plot."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
+import importlib
+import importlib.util
+import json
 import os
 import sys
+import warnings
 
-REPRESENTATIVE = {
-    "linear": [
-        ("M=1 (one token), 768x768", {"m": 1, "k": 768, "n": 768}),
-        ("M=16, 768x3072", {"m": 16, "k": 768, "n": 3072}),
-        ("M=1024 (8x128 tokens), 768x768", {"m": 1024, "k": 768, "n": 768}),
-    ],
-    "conv2d": [
-        ("ResNet-50 3x3, 64ch @56", {"n": 1, "c_in": 64, "c_out": 64, "h": 56, "w": 56, "kernel": (3, 3),
-                                     "stride": 1, "padding": (1, 1), "groups": 1}),
-        ("ResNet-50 1x1, 256->64 @56", {"n": 1, "c_in": 256, "c_out": 64, "h": 56, "w": 56, "kernel": (1, 1),
-                                        "stride": 1, "padding": (0, 0), "groups": 1}),
-        ("MobileNetV2 depthwise 3x3, 144ch @56", {"n": 1, "c_in": 144, "c_out": 144, "h": 56, "w": 56,
-                                                  "kernel": (3, 3), "stride": 1, "padding": (1, 1),
-                                                  "groups": 144}),
-        ("ResNeXt grouped 3x3, g=32 x 4ch @56", {"n": 1, "c_in": 128, "c_out": 128, "h": 56, "w": 56,
-                                                 "kernel": (3, 3), "stride": 1, "padding": (1, 1),
-                                                 "groups": 32}),
-    ],
-    "embedding_bag": [
-        ("1M x 64 table, 8-bit, fp16 scale/bias", {"rows": 1 << 20, "dim": 64, "bits": 8, "fp16_qparams": 1,
-                                                   "padding_idx": 0}),
-        ("the same with padding_idx", {"rows": 1 << 20, "dim": 64, "bits": 8, "fp16_qparams": 1, "padding_idx": 1}),
-    ],
-}
+import torch
 
-
-def _bf16_line() -> str:
-    """Whether bf16 dot products pay here (measured), hence the attention cores' default."""
-    from qbackend._extension import _C
-
-    if not _C.bf16_usable():
-        return "bf16 products: no AVX512-BF16; attention cores: torch SDPA (QuantConfig(attention='auto'))"
-    fma, dot = _C.fma_gflops(), _C.bf16_dot_gflops()
-    pays = _C.bf16_products_pay()
-    return (f"bf16 products: fp32 FMA {fma:.0f} GFLOP/s, bf16 dot {dot:.0f} GFLOP/s per thread (policy "
-            f"{_C.bf16_products_policy()}): {'they pay' if pays else 'they do not pay'}; attention cores: "
-            f"{'fused (qbackend::attention)' if pays else 'torch SDPA'} (QuantConfig(attention='auto'))")
-
-
-def cmd_info(args: argparse.Namespace) -> int:
-    import torch
-
-    import qbackend
-    from qbackend.dispatch import cpu_features, fbgemm_isa, rules
-
-    f = cpu_features()
-    print(f"qbackend {qbackend.__version__}  torch {torch.__version__}  threads {torch.get_num_threads()}")
-    print(f"CPU: {f.model_name or '?'} ({f.vendor})")
-    print(f"override: QBACKEND_ISA={f.override}" if f.override else "override: none (QBACKEND_ISA unset)")
-    print(f"ISA in use: {f.level_name} (dispatch class {f.isa_class}); FBGEMM: {fbgemm_isa()}; "
-          f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset (all)')}")
-    print(_bf16_line())
-    print()
-    print("| feature | CPU has it | OS allows it |")
-    print("|---|---|---|")
-    for name, feat in f.features().items():
-        print(f"| {name} | {'yes' if feat.cpu else 'no'} | {'yes' if feat.os else 'no'} |")
-    print()
-    print(f"Routes on this CPU class ({f.isa_class}):")
-    print("| op | shape | provider | rule |")
-    print("|---|---|---|---|")
-    from qbackend.dispatch.router import route_embedding
-    from qbackend.ops.providers import get_provider
-
-    for op, shapes in REPRESENTATIVE.items():
-        for label, shape in shapes:
-            if op == "embedding_bag":  # skips providers that are not installed or cannot run the table
-                r = route_embedding(shape)
-                print(f"| {op} | {label} | {r.provider} | {r.why.removeprefix('rule [')} |".replace("]: ", ": ", 1))
-                continue
-            # Providers that cannot run the shape here (native without AVX512-VNNI or AVX-VNNI) are skipped.
-            rule = rules.choose(op, f.isa_class, shape,
-                                usable=lambda p, op=op, shape=shape: get_provider(p).refuses(op, shape) is None)
-            print(f"| {op} | {label} | {rule.provider} | {rule.condition}: {rule.why} |")
-    return 0
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    import warnings
-
-    import qbackend
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        qmodel = qbackend.load(args.path)
-    saved = getattr(qmodel, "qbackend_saved_on", None) or {}
-    f = qbackend.cpu_features()
-    print(f"{args.path}: saved on {saved.get('model') or '?'} ({saved.get('isa_class', '?')}); "
-          f"routed here for {f.model_name or '?'} ({f.isa_class})")
-    for w in caught:
-        if type(w.message).__module__.startswith("qbackend"):
-            print(f"note: {w.message}")
-    print(qbackend.explain(qmodel).to_markdown())
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    import json
-
-    from qbackend.demo import format_demo, run_demo
-
-    batch_sizes = _int_list(args.batch, "--batch")
-    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else None
-    result = run_demo(batch_sizes=batch_sizes, threads=args.threads, rounds=args.rounds, epochs=args.epochs, log=log)
-    print(format_demo(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {args.json}")
-    return 0
-
-
-def _int_list(text: str, option: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{option} takes comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise ValueError(f"{option} takes positive integers, got {text!r}")
-    return values
-
-
-# ---------------------------------------------------------------------------------------------- compare
+from ..api import quantize
+from ..lowering.convert import FP32FallbackWarning
+from ..report import BudgetWarning, compare
+from .common import TRACEBACK_HINT, CliError, describe, quiet_torch
 
 CASE_SHAPE = "(model, example_inputs, calibration_data, eval_data, metric_or_None)"
-TRACEBACK_HINT = " [--traceback shows where]"
-
-
-class CliError(Exception):
-    """A one-line error for the user (exit code 2)."""
-
-
-def _first_line(exc: BaseException, limit: int = 300) -> str:
-    text = str(exc).strip().splitlines()
-    text = text[0] if text else ""
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _describe(exc: BaseException) -> str:
-    """"Type: first line of the message (file:line)", the location being the deepest frame of the
-    user's own code (not the standard library, site-packages or qbackend) where there is one."""
-    import sysconfig
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
-    skip = tuple(os.path.realpath(p) + os.sep for p in
-                 {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                  sysconfig.get_paths()["platlib"], os.path.dirname(os.path.abspath(__file__))})
-    own = [f for f in frames if not os.path.realpath(f.filename).startswith(skip) and not f.filename.startswith("<")]
-    where = ""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        where = f" ({_rel(exc.filename)}:{exc.lineno})"
-    elif own:
-        where = f" ({_rel(own[-1].filename)}:{own[-1].lineno})"
-    msg = _first_line(exc) if not isinstance(exc, SyntaxError) else (exc.msg or "invalid syntax")
-    return f"{type(exc).__name__}: {msg}{where}" if msg else f"{type(exc).__name__}{where}"
-
-
-def _rel(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith(".." + os.sep + "..") else rel
 
 
 def _import_user_module(module: str, paths: list[str]):
-    import importlib
-    import importlib.util
-
     for p in [os.getcwd(), *paths][::-1]:
         p = os.path.abspath(p)
         if p in sys.path:
@@ -205,7 +41,7 @@ def _import_user_module(module: str, paths: list[str]):
         try:
             spec.loader.exec_module(mod)
         except Exception as exc:
-            raise CliError(f"importing {module} failed: {_describe(exc)}") from exc
+            raise CliError(f"importing {module} failed: {describe(exc)}") from exc
         return mod
     try:
         return importlib.import_module(module)
@@ -214,14 +50,12 @@ def _import_user_module(module: str, paths: list[str]):
             where = ", ".join(["the current directory", *(f"--path {p}" for p in paths)])
             raise CliError(f"cannot import {module}: no module named {exc.name!r} (looked in {where} and "
                            f"sys.path)") from exc
-        raise CliError(f"importing {module} failed: {_describe(exc)}") from exc
+        raise CliError(f"importing {module} failed: {describe(exc)}") from exc
     except Exception as exc:
-        raise CliError(f"importing {module} failed: {_describe(exc)}") from exc
+        raise CliError(f"importing {module} failed: {describe(exc)}") from exc
 
 
 def _is_batches(obj) -> bool:
-    import torch
-
     return obj is not None and not isinstance(obj, (torch.Tensor, str, bytes, dict)) and hasattr(obj, "__iter__")
 
 
@@ -229,10 +63,6 @@ def load_case(spec: str, paths: list[str] | None = None) -> tuple:
     """Import `package.module:function` (or `file.py:function`), call it, check that it returned
     (model, example_inputs, calibration_data, eval_data, metric_or_None). Raises CliError with a
     one-line message otherwise."""
-    import difflib
-
-    import torch
-
     module, sep, fn_name = spec.rpartition(":")
     if not sep or not module or not fn_name or not fn_name.isidentifier():
         raise CliError(f"{spec!r}: expected package.module:function (e.g. examples.digits_case:case), the "
@@ -249,7 +79,7 @@ def load_case(spec: str, paths: list[str] | None = None) -> tuple:
     try:
         out = fn()
     except Exception as exc:
-        raise CliError(f"{spec}() raised {_describe(exc)}") from exc
+        raise CliError(f"{spec}() raised {describe(exc)}") from exc
     if not isinstance(out, (tuple, list)):
         raise CliError(f"{spec}() returned a {type(out).__name__}; expected a tuple {CASE_SHAPE}")
     if len(out) != 5:
@@ -391,9 +221,6 @@ def _print_warnings(caught, fallback_mode: bool) -> None:
     """The warnings of quantize, one line each on stderr, each message once. With --max-drop, the
     budget warning and the lists of ops left in FP32 by the fallback's conversions are left out:
     the result line says both (without --max-drop, the list names the ops with no INT8 kernel)."""
-    from qbackend.lowering.convert import FP32FallbackWarning
-    from qbackend.report import BudgetWarning
-
     seen = set()
     for w in caught:
         if fallback_mode and issubclass(w.category, (BudgetWarning, FP32FallbackWarning)):
@@ -404,11 +231,7 @@ def _print_warnings(caught, fallback_mode: bool) -> None:
             print(f"warning: {text}", file=sys.stderr)
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    import dataclasses
-    import json
-    import warnings
-
+def run(args: argparse.Namespace) -> int:
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -418,8 +241,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.max_drop is not None and not args.max_drop >= 0:
         raise CliError(f"--max-drop must be >= 0 (metric points the INT8 model may lose), got {args.max_drop}")
     if args.threads is not None:
-        import torch
-
         if args.threads < 1:
             raise CliError(f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
@@ -428,30 +249,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.max_drop is not None and metric is None:
         raise CliError(f"--max-drop needs a metric: {args.function}() returned metric_or_None = None")
 
-    import qbackend
-    from qbackend.demo import quiet_torch
-
     progress = not args.no_progress
     kwargs = {"eval_fn": metric, "max_drop": args.max_drop} if args.max_drop is not None else {}
     try:
         with quiet_torch(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)  # torch's, not ours
-            qmodel = qbackend.quantize(model, example_inputs, _Progress(calibration, "calibrating", progress),
+            qmodel = quantize(model, example_inputs, _Progress(calibration, "calibrating", progress),
                                        **kwargs)
     except (CliError, KeyboardInterrupt):
         raise
     except Exception as exc:
-        raise CliError(f"quantizing failed: {_describe(exc)}{TRACEBACK_HINT}") from exc
+        raise CliError(f"quantizing failed: {describe(exc)}{TRACEBACK_HINT}") from exc
     _print_warnings(caught, fallback_mode=args.max_drop is not None)
     fallback = getattr(qmodel, "qbackend_fallback", None) if args.max_drop is not None else None
     kept = list(fallback.kept_fp32) if fallback is not None else []
 
     try:
         with quiet_torch():
-            result = qbackend.compare(model, qmodel, evaluation, metric=metric, progress=progress)
+            result = compare(model, qmodel, evaluation, metric=metric, progress=progress)
     except Exception as exc:
-        raise CliError(f"comparing failed: {_describe(exc)}{TRACEBACK_HINT}") from exc
+        raise CliError(f"comparing failed: {describe(exc)}{TRACEBACK_HINT}") from exc
 
     rows = _layer_rows(result, kept, model)
     if args.markdown:
@@ -492,20 +310,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return status
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="qbackend", description="x86 INT8 quantization backend for PyTorch")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="probed CPU features, ISA override, and the provider each op kind would use")
-    e = sub.add_parser("explain", help="per layer of a saved model (qbackend.save): op, shapes, provider, why")
-    e.add_argument("path", help="a file written by qbackend.save")
-    d = sub.add_parser("demo", help="train a small CNN on scikit-learn's digits, quantize it, and compare FP32 "
-                                    "with INT8: top-1, latency, size, where each layer runs")
-    d.add_argument("--batch", default="1,32", help="batch sizes to time, comma-separated (default 1,32)")
-    d.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    d.add_argument("--rounds", type=int, default=40, help="interleaved timing rounds per batch size (default 40)")
-    d.add_argument("--epochs", type=int, default=15, help="training epochs (default 15)")
-    d.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    d.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+def add_parser(sub) -> None:
     c = sub.add_parser("compare", help="quantize a model named as package.module:function and report INT8 vs "
                                        "FP32 per layer and on the user's metric",
                        description="FUNCTION (package.module:function or file.py:function) takes no arguments "
@@ -526,22 +331,3 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     c.add_argument("--no-progress", action="store_true", help="no progress bars")
     c.add_argument("--traceback", action="store_true", help="on errors, show the whole traceback")
-    return p
-
-
-COMMANDS = {"info": cmd_info, "explain": cmd_explain, "demo": cmd_demo, "compare": cmd_compare}
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except (CliError, ValueError, TypeError, FileNotFoundError) as exc:
-        if getattr(args, "traceback", False):
-            raise
-        print(f"qbackend {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

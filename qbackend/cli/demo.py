@@ -3,41 +3,33 @@ digits, no download, ~3 s), quantize it with `qbackend.quantize`, and compare FP
 test top-1, latency per batch (eager; median of interleaved rounds), speed ratio, model size
 (FP32 state_dict file vs the `qbackend.save` file), and where each layer runs (qbackend.explain).
 
-    from qbackend.demo import run_demo, format_demo
+    from qbackend.cli.demo import run_demo, format_demo
     result = run_demo()          # a plain dict (what `qbackend demo --json FILE` writes)
     print(format_demo(result))
 """
 from __future__ import annotations
 
-import contextlib
+import argparse
 import io
-import logging
+import json
 import os
 import statistics
+import sys
 import tempfile
 import time
-import warnings
 
 import torch
 
+from ..api import quantize
+from ..core.version import VERSION
+from ..dispatch import cpu_features
+from ..report import explain
+from ..models.digits import top1_percent, train_digits_cnn
+from ..serialization import save
+from .common import quiet_torch
+
 DEFAULT_BATCH_SIZES = (1, 32)
 CALIBRATION_BATCH = 32
-
-
-@contextlib.contextmanager
-def quiet_torch():
-    """Silence torch's own chatter that says nothing about the user's model: torch.export's note
-    that an 8x8 input's size-1 channel dimension was specialized, and pytree's LeafSpec
-    deprecation warning when a converted model is pickled. qbackend's warnings still show."""
-    logger = logging.getLogger("torch._export.non_strict_utils")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 def _interleaved_median_ms(models: dict, x: torch.Tensor, rounds: int, block_s: float = 0.004,
@@ -81,19 +73,15 @@ def _state_dict_bytes(model: torch.nn.Module) -> int:
 
 
 def _saved_bytes(qmodel) -> int:
-    import qbackend
-
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "digits.qb")
-        qbackend.save(qmodel, path)
+        save(qmodel, path)
         return os.path.getsize(path)
 
 
 def _layer_lines(qmodel) -> list[dict]:
-    import qbackend
-
     rows = []
-    for r in qbackend.explain(qmodel):
+    for r in explain(qmodel):
         why = r["why"]
         # "rule [condition]: reason" -> "rule [condition]"; tuned layers keep their measured times
         rule = why.split("]:", 1)[0] + "]" if why.startswith("rule [") and "]:" in why else why
@@ -106,9 +94,6 @@ def run_demo(batch_sizes=DEFAULT_BATCH_SIZES, threads: int | None = None, rounds
              epochs: int = 15, log=None) -> dict:
     """Train, quantize, measure. `log(msg)` (optional) is called with progress lines. Returns a
     JSON-able dict; format_demo turns it into the text `qbackend demo` prints."""
-    import qbackend
-    from qbackend.models.digits import top1_percent, train_digits_cnn
-
     log = log or (lambda msg: None)
     batch_sizes = tuple(int(b) for b in batch_sizes)
     if not batch_sizes or any(b < 1 for b in batch_sizes):
@@ -128,7 +113,7 @@ def run_demo(batch_sizes=DEFAULT_BATCH_SIZES, threads: int | None = None, rounds
     log(f"quantizing: {len(calibration)} calibration batches ({len(split.x_calib)} images) ...")
     t0 = time.perf_counter()
     with quiet_torch():
-        qmodel = qbackend.quantize(model, calibration[0], calibration)
+        qmodel = quantize(model, calibration[0], calibration)
     quantize_s = time.perf_counter() - t0
 
     with torch.no_grad():
@@ -146,11 +131,11 @@ def run_demo(batch_sizes=DEFAULT_BATCH_SIZES, threads: int | None = None, rounds
     with quiet_torch():
         size = {"fp32_state_dict_bytes": _state_dict_bytes(model), "int8_saved_bytes": _saved_bytes(qmodel)}
 
-    f = qbackend.cpu_features()
+    f = cpu_features()
     return {
         "model": "digits CNN (Conv-BN-ReLU x2, MaxPool, Linear; scikit-learn 8x8 digits)",
         "machine": {"cpu": f.model_name or "?", "isa_class": f.isa_class, "threads": torch.get_num_threads(),
-                    "torch": str(torch.__version__), "qbackend": qbackend.__version__},
+                    "torch": str(torch.__version__), "qbackend": VERSION},
         "data": {"train": len(split.y_train), "calibration": len(split.y_calib), "test": len(split.y_test)},
         "train_seconds": train_s,
         "quantize_seconds": quantize_s,
@@ -190,3 +175,36 @@ def format_demo(r: dict) -> str:
     out.append("")
     out.append(f"total {r['total_seconds']:.1f} s")
     return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    batch_sizes = _int_list(args.batch, "--batch")
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else None
+    result = run_demo(batch_sizes=batch_sizes, threads=args.threads, rounds=args.rounds, epochs=args.epochs, log=log)
+    print(format_demo(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{option} takes comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{option} takes positive integers, got {text!r}")
+    return values
+
+
+def add_parser(sub) -> None:
+    d = sub.add_parser("demo", help="train a small CNN on scikit-learn's digits, quantize it, and compare FP32 "
+                                    "with INT8: top-1, latency, size, where each layer runs")
+    d.add_argument("--batch", default="1,32", help="batch sizes to time, comma-separated (default 1,32)")
+    d.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    d.add_argument("--rounds", type=int, default=40, help="interleaved timing rounds per batch size (default 40)")
+    d.add_argument("--epochs", type=int, default=15, help="training epochs (default 15)")
+    d.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    d.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -5,20 +5,20 @@ implementations live beside each op's Python wrapper in qbackend.ops.
 """
 from __future__ import annotations
 
-from . import _isa_override
+from . import isa
 
-_isa_override.set_library_environment()
+isa.set_library_environment()
 
 import torch  # noqa: E402  (after the environment above: torch's libraries read it lazily)
 
 try:
-    from . import _C  # noqa: E402
+    from .. import _C  # noqa: E402
 except ImportError as exc:  # pragma: no cover - only on a broken install
     raise ImportError(
         "qbackend's C++ extension qbackend._C is missing or does not match this torch "
         f"({torch.__version__}); reinstall qbackend (see README). Cause: {exc}"
     ) from exc
 
-_isa_override.apply_cap(_C)
+isa.apply_cap(_C)
 
 __all__ = ["_C", "torch"]

@@ -1,6 +1,8 @@
-"""QBACKEND_ISA: cap the instruction sets qbackend believes in and uses, to simulate older CPUs.
+"""Instruction-set levels (`Isa`) and QBACKEND_ISA, the cap on the instruction sets qbackend
+believes in and uses, to simulate older CPUs.
 
-Applied once, when qbackend is imported, before FBGEMM or oneDNN run a kernel:
+`Isa` mirrors the C++ `qbackend::cpu::Isa` (csrc/cpu/probe.h): the level qbackend's own kernels
+may use, ordered, each level implying the ones below. The cap is applied once, when qbackend is imported, before FBGEMM or oneDNN run a kernel:
   * our own kernels (csrc) are capped through qbackend._C.set_isa_cap;
   * FBGEMM is forced to the matching ISA with fbgemm::fbgemmForceIsa (it also reads
     FBGEMM_ENABLE_INSTRUCTIONS, which we set for child processes);
@@ -12,18 +14,33 @@ Applied once, when qbackend is imported, before FBGEMM or oneDNN run a kernel:
 """
 from __future__ import annotations
 
+import enum
 import os
 import warnings
 
-# name -> (our level, ONEDNN_MAX_CPU_ISA, FBGEMM_ENABLE_INSTRUCTIONS)
+
+class Isa(enum.IntEnum):
+    """The ISA level of qbackend's own kernels (the values of the C++ enum class)."""
+
+    SCALAR = 0
+    AVX2 = 1          # AVX2 + FMA
+    AVX512 = 2        # AVX512 F, BW, VL, DQ
+    AVX512_VNNI = 3   # AVX512 + VNNI (u8 x s8 dot products without 16-bit saturation)
+    AMX = 4           # AVX512-VNNI + AMX tiles (tile-data permission granted)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+# QBACKEND_ISA value -> (the level it caps our kernels at, ONEDNN_MAX_CPU_ISA, FBGEMM_ENABLE_INSTRUCTIONS)
 ISA_LEVELS = {
-    "avx2": (1, "AVX2", "AVX2"),
-    "avx2_vnni": (1, "AVX2_VNNI", "AVX2"),
-    "avx512": (2, "AVX512_CORE", "AVX512"),
-    "avx512_vnni": (3, "AVX512_CORE_VNNI", "AVX512_E1"),
-    "amx": (4, "AVX512_CORE_AMX", "AVX512_E1"),
+    "avx2": (Isa.AVX2, "AVX2", "AVX2"),
+    "avx2_vnni": (Isa.AVX2, "AVX2_VNNI", "AVX2"),
+    "avx512": (Isa.AVX512, "AVX512_CORE", "AVX512"),
+    "avx512_vnni": (Isa.AVX512_VNNI, "AVX512_CORE_VNNI", "AVX512_E1"),
+    "amx": (Isa.AMX, "AVX512_CORE_AMX", "AVX512_E1"),
 }
-LEVEL_NAMES = {0: "scalar", 1: "avx2", 2: "avx512", 3: "avx512_vnni", 4: "amx"}
 
 
 def requested() -> str | None:
@@ -58,4 +75,4 @@ def apply_cap(ext) -> None:
     if name is None:
         ext.set_isa_cap(-1, True)
     else:
-        ext.set_isa_cap(ISA_LEVELS[name][0], name not in ("avx2", "avx512"))
+        ext.set_isa_cap(int(ISA_LEVELS[name][0]), name not in ("avx2", "avx512"))

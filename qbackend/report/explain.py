@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .nn.model import QuantizedModel
+from ..nn.model import QuantizedModel
 
 
 def _provider(module) -> str:

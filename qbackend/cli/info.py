@@ -1,0 +1,80 @@
+"""`qbackend info`: the probed CPU features, the ISA override, and where representative op
+instances would run here (qbackend.dispatch.route)."""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from ..core.extension import _C
+from ..core.version import VERSION
+from ..dispatch import cpu_features, fbgemm_isa, route
+from ..observers import default_reduce_range
+
+REPRESENTATIVE = {
+    "linear": [
+        ("M=1 (one token), 768x768", {"m": 1, "k": 768, "n": 768}),
+        ("M=16, 768x3072", {"m": 16, "k": 768, "n": 3072}),
+        ("M=1024 (8x128 tokens), 768x768", {"m": 1024, "k": 768, "n": 768}),
+    ],
+    "conv2d": [
+        ("ResNet-50 3x3, 64ch @56", {"n": 1, "c_in": 64, "c_out": 64, "h": 56, "w": 56, "kernel": (3, 3),
+                                     "stride": 1, "padding": (1, 1), "groups": 1}),
+        ("ResNet-50 1x1, 256->64 @56", {"n": 1, "c_in": 256, "c_out": 64, "h": 56, "w": 56, "kernel": (1, 1),
+                                        "stride": 1, "padding": (0, 0), "groups": 1}),
+        ("MobileNetV2 depthwise 3x3, 144ch @56", {"n": 1, "c_in": 144, "c_out": 144, "h": 56, "w": 56,
+                                                  "kernel": (3, 3), "stride": 1, "padding": (1, 1),
+                                                  "groups": 144}),
+        ("ResNeXt grouped 3x3, g=32 x 4ch @56", {"n": 1, "c_in": 128, "c_out": 128, "h": 56, "w": 56,
+                                                 "kernel": (3, 3), "stride": 1, "padding": (1, 1),
+                                                 "groups": 32}),
+    ],
+    "attention": [("an encoder's attention core (SDPA in the graph)", {})],
+    "embedding_bag": [
+        ("1M x 64 table, 8-bit, fp16 scale/bias", {"rows": 1 << 20, "dim": 64, "bits": 8, "fp16_qparams": 1,
+                                                   "padding_idx": 0}),
+        ("the same with padding_idx", {"rows": 1 << 20, "dim": 64, "bits": 8, "fp16_qparams": 1, "padding_idx": 1}),
+    ],
+}
+
+
+def _bf16_line() -> str:
+    """Whether bf16 dot products pay here (measured), hence the attention cores' default."""
+    if not _C.bf16_usable():
+        return "bf16 products: no AVX512-BF16; attention cores: torch SDPA (QuantConfig(attention='auto'))"
+    fma, dot = _C.fma_gflops(), _C.bf16_dot_gflops()
+    pays = _C.bf16_products_pay()
+    return (f"bf16 products: fp32 FMA {fma:.0f} GFLOP/s, bf16 dot {dot:.0f} GFLOP/s per thread (policy "
+            f"{_C.bf16_products_policy()}): {'they pay' if pays else 'they do not pay'}; attention cores: "
+            f"{'fused (qbackend::attention)' if pays else 'torch SDPA'} (QuantConfig(attention='auto'))")
+
+
+def run(args: argparse.Namespace) -> int:
+    f = cpu_features()
+    seven = default_reduce_range(torch.uint8)
+    print(f"qbackend {VERSION}  torch {torch.__version__}  threads {torch.get_num_threads()}")
+    print(f"CPU: {f.model_name or '?'} ({f.vendor})")
+    print(f"override: QBACKEND_ISA={f.override}" if f.override else "override: none (QBACKEND_ISA unset)")
+    print(f"ISA in use: {f.level_name} (dispatch class {f.isa_class}); FBGEMM: {fbgemm_isa()}; "
+          f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset (all)')}")
+    print(_bf16_line())
+    print()
+    print("| feature | CPU has it | OS allows it |")
+    print("|---|---|---|")
+    for name, feat in f.features().items():
+        print(f"| {name} | {'yes' if feat.cpu else 'no'} | {'yes' if feat.os else 'no'} |")
+    print()
+    print(f"Routes on this CPU class ({f.isa_class}), for activations as the default observers quantize them "
+          f"({'7' if seven else '8'}-bit):")
+    print("| op | shape | provider | why |")
+    print("|---|---|---|---|")
+    for op, shapes in REPRESENTATIVE.items():
+        for label, shape in shapes:
+            r = route(op, shape, eight_bit_input=op != "embedding_bag" and not seven)
+            print(f"| {op} | {label} | {r.provider} | {r.why} |")
+    return 0
+
+
+def add_parser(sub) -> None:
+    sub.add_parser("info", help="probed CPU features, ISA override, and the provider each op kind would use")

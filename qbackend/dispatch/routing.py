@@ -1,0 +1,121 @@
+"""The routing decision, in one call: `route(op, shape, ...)` returns the typed `Route` of one op
+instance (which provider runs it, decided how, why, and by batch size where that changes it).
+
+Every caller routes through it: building a layer (lowering), re-routing a loaded model
+(serialization's rebind), the LSTM's products, embedding tables, attention cores and
+`qbackend info`. In order:
+
+1. Forced: the config's provider (`forced`) or, for linear and conv2d without one,
+   QBACKEND_PROVIDER. It is used when it can run the op instance; a kernel provider that cannot
+   falls back to the rules (the reason says so), an embedding or attention provider raises.
+   Forced 8-bit activations on a provider that would saturate them raise.
+2. Rules: the first row of the rule table (rules.py) for the op on this CPU's class whose
+   condition holds and whose provider can run the op instance (`refuses`) and is not excluded.
+   Correctness then applies: full-range 8-bit activations (`eight_bit_input`) need a provider that
+   multiplies them exactly on this CPU; if the rule's cannot, the first routed provider of the
+   registry that can is used. Without a matching row, the first routed provider that can run it.
+3. Tune (`tune`, a TuneRequest): the routed providers that can run it exactly are timed on the
+   layer (tuner.tune_route) and the fastest wins, unless forced.
+4. By batch (`by_batch`, linear and conv2d, not forced or tuned): the rules at every size the
+   layer may be called with (batch_routes.py); ranges are kept where the provider changes.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from ..core.routes import FORCED, RULE, TUNED, Route
+from ..ops import registry
+from .batch_routes import SIZE_KEYS, size_ranges
+from .cpu import CpuFeatures, cpu_features
+from .rules import Rule, choose
+from .tuner import TuneRequest, tune_route
+
+ENV_PROVIDER = "QBACKEND_PROVIDER"
+
+
+def env_forced() -> str | None:
+    """The kernel provider QBACKEND_PROVIDER forces, or None (ValueError on an unknown name)."""
+    value = os.environ.get(ENV_PROVIDER, "").strip()
+    if not value:
+        return None
+    return registry.check_name(value, "kernel", ENV_PROVIDER)
+
+
+def _facts(op: str, shape: Mapping, cpu: CpuFeatures) -> Mapping:
+    """What the rule conditions read: the shape, plus the CPU's measured facts for ops whose rows
+    depend on them."""
+    if op == "attention":
+        return {**shape, "bf16_products_pay": int(cpu.bf16_products_pay)}
+    return shape
+
+
+def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozenset, cpu: CpuFeatures,
+                prefix: str = "") -> Route:
+    """Step 2 of the module docstring: the rule table, then correctness."""
+    family = registry.family_of(op)
+
+    def runs(name: str) -> bool:
+        return name not in exclude and registry.get(family, name).refuses(op, shape) is None
+
+    def exact(name: str) -> bool:
+        return not eight_bit_input or registry.get(family, name).exact_8bit()
+
+    rule: Rule | None = choose(op, cpu.isa_class, _facts(op, shape, cpu), usable=runs, missing_ok=True)
+    if rule is not None and exact(rule.provider):
+        return Route(rule.provider, RULE, f"{prefix}rule [{rule.condition}]: {rule.why}", rule=rule.condition)
+    for other in registry.routed_names(family):
+        if runs(other) and exact(other):
+            if rule is None:
+                return Route(other, RULE, f"{prefix}no rule row applies; {other} runs it", rule=None)
+            return Route(other, RULE, f"{prefix}{rule.provider} (rule [{rule.condition}]) saturates 8-bit "
+                                      f"activations on this CPU; {other} is exact", rule=rule.condition)
+    if eight_bit_input and (rule is not None or any(runs(p) for p in registry.routed_names(family))):
+        raise ValueError(f"no provider multiplies 8-bit activations exactly on this CPU ({cpu.isa_class}); "
+                         "use 7-bit activations (the default observers do so on CPUs without VNNI)")
+    raise ValueError(f"no provider can run this {op} here ({dict(shape)})")
+
+
+def route(op: str, shape: Mapping, *, eight_bit_input: bool = True, forced: str | None = None,
+          by_batch: bool = False, tune: TuneRequest | None = None, exclude=(), cpu: CpuFeatures | None = None) -> Route:
+    """The route of one op instance (see the module docstring).
+
+    op: "linear" (static or dynamic), "conv2d", "embedding_bag" or "attention"; shape: the keys
+    the rule conditions read (rules.py); eight_bit_input: its activations use the full 8-bit
+    range (not the 7-bit one); forced: a provider name from the config; by_batch: also route by
+    call size; tune: time the candidates instead of trusting the rules; exclude: providers not to
+    use (one that refused to pack the layer); cpu: whose rule-table column to read (default this
+    machine's; whether a provider can run the op is always this process's)."""
+    family = registry.family_of(op)
+    cpu = cpu if cpu is not None else cpu_features()
+    exclude = frozenset(exclude)
+    source = "config"
+    if forced is None and family == "kernel":
+        forced, source = env_forced(), ENV_PROVIDER
+    prefix = ""
+    if forced is not None:
+        provider = registry.get(family, forced)
+        refusal = provider.refuses(op, shape)
+        if refusal is None:
+            if eight_bit_input and not provider.exact_8bit():
+                raise ValueError(f"provider {forced!r} (forced) saturates 8-bit activations on this CPU; calibrate "
+                                 "with 7-bit activations (reduce_range=True) or force another provider")
+            return Route(forced, FORCED, f"forced ({source})")
+        if family != "kernel":
+            what = "table" if family == "embedding" else op
+            raise ValueError(f"{family} provider {forced!r} (forced) cannot run this {what}: {refusal}")
+        prefix = f"{forced} (forced) cannot run it ({refusal}); "
+    chosen = _rule_route(op, shape, eight_bit_input, exclude, cpu, prefix)
+    if tune is not None:
+        candidates = [p for p in registry.routed_names(family) if p not in exclude
+                      and (not eight_bit_input or registry.get(family, p).exact_8bit())
+                      and registry.get(family, p).refuses(op, shape) is None]
+        if len(candidates) < 2:
+            return chosen
+        provider, why = tune_route(tune, candidates, rule_provider=chosen.provider)
+        return Route(provider, TUNED, why)
+    if by_batch and op in SIZE_KEYS:
+        ranges = size_ranges(op, shape, lambda s: _rule_route(op, s, eight_bit_input, exclude, cpu).provider)
+        if len(ranges.providers) > 1:
+            return Route(chosen.provider, chosen.source, chosen.why, chosen.rule, ranges)
+    return chosen
