@@ -152,7 +152,7 @@ def _torchao_version() -> str:
 
 
 def smoothquant_summary(qmodel) -> str:
-    found = [v["smoothquant"] for v in qmodel.qbackend_activations.values() if "smoothquant" in v]
+    found = [v.smoothquant for v in qmodel.qbackend_activations.values() if v.smoothquant is not None]
     if not found:
         return ""
     used = [f for f in found if f["alpha"] is not None]
@@ -173,8 +173,8 @@ def quantize_qbackend_with(**settings):
 
 
 def gptq_summary(qmodel) -> str:
-    gains = [v["weight_rounding"].get("gain_db") for v in qmodel.qbackend_layers.values()
-             if v.get("weight_rounding", {}).get("method") == "gptq"]
+    gains = [v.weight_rounding.get("gain_db") for v in qmodel.qbackend_layers.values()
+             if (v.weight_rounding or {}).get("method") == "gptq"]
     gains = [g for g in gains if g is not None]
     if not gains:
         return ""

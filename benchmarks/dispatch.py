@@ -186,7 +186,7 @@ def convert_all(case, batch: int, tmpdir: str, tune_again: bool) -> Converted:
     for p in PROVIDERS:
         with forced_provider(p):
             timed(f"all-{p}", lambda: qbackend.convert(prepared))
-    first = next(i for i in models["rules"].qbackend_layers.values() if i["kind"] in GEMM_KINDS)
+    first = next(i for i in models["rules"].qbackend_layers.values() if i.kind in GEMM_KINDS)
     hint = int(first["x_shape"][0])
     if hint != batch and tune_again:
         with forced_provider(None):
@@ -228,8 +228,8 @@ def capture_inputs(qmodel, inputs: tuple) -> dict[str, tuple]:
 def real_shape_key(info: dict, args: tuple) -> dict:
     """The shape key the rule table would see for the layer's real input."""
     x = args[0]
-    s = dict(info["shape"])
-    if info["kind"] == "linear":
+    s = dict(info.shape)
+    if info.kind == "linear":
         s["m"] = math.prod(x.shape[:-1])
     else:
         s.update(n=x.shape[0], c_in=x.shape[1], h=x.shape[2], w=x.shape[3])
@@ -237,7 +237,7 @@ def real_shape_key(info: dict, args: tuple) -> dict:
 
 
 def fmt_shape(info: dict, s: dict) -> str:
-    if info["kind"] == "linear":
+    if info.kind == "linear":
         return f"M={s['m']} K={s['k']} N={s['n']}"
     k = "x".join(map(str, s["kernel"]))
     st = s["stride"][0] if isinstance(s["stride"], (list, tuple)) else s["stride"]
@@ -246,9 +246,9 @@ def fmt_shape(info: dict, s: dict) -> str:
 
 
 def fused(info: dict) -> str:
-    parts = (["+res"] if info.get("residual") else []) + \
-        ([info["post_op"]] if info.get("post_op", "none") != "none" else [])
-    out = "u8" if info.get("output") == "int8" else "f32"
+    parts = (["+res"] if info.residual else []) + \
+        ([info.post_op] if info.post_op != "none" else [])
+    out = "u8" if info.output == "int8" else "f32"
     return (" ".join(parts) or "-") + f" -> {out}"
 
 
@@ -324,7 +324,7 @@ def bench_layers(conv: Converted, inputs: dict[str, tuple], cfg: Settings, isa_c
                  count_reorders: bool) -> list[LayerRow]:
     rules = conv.models["rules"]
     rows = []
-    names = [n for n, i in rules.qbackend_layers.items() if i["kind"] in GEMM_KINDS]  # not embedding tables
+    names = [n for n, i in rules.qbackend_layers.items() if i.kind in GEMM_KINDS]  # not embedding tables
     for i, name in enumerate(names):
         info = rules.qbackend_layers[name]
         args = inputs.get(name)
@@ -336,7 +336,7 @@ def bench_layers(conv: Converted, inputs: dict[str, tuple], cfg: Settings, isa_c
             if provider_of(m) == p:
                 mods[p] = m
             else:
-                refused[p] = conv.models[f"all-{p}"].qbackend_layers[name]["why"]
+                refused[p] = conv.models[f"all-{p}"].qbackend_layers[name].why
         cands = {p: (lambda m=m: m(*args)) for p, m in mods.items()}
         t = time_layer(cands, cfg)
         t1 = None
@@ -351,9 +351,9 @@ def bench_layers(conv: Converted, inputs: dict[str, tuple], cfg: Settings, isa_c
                 t = {p: t[p].merged(again[p]) for p in t}
         choices = {v: provider_of(q.layer(name)) for v, q in conv.models.items() if not v.startswith("all-")}
         real = real_shape_key(info, args)
-        row = LayerRow(name, info["kind"], fmt_shape(info, real), fused(info), t, t1, choices,
-                       choose(info["kind"], isa_class, real).provider,
-                       tuner_times(conv.models["tuned"].qbackend_layers[name]["why"]), refused)
+        row = LayerRow(name, info.kind, fmt_shape(info, real), fused(info), t, t1, choices,
+                       choose(info.kind, isa_class, real).provider,
+                       tuner_times(conv.models["tuned"].qbackend_layers[name].why), refused)
         # re-measure a layer whose rule or tuned choice looks slow (or close to its target)
         slow = any(row.ratio(row.choices[v]) > lim - 0.03 for v, lim in (("rules", RULE_TARGET),
                                                                          ("tuned", TUNE_TARGET)))

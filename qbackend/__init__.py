@@ -20,11 +20,12 @@ level (tests/test_layers.py checks both):
   4 observers      observers               calibration statistics -> qparams
   5 config         config                  QuantConfig and its parts
   6 nn             nn                      quantized modules, QuantizedModel
-  7 lowering       lowering                capture, graph passes, convert, module swap
-  8 report         report                  explain, accuracy against FP32, the budgeted fallback
-  9 serialization  serialization           save / load
-  10 api           api                     prepare, calibrate, convert, quantize
-  11 top           __init__, __main__, cli, models   public names, the command line, the model zoo
+  7 algorithms     algorithms              calibration-time methods on tensors: GPTQ, SmoothQuant
+  8 lowering       lowering                capture, graph passes, convert, module swap
+  9 report         report                  explain, accuracy against FP32, the budgeted fallback
+  10 serialization serialization           save / load, rebinding a loaded model to this CPU
+  11 api           api                     prepare, calibrate, convert, quantize
+  12 top           __init__, __main__, cli, models   public names, the command line, the model zoo
 """
 from .core.extension import _C  # noqa: F401  (loads the extension, applies QBACKEND_ISA)
 from .api import PreparedModel, calibrate, convert, prepare, quantize, quantize_dynamic

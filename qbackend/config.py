@@ -72,7 +72,7 @@ class EmbeddingConfig:
 
 @dataclass(frozen=True)
 class SmoothQuantConfig:
-    """SmoothQuant for static Linears (qbackend/lowering/smoothquant.py): per input channel c, the
+    """SmoothQuant for static Linears (qbackend/algorithms/smoothquant.py): per input channel c, the
     activation is divided by s_c and the weights' column c multiplied by it, with
     s_c = max|x_c|^alpha / max|w_c|^(1 - alpha) and alpha searched per activation value on the
     calibration data to minimise the Linears' quantized output error.
@@ -157,7 +157,7 @@ class QuantConfig:
     attention: str = "auto"
     # How static Linears' int8 weights are rounded (per layer): "gptq" (the default) chooses each
     # weight's level to minimise the layer's output error on the calibration data (H = X^T X,
-    # lowering/gptq.py; same scales, same kernels); "nearest" rounds each weight on its own.
+    # algorithms/gptq.py; same scales, same kernels); "nearest" rounds each weight on its own.
     weight_rounding: str = "gptq"
     # Static / dynamic Linear and Conv2d layers whose best provider (by the rule table) changes with
     # the batch size hold one packed weight per provider they use and pick per call by its size

@@ -1,8 +1,11 @@
 """Deterministic models behind the saved-file fixtures of tests/data/: a graph-captured static
-model (conv + BatchNorm + ReLU, max pooling, a residual block, an embedding bag and a Linear head)
+model (conv + BatchNorm + ReLU, max pooling, a residual block, average pooling, an embedding bag
+and a Linear head)
 and a module-swapped dynamic one (an LSTM and a Linear). The fixtures were written by
-`python -m tests.legacy_models tests/data` with the qbackend of the file's name; the tests load
-them with today's qbackend and compare against a fresh conversion of the same model."""
+`python -c "from tests import legacy_models; legacy_models.main('tests/data')"` (so the
+models pickle under this module's name) with qbackend at 78fc84d, the last release of model
+format 1; the tests load them with today's qbackend and compare against a fresh conversion of the
+same model."""
 from __future__ import annotations
 
 import os
@@ -21,13 +24,14 @@ class StaticNet(nn.Module):
         self.pool = nn.MaxPool2d(2)
         self.conv1 = nn.Conv2d(16, 16, 3, padding=1)
         self.conv2 = nn.Conv2d(16, 16, 1)
+        self.gap = nn.AdaptiveAvgPool2d(1)
         self.table = nn.EmbeddingBag(1024, 16, mode="sum")
-        self.head = nn.Linear(16 * 8 * 8 + 16, 10)
+        self.head = nn.Linear(16 + 16, 10)
 
     def forward(self, x, ids, offsets):
         x = self.pool(self.stem(x))
         x = torch.relu(self.conv2(torch.relu(self.conv1(x))) + x)
-        return self.head(torch.cat([x.flatten(1), self.table(ids, offsets)], dim=1))
+        return self.head(torch.cat([self.gap(x).flatten(1), self.table(ids, offsets)], dim=1))
 
 
 class DynamicNet(nn.Module):

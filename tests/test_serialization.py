@@ -121,7 +121,7 @@ def test_load_on_another_isa(cnn, tmp_path, isa):
     from qbackend.dispatch import rules
 
     for info, provider in zip(q.qbackend_layers.values(), res["providers"]):
-        expect = rules.choose(info["kind"], isa, info["shape"]).provider
+        expect = rules.choose(info.kind, isa, info.shape).provider
         if isa == "avx2" or provider != expect:  # avx512_vnni: exactness may force the other one; never on avx2
             assert provider == expect, (info, provider, expect)
     with torch.no_grad():

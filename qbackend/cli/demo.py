@@ -82,11 +82,10 @@ def _saved_bytes(qmodel) -> int:
 def _layer_lines(qmodel) -> list[dict]:
     rows = []
     for r in explain(qmodel):
-        why = r["why"]
-        # "rule [condition]: reason" -> "rule [condition]"; tuned layers keep their measured times
-        rule = why.split("]:", 1)[0] + "]" if why.startswith("rule [") and "]:" in why else why
+        # routed by a rule: its condition (its evidence is in qbackend explain); else the whole why
+        why = f"rule [{r['rule']}]" if r["rule"] is not None else r["why"]
         rows.append({"layer": r["layer"], "op": r["op"], "shape": r["shape"], "fused": r["fused"],
-                     "output": r["output"], "provider": r["provider"], "why": rule})
+                     "output": r["output"], "provider": r["provider"], "why": why})
     return rows
 
 

@@ -42,9 +42,8 @@ def env_forced() -> str | None:
     return registry.check_name(value, "kernel", ENV_PROVIDER)
 
 
-def _facts(op: str, shape: Mapping, cpu: CpuFeatures) -> Mapping:
-    """What the rule conditions read: the shape, plus the CPU's measured facts for ops whose rows
-    depend on them."""
+def _cpu_facts(op: str, shape: Mapping, cpu: CpuFeatures) -> Mapping:
+    """The shape, plus the CPU's measured facts for ops whose rows depend on them."""
     if op == "attention":
         return {**shape, "bf16_products_pay": int(cpu.bf16_products_pay)}
     return shape
@@ -61,9 +60,9 @@ def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozens
     def exact(name: str) -> bool:
         return not eight_bit_input or registry.get(family, name).exact_8bit()
 
-    rule: Rule | None = choose(op, cpu.isa_class, _facts(op, shape, cpu), usable=runs, missing_ok=True)
+    rule: Rule | None = choose(op, cpu.isa_class, _cpu_facts(op, shape, cpu), usable=runs, missing_ok=True)
     if rule is not None and exact(rule.provider):
-        return Route(rule.provider, RULE, f"{prefix}rule [{rule.condition}]: {rule.why}", rule=rule.condition)
+        return Route(rule.provider, RULE, f"{prefix}rule [{rule.condition}]: {rule.reason}", rule=rule.condition)
     for other in registry.routed_names(family):
         if runs(other) and exact(other):
             if rule is None:

@@ -4,7 +4,7 @@ Works on a copy of the prepared GraphModule (parameters shared, not copied; the 
 stays usable). In the order the fused chains end:
 
 * each static op becomes one call of its qbackend.nn module (static Linears' weights rounded by
-  GPTQ on their input's calibration Hessian unless the config says "nearest": lowering/gptq.py),
+  GPTQ on their input's calibration Hessian unless the config says "nearest": algorithms/gptq.py),
   placed where its chain ended, fed the int8 form of its input (and residual): the output of the
   producing int8 op, a transparent op (max pool, view, flatten) re-run on int8 data, or a quantize
   op right after the observed float value. Its output is int8 where the plan says some consumer reads int8; float consumers
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import operator
 import warnings
 from collections import Counter
@@ -38,10 +37,12 @@ from ..config import QuantConfig
 from .attention import attention_route, fuse_attention
 from .layer_norm import fuse_layer_norms
 from .embeddings import rewrite_embeddings
-from . import gptq
-from .gptq import HessianStats
+from ..algorithms import gptq
+from ..algorithms import smoothquant as smoothing_search
+from ..algorithms.gptq import HessianStats
 from .graph_utils import positional_inputs, quiet_treespec_deprecation
-from .layers import build_layer, route_text
+from .layers import build_layer
+from .records import activation_record, layer_record
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
 from . import smoothquant
 from .fold import get_attr_value
@@ -50,11 +51,13 @@ from .prepare import ActivationObserver, PreparedGraph
 
 ops_ns = torch.ops.qbackend
 aten = torch.ops.aten
-# Transparent ops whose int8 form is another op: views become reshapes (the int8 tensor's strides
-# need not be the float one's: quantize writes dense data); max pooling is qbackend's (aten's
+# Views of the FP32 graph become reshapes in the int8 one: qbackend's convs write channels-last
+# (int8 and float outputs alike) where the FP32 tensor a view was captured on was contiguous, and
+# a reshape is the same view where the strides allow one.
+_AS_RESHAPE = {aten.view.default: aten.reshape.default, aten._unsafe_view.default: aten.reshape.default}
+# Transparent ops whose int8 form is another op: views as above; max pooling is qbackend's (aten's
 # refuses channels-last int8). Same arguments, same values.
-_INT8_FORM = {aten.view.default: aten.reshape.default, aten._unsafe_view.default: aten.reshape.default,
-              aten.max_pool2d.default: ops_ns.max_pool2d.default}
+_INT8_FORM = {**_AS_RESHAPE, aten.max_pool2d.default: ops_ns.max_pool2d.default}
 
 
 class FP32FallbackWarning(UserWarning):
@@ -158,13 +161,12 @@ class _Rewriter:
         spec = op.layer_spec(self.gm)
         smooth = self.weight_smooth.get(op.name)
         if smooth is not None:
-            spec.weight = smoothquant.smoothed_weight(spec.weight, smooth)
+            spec.weight = smoothing_search.smoothed_weight(spec.weight, smooth)
         if op.name in self.hessians:
             spec.hessian, spec.hessian_factor = self._hessian(op.name, smooth)
         if op.accum is not None:
             spec.residual = "int8" if out_qp is not None else "float32"
         module, r = build_layer(spec, x_qp, out_qp, acc_qp, tune=self.tune)
-        why = route_text(r)
         if static:
             module.x_value = self.value_ids[id(x_qp)]
             module.out_value = self.value_ids[id(out_qp)] if out_qp is not None else None
@@ -174,14 +176,8 @@ class _Rewriter:
         with self.graph.inserting_after(op.output):
             call = self.graph.call_module(target, args)
         call.meta["qbackend_layer"] = op.name
-        self.layers[op.name] = {"kind": op.kind, "mode": op.config.mode, "module": target, "why": why,
-                                "post_op": op.post_op, "residual": op.accum is not None,
-                                "output": "int8" if out_qp is not None else "float32",
-                                "shape": spec.shape_key(), "x_shape": list(spec.x_shape),
-                                "forced": op.config.provider,
-                                "route_by_batch": op.config.route_by_batch and self.tune is None}
-        if spec.rounding is not None:
-            self.layers[op.name]["weight_rounding"] = _rounding_record(spec.rounding)
+        self.layers[op.name] = layer_record(spec, target, r, "int8" if out_qp is not None else "float32",
+                                            by_batch=op.config.route_by_batch and self.tune is None)
         if out_qp is not None:
             self.qmap[op.output] = (call, out_qp)
             deq_mod = Dequantize(out_qp.scale, out_qp.zero_point, out_qp.dtype, value=self.value_ids[id(out_qp)])
@@ -197,18 +193,6 @@ class _Rewriter:
             self.replaced[op.output] = call
 
 
-def _rounding_record(info: dict) -> dict:
-    """A layer's weight-rounding report: the method, and GPTQ's proxy output error against nearest
-    rounding's in dB (how much less output error its rounding makes on the calibration data)."""
-    rec = {"method": info["method"]}
-    before, after = info.get("proxy_error_nearest"), info.get("proxy_error")
-    if before and after and before > 0 and after > 0:
-        rec["gain_db"] = round(10 * math.log10(before / after), 2)
-    if "why" in info:
-        rec["why"] = info["why"]
-    return rec
-
-
 def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict]:
     """(node -> QParams, id(QParams) -> value name, the activation table: value name -> the float
     range and quantization settings its qparams came from)."""
@@ -217,31 +201,29 @@ def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict]:
     for node, name in prepared.plan.observed.items():
         obs = by_name[name]
         qp = obs.compute_qparams()
-        lo, hi = obs.chosen_range()
         qparams[node], value_ids[id(qp)] = qp, name
-        table[name] = {"range": [float(lo), float(hi)], "dtype": str(qp.dtype).replace("torch.", ""),
-                       "symmetric": obs.symmetric, "qmin": qp.qmin, "qmax": qp.qmax, "eps": obs.eps}
+        table[name] = activation_record(obs, qp)
     for node, cat in prepared.plan.aliases.items():  # layer outputs that only feed an int8 cat
         qparams[node] = qparams[cat]
     return qparams, value_ids, table
 
 
 def _search_smoothing(prepared: PreparedGraph, qparams: dict, value_ids: dict, table: dict) -> dict:
-    """SmoothQuant's search for each candidate value (lowering/smoothquant.py): node -> Smoothing
+    """SmoothQuant's search for each candidate value (algorithms/smoothquant.py): node -> Smoothing
     for the values it smooths; their qparams and activation-table entries become the smoothed
     value's, and every candidate's table entry says what the search found."""
     chosen = {}
     observers = prepared.observers()
     for group in prepared.smooth_groups:
         name = prepared.plan.observed[group.value]
-        sm = smoothquant.choose(group, prepared.gm.get_submodule(group.stats), observers[name],
+        sm = smoothing_search.choose(group.fold, prepared.gm.get_submodule(group.stats), observers[name],
                                 [get_attr_value(prepared.gm, op.weight) for op in group.ops],
                                 [op.config for op in group.ops], [op.name for op in group.ops],
-                                smoothquant.resolve(prepared.config.smoothquant))
-        table[name]["smoothquant"] = sm.info()
+                                smoothing_search.resolve(prepared.config.smoothquant))
+        table[name].smoothquant = sm.info()
         if sm.factors is not None:
             qparams[group.value], value_ids[id(sm.qparams)] = sm.qparams, name
-            table[name]["range"] = list(sm.range)
+            table[name].range = list(sm.range)
             chosen[group.value] = sm
     return chosen
 
@@ -286,7 +268,7 @@ def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
         rw.rewrite(op)
     rw.layers.update(rewrite_embeddings(gm, [dataclasses.replace(e, node=node_map[e.node], weight=node_map[e.weight])
                                              for e in prepared.embeddings]))
-    recorders = (ActivationObserver, smoothquant.ChannelStats, HessianStats)
+    recorders = (ActivationObserver, smoothing_search.ChannelStats, HessianStats)
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), recorders):
             gm.graph.erase_node(node)
@@ -302,6 +284,7 @@ def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
         else 0
     if fused + fuse_layer_norms(gm):
         gm.graph.eliminate_dead_code()
+    _views_as_reshapes(gm)
     _donate_dead_residuals(gm)
     _drop_unused_attributes(gm)
     _name_layers_by_path(gm, rw.layers)
@@ -334,6 +317,13 @@ def _plain(gm: fx.GraphModule) -> tuple[fx.GraphModule, object, object]:
     inputs = positional_inputs(gm)
     plain.meta["arg_names"] = inputs[0] if inputs is not None else None
     return plain, in_spec, out_spec
+
+
+def _views_as_reshapes(gm: fx.GraphModule) -> None:
+    """Every view left in the graph becomes a reshape (see _AS_RESHAPE)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _AS_RESHAPE:
+            node.target = _AS_RESHAPE[node.target]
 
 
 def _donate_dead_residuals(gm: fx.GraphModule) -> None:
@@ -380,8 +370,8 @@ def _name_layers_by_path(gm: fx.GraphModule, layers: dict) -> None:
     calls = {n.target: n for n in gm.graph.nodes if n.op == "call_module"}
     for name, info in layers.items():
         path = name.replace("@", "_call")
-        node = calls.get(info["module"])
-        if node is None or path == info["module"]:
+        node = calls.get(info.module)
+        if node is None or path == info.module:
             continue
         try:
             gm.get_submodule(path)
@@ -395,11 +385,11 @@ def _name_layers_by_path(gm: fx.GraphModule, layers: dict) -> None:
             parent = None
         if parent is not None and type(parent) is not torch.nn.Module and parent is not gm:
             continue  # do not graft into a real module
-        module = gm.get_submodule(info["module"])
-        delattr(gm, info["module"])
+        module = gm.get_submodule(info.module)
+        delattr(gm, info.module)
         gm.set_submodule(path, module) if parent is not None else _set_path(gm, path, module)
         node.target = path
-        info["module"] = path
+        info.module = path
 
 
 def _set_path(gm: fx.GraphModule, path: str, module) -> None:

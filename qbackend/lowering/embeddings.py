@@ -21,6 +21,7 @@ from ..nn.embedding import QuantizedEmbedding, QuantizedEmbeddingBag
 from ..ops.embedding import PackedEmbeddingTable, quantize_rowwise
 from .fold import get_attr_value
 from .graph_utils import module_path
+from .records import table_record
 
 aten = torch.ops.aten
 _BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
@@ -155,10 +156,6 @@ def rewrite_embeddings(gm: fx.GraphModule, ops: list[EmbeddingOp]) -> dict[str, 
                 user.replace_all_uses_with(call)
                 gm.graph.erase_node(user)
         gm.graph.erase_node(op.node)
-        layers[op.name] = {"kind": op.kind, "mode": "weight_only", "module": target, "why": r.why,
-                           "post_op": "none", "residual": False, "output": "float32", "shape": shape,
-                           "x_shape": None, "forced": ecfg.provider,
-                           "embedding": {"bits": ecfg.bits,
-                                         "qparams": str(ecfg.qparams_dtype).replace("torch.", ""),
-                                         "mode": op.mode if op.kind == "embedding_bag" else None}}
+        layers[op.name] = table_record(op.kind, target, shape, ecfg, r,
+                                       op.mode if op.kind == "embedding_bag" else None)
     return layers

@@ -23,7 +23,9 @@ from ..observers import Observer
 from ..nn import DynamicQuantizedLSTM, QuantizedEmbedding, QuantizedEmbeddingBag
 from ..nn.model import QuantizedModel
 from ..nn.quant import Quantize
-from .layers import LayerSpec, build_layer, route_text
+from .layer_spec import LayerSpec
+from .layers import build_layer
+from .records import activation_record, layer_record, lstm_record, table_record
 
 ASSUMED_M = 64  # the rows routing assumes for a dynamic Linear whose input was never seen
 
@@ -143,12 +145,8 @@ def _swap_table(name: str, module: nn.Module, ecfg) -> tuple[nn.Module, dict]:
     r = route("embedding_bag", shape, eight_bit_input=False, forced=ecfg.provider)
     klass = QuantizedEmbeddingBag if bag else QuantizedEmbedding
     new = klass.from_float(module, ecfg.bits, ecfg.qparams_dtype, r.provider)
-    info = {"kind": "embedding_bag" if bag else "embedding", "mode": "weight_only", "module": name, "why": r.why,
-            "post_op": "none", "residual": False, "output": "float32", "shape": shape, "x_shape": None,
-            "forced": ecfg.provider,
-            "embedding": {"bits": ecfg.bits, "qparams": str(ecfg.qparams_dtype).replace("torch.", ""),
-                          "mode": module.mode if bag else None}}
-    return new, info
+    return new, table_record("embedding_bag" if bag else "embedding", name, shape, ecfg, r,
+                             module.mode if bag else None)
 
 
 def _spec(name: str, wrapper: ObservedLayer) -> LayerSpec:
@@ -168,36 +166,27 @@ def convert_swapped(swapped: SwappedModel, tune=None) -> QuantizedModel:
     info, activations = {}, {}
     for name, wrapper in swapped.layers.items():
         cfg = wrapper.config
-        path = name
+        by_batch = cfg.route_by_batch and tune is None
         if isinstance(wrapper.module, nn.LSTM):
             new = DynamicQuantizedLSTM.from_float(wrapper.module, weight_observer=cfg.weight.create(),
                                                   example_shape=wrapper.x_shape)
-            why = "dynamic LSTM (providers: " + ", ".join(f"{k} {v}" for k, v in new.providers.items()) + ")"
-            shape, x_shape = {}, list(wrapper.x_shape) if wrapper.x_shape else None
+            info[name] = lstm_record(name, new.providers, wrapper.x_shape, cfg.provider, by_batch)
         else:
             spec = _spec(name, wrapper)
-            shape, x_shape = spec.shape_key(), list(spec.x_shape)
             if cfg.mode == "static":
                 obs = wrapper.observer
                 x_qp = obs.compute_qparams()
-                lo, hi = obs.chosen_range()
                 value = f"{name}.input"
-                activations[value] = {"range": [float(lo), float(hi)], "dtype": str(x_qp.dtype).replace("torch.", ""),
-                                      "symmetric": obs.symmetric, "qmin": x_qp.qmin, "qmax": x_qp.qmax, "eps": obs.eps}
+                activations[value] = activation_record(obs, x_qp)
                 layer, r = build_layer(spec, x_qp, tune=tune)
-                why = route_text(r)
                 layer.x_value = value
                 top = 255 if x_qp.dtype == torch.uint8 else 127
                 new = FloatBoundary(Quantize(x_qp.scale, x_qp.zero_point, x_qp.dtype,
                                              x_qp.qmax if x_qp.qmax < top else None, value=value), layer)
-                path = name + ".layer"
+                info[name] = layer_record(spec, name + ".layer", r, "float32", by_batch)
             else:
                 new, r = build_layer(spec, tune=tune)
-                why = route_text(r)
-        info[name] = {"kind": type(wrapper.module).__name__.lower(), "mode": cfg.mode,
-                      "module": path, "why": why, "post_op": "none", "residual": False, "output": "float32",
-                      "shape": shape, "x_shape": x_shape, "forced": cfg.provider,
-                      "route_by_batch": cfg.route_by_batch and tune is None}
+                info[name] = layer_record(spec, name, r, "float32", by_batch)
         model.set_submodule(name, new)
     for name, (module, ecfg) in swapped.tables.items():
         new, info[name] = _swap_table(name, module, ecfg)

@@ -28,7 +28,7 @@ from torch import fx
 from ..config import QuantConfig
 from .fold import get_attr_value
 from .graph_utils import example_shape, is_float_tensor, module_path
-from .layers import LayerSpec
+from .layer_spec import LayerSpec
 
 aten = torch.ops.aten
 

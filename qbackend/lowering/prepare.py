@@ -16,10 +16,12 @@ from .graph_utils import record_example_shapes
 from .fold import fold_batchnorm, get_attr_value
 from .patterns import QuantizableOp, match
 from .plan import Plan, make_plan
-from .gptq import HESSIAN_PREFIX, MAX_FEATURES, HessianStats
-from .smoothquant import STATS_PREFIX, ChannelStats, SmoothGroup, find_groups, fold_kind, resolve
+from ..algorithms.gptq import MAX_FEATURES, HessianStats
+from ..algorithms.smoothquant import ChannelStats, resolve
+from .smoothquant import STATS_PREFIX, SmoothGroup, find_groups, fold_kind
 
 OBSERVER_PREFIX = "qbackend_observer_"
+HESSIAN_PREFIX = "qbackend_hessian_"
 
 
 class ActivationObserver(nn.Module):

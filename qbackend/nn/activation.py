@@ -18,6 +18,12 @@ def check_qparams(scale, zero_point, dtype: torch.dtype, what: str) -> tuple[flo
     return scale, zero_point
 
 
+def uses_8_bits(dtype: torch.dtype, qmax: int | None) -> bool:
+    """Whether activations of this dtype with this largest level use the full 8-bit range, not the
+    7-bit one that CPUs without VNNI need (int8 always; uint8 above 127; qmax None: the dtype's)."""
+    return dtype == torch.int8 or qmax is None or qmax > 127
+
+
 def dtype_top(dtype: torch.dtype) -> int:
     """The largest level of an 8-bit activation dtype."""
     return 255 if dtype == torch.uint8 else 127
@@ -52,7 +58,7 @@ class ActivationBorder:
     """A module that writes (or reads) one activation value of the model's table, named by `value`,
     with qparams that `set_qparams` replaces: Quantize, Dequantize and the fused ops ending in a
     quantize (FusedAttention, LayerNormQuantize). Rebinding a loaded model to a CPU that needs 7-bit
-    activations updates every one of them (lowering/rebind.py)."""
+    activations updates every one of them (serialization/rebind.py)."""
 
     value: str | None
 

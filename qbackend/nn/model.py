@@ -3,9 +3,11 @@
 An nn.Module around the int8 graph (a plain torch.fx.GraphModule over flat inputs and outputs) or,
 for the module-swap fallback, around the model with its layers swapped. It keeps the user-facing
 calling convention (the model's own args, kwargs and output structure, via pytree specs), the
-per-layer records (`qbackend_layers`: kind, mode, module path, provider and why, shapes) and the
-activation table (`qbackend_activations`: each int8 value's float range and settings, from which
-its qparams can be recomputed for another CPU). It pickles (torch.save / qbackend.save).
+per-layer records (`qbackend_layers`: name -> core.records.LayerRecord: kind, mode, module path,
+fusion, shapes, route) and the activation table (`qbackend_activations`: value name ->
+ActivationRecord: each int8 value's float range and settings, from which its qparams can be
+recomputed for another CPU). It pickles (torch.save / qbackend.save), the records as versioned
+plain dicts.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from torch.fx._pytree import tree_flatten_spec
 from torch.utils import _pytree as pytree
 
 from ..core.batches import bind_by_name
+from ..core.records import ActivationRecord, LayerRecord
 
 
 class _DumpedSpec:
@@ -37,8 +40,10 @@ def _positional_count(in_spec) -> int:
 
 
 class QuantizedModel(nn.Module):
-    def __init__(self, inner: nn.Module, layers: dict, activations: dict, in_spec=None, out_spec=None,
-                 arg_names=None):
+    """What qbackend.convert returns: the int8 model, with its layer and activation records."""
+
+    def __init__(self, inner: nn.Module, layers: dict[str, LayerRecord], activations: dict[str, ActivationRecord],
+                 in_spec=None, out_spec=None, arg_names=None):
         """arg_names: the model's names of the graph's positional inputs (its forward's parameters),
         by which a call may also pass them as keywords."""
         super().__init__()
@@ -58,7 +63,7 @@ class QuantizedModel(nn.Module):
         """The quantized module of the layer `name` (a key of qbackend_layers, e.g. "layer1.0.conv1")."""
         if name not in self.qbackend_layers:
             raise KeyError(f"no quantized layer {name!r}; layers: {', '.join(self.qbackend_layers)}")
-        return self.inner.get_submodule(self.qbackend_layers[name]["module"])
+        return self.inner.get_submodule(self.qbackend_layers[name].module)
 
     def forward(self, *args, **kwargs):
         if self._in_spec is None:
@@ -86,6 +91,8 @@ class QuantizedModel(nn.Module):
     # TreeSpec objects goes through a deprecated LeafSpec check that warns on every save and load.
     def __getstate__(self):
         state = self.__dict__.copy()
+        state["qbackend_layers"] = {k: r.to_dict() for k, r in self.qbackend_layers.items()}
+        state["qbackend_activations"] = {k: r.to_dict() for k, r in self.qbackend_activations.items()}
         for key in ("_in_spec", "_out_spec"):
             spec = state.get(key)
             if spec is not None:
@@ -99,6 +106,10 @@ class QuantizedModel(nn.Module):
         for key in ("_in_spec", "_out_spec"):
             if isinstance(state.get(key), _DumpedSpec):
                 state[key] = pytree.treespec_loads(state[key].text)
+        state["qbackend_layers"] = {k: r if isinstance(r, LayerRecord) else LayerRecord.from_dict(r)
+                                    for k, r in state.get("qbackend_layers", {}).items()}
+        state["qbackend_activations"] = {k: r if isinstance(r, ActivationRecord) else ActivationRecord.from_dict(r)
+                                         for k, r in state.get("qbackend_activations", {}).items()}
         super().__setstate__(state)
         self.__dict__.setdefault("_arg_names", [])  # models saved before it existed
         self._positional = _positional_count(self._in_spec)
@@ -106,6 +117,6 @@ class QuantizedModel(nn.Module):
     def extra_repr(self) -> str:
         kinds = {}
         for info in self.qbackend_layers.values():
-            key = f"{info['kind']}:{info['mode']}"
+            key = f"{info.kind}:{info.mode}"
             kinds[key] = kinds.get(key, 0) + 1
         return "quantized layers: " + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items()))

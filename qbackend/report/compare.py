@@ -148,11 +148,11 @@ class _GraphSide:
             if op is None:
                 continue
             node = op.anchor
-            if info.get("residual"):
+            if info.residual:
                 node = next(iter(node.users))
-            if info.get("post_op", "none") != "none":
+            if info.post_op != "none":
                 node = next(iter(node.users))
-            for n, role in ((node, "out"), (op.x, "x"), (op.accum if info.get("residual") else None, "accum")):
+            for n, role in ((node, "out"), (op.x, "x"), (op.accum if info.residual else None, "accum")):
                 if n is not None:
                     self.wanted.setdefault(n, []).append((name, role))
 
@@ -185,7 +185,7 @@ def _alone(m, rec: dict, activations: dict) -> torch.Tensor | None:
         return None
     if isinstance(m, (QuantizedLinear, QuantizedConv2d)):
         def q(t, scale, zp, dtype, value):
-            qmax = (activations.get(value) or {}).get("qmax")
+            qmax = activations[value].qmax if value in activations else None
             top = 255 if dtype == torch.uint8 else 127
             return _quantized(t, scale, zp, dtype, qmax if qmax is not None and qmax < top else None)
         args = [q(x, m.x_scale, m.x_zero_point, m.x_dtype, m.x_value)]
@@ -274,7 +274,7 @@ def compare(fp32_model: nn.Module, qmodel: QuantizedModel, data: Iterable, metri
         m = qmodel.layer(name)
         provider = getattr(getattr(m, "packed", None), "provider_name", None) or (
             "fp32 compute" if isinstance(m, (WeightOnlyLinear, WeightOnlyConv2d)) else "mixed")
-        layers.append(LayerReport(name, info["kind"], provider, acc[name][0].sqnr(), acc[name][1].sqnr()))
+        layers.append(LayerReport(name, info.kind, provider, acc[name][0].sqnr(), acc[name][1].sqnr()))
     cosine = dot / math.sqrt(max(n_ref * n_out, 1e-300))
     result = CompareResult(layers, OutputReport(out_acc.sqnr() or 0.0, max_err, cosine), batches=n, notes=notes)
     if metric is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.records import LayerRecord
 from ..nn.model import QuantizedModel
 
 
@@ -20,24 +21,29 @@ def _provider(module) -> str:
     return "fp32 compute"
 
 
-def _shape(info: dict) -> str:
-    s = info.get("shape") or {}
-    if info["kind"] == "linear" and s:
+def _shape(info: LayerRecord) -> str:
+    s = info.shape
+    if info.kind == "linear" and s:
         return f"M={s['m']} K={s['k']} N={s['n']}"
-    if info["kind"] == "conv2d" and s:
+    if info.kind == "conv2d" and s:
         k = "x".join(map(str, s["kernel"]))
         st = s["stride"][0] if isinstance(s["stride"], (list, tuple)) else s["stride"]
         g = f" g={s['groups']}" if s["groups"] > 1 else ""
         return f"{s['n']}x{s['c_in']}x{s['h']}x{s['w']} -> {s['c_out']} {k}/s{st}{g}"
-    if info["kind"] in ("embedding", "embedding_bag") and s:
-        e = info.get("embedding") or {}
-        mode = f" {e['mode']}" if e.get("mode") else ""
-        return f"{s['rows']}x{s['dim']} table, {s['bits']}-bit rowwise ({e.get('qparams', 'float16')} scale/bias){mode}"
-    return "x " + "x".join(map(str, info.get("x_shape") or [])) if info.get("x_shape") else "-"
+    if info.kind in ("embedding", "embedding_bag") and s:
+        e = info.embedding
+        mode = f" {e.mode}" if e is not None and e.mode else ""
+        qparams = e.qparams if e is not None else "float16"
+        return f"{s['rows']}x{s['dim']} table, {s['bits']}-bit rowwise ({qparams} scale/bias){mode}"
+    return "x " + "x".join(map(str, info.x_shape)) if info.x_shape else "-"
 
 
 @dataclass
 class Explanation:
+    """One row per quantized layer, in graph order: layer, op, mode, shape (at the example), fused,
+    output, provider, why (one line) and rule (the condition of the rule row that routed it, or
+    None)."""
+
     rows: list[dict]
 
     def __iter__(self):
@@ -58,9 +64,9 @@ def explain(qmodel: QuantizedModel) -> Explanation:
         raise TypeError(f"explain takes a model from qbackend.convert / quantize / load, got {type(qmodel).__name__}")
     rows = []
     for name, info in qmodel.qbackend_layers.items():
-        fused = [p for p in (("+residual" if info.get("residual") else ""),
-                             (info["post_op"] if info.get("post_op", "none") != "none" else "")) if p]
-        rows.append({"layer": name, "op": info["kind"], "mode": info["mode"], "shape": _shape(info),
-                     "fused": " ".join(fused) or "-", "output": info.get("output", "float32"),
-                     "provider": _provider(qmodel.layer(name)), "why": info["why"]})
+        fused = [p for p in (("+residual" if info.residual else ""),
+                             (info.post_op if info.post_op != "none" else "")) if p]
+        rows.append({"layer": name, "op": info.kind, "mode": info.mode, "shape": _shape(info),
+                     "fused": " ".join(fused) or "-", "output": info.output,
+                     "provider": _provider(qmodel.layer(name)), "why": info.why, "rule": info.rule})
     return Explanation(rows)

@@ -1,7 +1,14 @@
-"""The routing table: complete (a catch-all for every op on every CPU class) and first-match."""
+"""The routing table: complete (a catch-all for every op on every CPU class), first-match, each
+condition's text evaluating as its logic does on sample geometries, each row's evidence a result
+file (and section) that exists."""
+import math
+import random
+from pathlib import Path
+
 import pytest
 
 from qbackend.dispatch import rules
+from qbackend.dispatch.predicates import facts
 from qbackend.ops import PROVIDERS, registry
 
 LINEAR = {"m": 1, "k": 768, "n": 768}
@@ -43,10 +50,10 @@ def test_native_rows():
     vnni = "avx512_vnni"
     for m in (1, 4, 64, 128, 2048):
         assert rules.choose("linear", vnni, {"m": m, "k": 768, "n": 3072, "gelu": 1}).provider == "native"
-    # AMX: the native AMX kernel at every M and on 1x1 convs (inferred, marked so in the rule).
+    # AMX: the native AMX kernel at every M and on 1x1 convs (measured on an AMX Xeon).
     for m in (1, 4, 64, 2048):
         r = rules.choose("linear", "amx", {"m": m, "k": 768, "n": 768})
-        assert r.provider == "native" and "INFERRED" in r.why
+        assert r.provider == "native" and "INFERRED" not in r.why and r.evidence.startswith("xeon_amx/")
     pointwise = dict(CONV, kernel=(1, 1), padding=(0, 0))
     assert rules.choose("conv2d", "amx", pointwise).provider == "native"
     assert rules.choose("conv2d", "amx", CONV).provider == "onednn"
@@ -154,3 +161,82 @@ def test_avx512_vnni_rules_from_the_dispatch_benchmark():
     old = {k: v for k, v in res.items() if k != "int8_residual"}
     assert rules.choose("conv2d", vnni, old, usable=NO_NATIVE).provider == "fbgemm"
     assert rules.choose("linear", vnni, {"m": 64, "k": 768, "n": 3072}, usable=NO_NATIVE).provider == "fbgemm"
+
+
+# ---- the table as data: each condition's text is its logic; each row's evidence exists ----------
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def _namespace(op: str, shape: dict) -> dict:
+    """The names a condition's text reads, computed here independently of predicates.facts."""
+    ns = {"gelu": 0, "int8_residual": 0, "bf16_products_pay": 0, **shape}
+    if op == "conv2d":
+        s = shape.get("stride", 1)
+        ns["stride"] = s if isinstance(s, int) else s[0]
+        ns["kernel"] = tuple(shape["kernel"])
+        ns["kh"], ns["kw"] = ns["kernel"]
+        ns["oh"], ns["ow"] = math.ceil(shape["h"] / ns["stride"]), math.ceil(shape["w"] / ns["stride"])
+    return ns
+
+
+def _evaluate(text: str, ns: dict) -> bool:
+    if text == "any shape":
+        return True
+    return bool(eval(compile(text, "<rule>", "eval"), {"__builtins__": {}}, ns))  # noqa: S307  (our own text)
+
+
+def _samples(op: str) -> list[dict]:
+    g = random.Random(0)
+    if op == "linear":
+        out = [{"m": m, "k": k, "n": n, "gelu": gl} for m in (1, 4, 5, 16, 17, 64, 65, 128, 256, 2048)
+               for k, n in ((768, 768), (768, 3072), (3072, 768), (4096, 4096)) for gl in (0, 1)]
+        return out + [{"m": g.randint(1, 4096), "k": g.randint(1, 8192), "n": g.randint(1, 8192),
+                       "gelu": g.randint(0, 1)} for _ in range(300)]
+    if op == "conv2d":
+        out = []
+        for _ in range(3000):
+            c_in = g.choice((1, 3, 8, 16, 32, 64, 96, 144, 256, 512, 576, 960, 1024, 2048))
+            groups = g.choice((1, 1, 1, c_in, max(1, c_in // 4), max(1, c_in // 8), 32 if c_in % 32 == 0 else 1))
+            c_out = c_in if groups == c_in and g.random() < 0.8 else g.choice((16, 24, 64, 128, 256, 1024, 2048))
+            k = g.choice((1, 1, 3, 5, 7))
+            hw = g.choice((1, 7, 8, 14, 28, 56, 112, 224))
+            out.append({"n": g.choice((1, 2, 7, 8, 32)), "c_in": c_in, "c_out": c_out, "h": hw, "w": hw,
+                        "kernel": (k, k), "stride": g.choice((1, 2, (1, 1), (2, 2))), "padding": (k // 2, k // 2),
+                        "groups": groups, "int8_residual": g.randint(0, 1)})
+        return out
+    if op == "attention":
+        return [{"bf16_products_pay": 0}, {"bf16_products_pay": 1}]
+    return [{"rows": r, "dim": d, "bits": b, "fp16_qparams": q, "padding_idx": p}
+            for r in (10, 1 << 20) for d in (8, 64) for b in (4, 8) for q in (0, 1) for p in (0, 1)]
+
+
+@pytest.mark.parametrize("rule", rules.RULES, ids=lambda r: f"{r.op}:{','.join(r.isa_classes)}:{r.provider}")
+def test_each_condition_is_its_text(rule):
+    seen = set()
+    for shape in _samples(rule.op):
+        expected = _evaluate(rule.condition, _namespace(rule.op, shape))
+        assert rule.when(facts(rule.op, shape)) == expected, (rule.condition, shape)
+        seen.add(expected)
+    if rule.condition != "any shape":
+        assert seen == {True, False}, f"the samples never {'fail' if True in seen else 'meet'} {rule.condition!r}"
+
+
+@pytest.mark.parametrize("rule", rules.RULES, ids=lambda r: f"{r.op}:{','.join(r.isa_classes)}:{r.provider}")
+def test_each_row_names_its_evidence(rule):
+    assert rule.why and "\n" not in rule.why and len(rule.why) <= 240, rule.why
+    path, _, section = rule.evidence.partition("#")
+    file = RESULTS / path
+    assert file.is_file(), f"{rule.evidence}: no such result file under benchmarks/results"
+    if section:
+        headings = [line.lstrip("#").strip() for line in file.read_text().splitlines() if line.startswith("#")]
+        assert section in headings, f"{rule.evidence}: no heading {section!r} in {path}"
+    assert rule.reason.endswith(f"(benchmarks/results/{rule.evidence})")
+
+
+def test_conditions_render_as_written():
+    assert rules.choose("linear", "avx512_vnni", LINEAR, usable=NO_NATIVE).condition == "m <= 4"
+    texts = {r.condition for r in rules.RULES}
+    assert "m <= 64 and k*n <= 768*3072" in texts
+    assert "kernel == (1, 1) and groups == 1 and c_out <= 16 and n*oh*ow > 100_000" in texts
+    assert "groups > 1 and groups < c_in and c_in//groups <= 8" in texts

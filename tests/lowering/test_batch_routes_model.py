@@ -10,7 +10,7 @@ from torch import nn
 
 import qbackend
 from qbackend.dispatch import cpu_features, route
-from qbackend.lowering.rebind import _is_8bit_input
+from qbackend.serialization.rebind import is_8bit_input
 from qbackend.nn import QuantizedConv2d, QuantizedLinear
 
 from .toy_models import init_bn, sqnr
@@ -63,17 +63,17 @@ def test_every_size_runs_on_the_rule_tables_provider(converted):
     _, qmodel = converted
     split = []
     for name, info, m in _layers(qmodel):
-        eight = _is_8bit_input(m, qmodel.qbackend_activations)
-        key = "n" if info["kind"] == "conv2d" else "m"
+        eight = is_8bit_input(m, qmodel.qbackend_activations)
+        key = "n" if info.kind == "conv2d" else "m"
         chosen = {s: m.packed._form(s)[0].name for s in SIZES}
-        expected = {s: route(info["kind"], {**info["shape"], key: s}, eight_bit_input=eight).provider for s in SIZES}
+        expected = {s: route(info.kind, {**info.shape, key: s}, eight_bit_input=eight).provider for s in SIZES}
         assert chosen == expected, name
         assert m.provider == expected[EXAMPLE_BATCH], name
         if len(set(expected.values())) > 1:
             split.append(name)
             assert m.packed.packed_providers == tuple(dict.fromkeys(
                 m.packed.batch_routes.provider_for(s) for s in range(1, 10 ** 4))), name
-            assert "by batch size: " + m.packed.batch_routes.describe() in info["why"], name
+            assert "by batch size: " + m.packed.batch_routes.describe() in info.why, name
         else:
             assert m.packed.batch_routes is None, name
     if cpu_features().isa_class == "avx512_vnni":

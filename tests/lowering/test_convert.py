@@ -46,10 +46,10 @@ def test_residual_cnn_fuses_and_stays_int8(residual_cnn):
     model, q = residual_cnn
     layers = q.qbackend_layers
     assert set(layers) == {"conv1", "b1c1", "b1c2", "b2c1", "b2c2", "down.0", "fc"}
-    assert layers["conv1"]["post_op"] == "relu" and layers["conv1"]["output"] == "int8"
-    assert layers["b1c2"]["residual"] and layers["b1c2"]["post_op"] == "relu"
-    assert layers["b2c2"]["residual"] and layers["b2c2"]["output"] == "float32"  # avgpool reads it in FP32
-    assert layers["down.0"]["output"] == "int8"  # read as b2c2's residual
+    assert layers["conv1"].post_op == "relu" and layers["conv1"].output == "int8"
+    assert layers["b1c2"].residual and layers["b1c2"].post_op == "relu"
+    assert layers["b2c2"].residual and layers["b2c2"].output == "float32"  # avgpool reads it in FP32
+    assert layers["down.0"].output == "int8"  # read as b2c2's residual
     # BatchNorm folded away, the layers sit at their module paths
     assert isinstance(q.layer("b1c2"), QuantizedConv2d) and isinstance(q.layer("fc"), QuantizedLinear)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in q.modules())
@@ -86,9 +86,9 @@ def test_inverted_residual_relu6_depthwise_add():
     model = init_bn(InvertedResidual())
     q = _quantize(model, lambda s: _images(4, s))
     layers = q.qbackend_layers
-    assert layers["stem.0"]["post_op"] == "relu6"
-    assert layers["block.0"]["post_op"] == "relu6" and layers["block.3"]["post_op"] == "relu6"
-    assert layers["block.6"]["residual"] and layers["block.6"]["post_op"] == "none"
+    assert layers["stem.0"].post_op == "relu6"
+    assert layers["block.0"].post_op == "relu6" and layers["block.3"].post_op == "relu6"
+    assert layers["block.6"].residual and layers["block.6"].post_op == "none"
     x = _images(3, 11)
     check_layers(q, x)
     with torch.no_grad():
@@ -110,8 +110,8 @@ def test_mlp_chains_int8_and_handles_a_module_called_twice():
     q = _quantize(model, make)
     layers = q.qbackend_layers
     assert set(layers) == {"fc1", "fc2", "fc3", "shared", "shared@1"}
-    assert layers["fc1"]["post_op"] == "relu" and layers["fc1"]["output"] == "int8"
-    assert layers["fc2"]["post_op"] == "gelu" and layers["fc2"]["output"] == "int8"
+    assert layers["fc1"].post_op == "relu" and layers["fc1"].output == "int8"
+    assert layers["fc2"].post_op == "gelu" and layers["fc2"].output == "int8"
     x = make(77)
     check_layers(q, x)
     with torch.no_grad():
@@ -129,7 +129,7 @@ def test_config_keeps_layers_in_fp32_and_mixes_modes():
     q = qbackend.convert(prepared)
     assert "fc2" not in q.qbackend_layers
     assert isinstance(q.layer("fc3"), DynamicQuantizedLinear)
-    assert q.qbackend_layers["fc1"]["output"] == "float32"  # fc2 (FP32) reads it
+    assert q.qbackend_layers["fc1"].output == "float32"  # fc2 (FP32) reads it
     x = make(5)
     with torch.no_grad():
         assert sqnr(model(x), q(x)) > 25
@@ -142,7 +142,7 @@ def test_cat_runs_in_int8_with_shared_qparams():
     model = CatCNN().eval()
     q = _quantize(model, lambda s: _images(4, s))
     layers = q.qbackend_layers
-    assert layers["left"]["output"] == "int8" and layers["right"]["output"] == "int8"
+    assert layers["left"].output == "int8" and layers["right"].output == "int8"
     left, right, merge = (q.layer(n) for n in ("left", "right", "merge"))
     # both branches write the cat's qparams, which the merge conv reads: no requantize anywhere
     assert (left.out_scale, left.out_zero_point) == (right.out_scale, right.out_zero_point) \
@@ -176,8 +176,8 @@ def test_batch1_example_routes_for_batch1_and_runs_any_batch():
     model = init_bn(ResidualCNN())
     q = _quantize(model, lambda s: _images(1, s))
     for info in q.qbackend_layers.values():
-        assert info["x_shape"][0] == 1
-        assert info["shape"]["n" if info["kind"] == "conv2d" else "m"] == 1
+        assert info.x_shape[0] == 1
+        assert info.shape["n" if info.kind == "conv2d" else "m"] == 1
     for n in (1, 3):
         x = _images(n, 7)
         with torch.no_grad():
@@ -190,7 +190,7 @@ def test_batch1_example_routes_for_batch1_and_runs_any_batch():
         g = torch.Generator().manual_seed(i)
         p(torch.randn(4, 6, 8, generator=g), mask=torch.ones(4, 6))
     qm = qbackend.convert(p)
-    assert qm.qbackend_layers["fc"]["shape"]["m"] == 5  # 1 x 5 tokens, not 2 x 5
+    assert qm.qbackend_layers["fc"].shape["m"] == 5  # 1 x 5 tokens, not 2 x 5
     x3, m3 = torch.randn(3, 4, 8), torch.ones(3, 4)
     with torch.no_grad():
         assert sqnr(masked(x3, mask=m3), qm(x3, mask=m3)) > 25
@@ -235,3 +235,36 @@ def test_residual_inputs_are_donated_only_when_dead(residual_cnn):
     assert qa.layer("conv").has_accum and not qa.layer("conv").accum_donated
     with torch.no_grad():
         assert sqnr(again(x), qa(x)) > 25
+
+
+class _ConvFlattenHead(nn.Module):
+    """A conv whose float output is flattened (captured as aten.view) beside a float branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.side = nn.EmbeddingBag(64, 4, mode="sum")
+        self.head = nn.Linear(8 * 6 * 6 + 4, 5)
+
+    def forward(self, x, ids, offsets):
+        y = torch.relu(self.conv(x))
+        return self.head(torch.cat([y.flatten(1), self.side(ids, offsets)], dim=1))
+
+
+def test_views_of_channels_last_outputs_run():
+    """The int8 conv writes channels-last; the FP32 graph's view of its (contiguous) output must
+    still run on it, at the example's batch size and others."""
+    torch.manual_seed(0)
+    model = _ConvFlattenHead().eval()
+
+    def batch(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(n, 3, 6, 6, generator=g), torch.randint(0, 64, (2 * n,), generator=g), torch.arange(0, 2 * n, 2)
+
+    q = qbackend.quantize(model, batch(4, 0), [batch(4, s) for s in range(1, 9)])
+    assert q.qbackend_layers["conv"].output == "float32"
+    for n in (4, 5, 1):
+        assert check_layers(q, *batch(n, 9)) == 2  # each int8 layer exact on the integers it received
+        with torch.no_grad():
+            assert sqnr(model(*batch(n, 9)), q(*batch(n, 9))) > 12  # the cat shares one range
+    assert not any(node.target is torch.ops.aten.view.default for node in q.graph_module.graph.nodes)

@@ -45,7 +45,7 @@ def _output_sqnr(case, q):
 
 def test_dlrm_converts_in_one_pass(small_dlrm):
     q = _convert(small_dlrm, QuantConfig(embedding=ALL_TABLES))
-    kinds = {n: info["kind"] for n, info in q.qbackend_layers.items()}
+    kinds = {n: info.kind for n, info in q.qbackend_layers.items()}
     assert [n for n, k in kinds.items() if k == "embedding_bag"] == ["tables.0", "tables.1", "tables.2"]
     assert sum(k == "linear" for k in kinds.values()) == 6
     for i in range(3):
@@ -67,7 +67,7 @@ def test_bits_by_name_and_threshold(small_dlrm):
     assert _output_sqnr(small_dlrm, q) > 20
     # the default threshold (1M values) leaves these small tables in FP32
     q_default = _convert(small_dlrm, QuantConfig())
-    assert not any(info["kind"] == "embedding_bag" for info in q_default.qbackend_layers.values())
+    assert not any(info.kind == "embedding_bag" for info in q_default.qbackend_layers.values())
 
 
 class _Bags(nn.Module):
@@ -169,7 +169,7 @@ b = torch.load({str(tmp_path / 'batch.pt')!r})
 with torch.no_grad():
     out = q(*b)
 assert torch.equal(out, torch.load({str(tmp_path / 'expected.pt')!r}))
-print(q.layer("tables.0").provider, q.qbackend_layers["tables.0"]["why"])
+print(q.layer("tables.0").provider, q.qbackend_layers["tables.0"].why)
 """
     import subprocess
     import sys
@@ -210,7 +210,7 @@ def test_module_swap_fallback_quantizes_tables_too():
     p(idx, off)
     q = qbackend.convert(p)
     assert isinstance(q.layer("bag"), QuantizedEmbeddingBag) and isinstance(q.layer("emb"), QuantizedEmbedding)
-    assert q.qbackend_layers["bag"]["kind"] == "embedding_bag" and q.qbackend_layers["bag"]["why"]
+    assert q.qbackend_layers["bag"].kind == "embedding_bag" and q.qbackend_layers["bag"].why
     with torch.no_grad():
         assert sqnr(model(idx, off), q(idx, off)) > 25
     # quantize_dynamic goes through the same swap: its tables are quantized by the same config

@@ -67,9 +67,9 @@ def test_attention_mask_is_not_calibrated(small_bert):
     table = qmodel.qbackend_activations
     assert table
     for name, entry in table.items():
-        lo, hi = entry["range"]
+        lo, hi = entry.range
         # the additive mask holds finfo(float32).min; a range that saw it would be ~1e38
-        assert abs(lo) < 1e3 and abs(hi) < 1e3, (name, entry["range"])
+        assert abs(lo) < 1e3 and abs(hi) < 1e3, (name, entry.range)
 
 
 def test_transformer_embeddings_stay_float_by_default():
@@ -196,7 +196,7 @@ def _sdpa_then_quantize(m):
 
 
 def test_fused_attention_survives_save_load_and_seven_bit_requantization(small_bert, tmp_path):
-    from qbackend.lowering.rebind import requantize_activations
+    from qbackend.serialization.rebind import requantize_activations
     _, qmodel = small_bert
     g = torch.Generator().manual_seed(5)
     ids, mask = bert_inputs(2, 16, g, vocab_size=2000)
@@ -243,7 +243,7 @@ def test_other_encoders_quantize_with_fused_attention(build):
     cal = [bert_inputs(4, 24, g, vocab_size=2000) for _ in range(3)]
     qmodel = qbackend.quantize(model, cal[0], cal, config=FUSED)
     assert len(_attention_modules(qmodel)) == 2 and not _sdpa_nodes(qmodel)
-    assert sum(info["kind"] == "linear" for info in qmodel.qbackend_layers.values()) == 12
+    assert sum(info.kind == "linear" for info in qmodel.qbackend_layers.values()) == 12
     ids, mask = bert_inputs(3, 20, g, vocab_size=2000, min_len=6)
     ref, out = _hidden(model, ids, mask), _hidden(qmodel, ids, mask)
     real = mask.bool()

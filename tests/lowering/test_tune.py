@@ -38,7 +38,7 @@ def test_tune_then_cached(prepared, tmp_path, monkeypatch):
     path = tmp_path / "tune.json"
     q = qbackend.convert(p, tune=True, tune_cache=TuneCache(path))
     rows = qbackend.explain(q).rows
-    layer_shapes = {name: info["shape"] for name, info in q.qbackend_layers.items()}
+    layer_shapes = {name: info.shape for name, info in q.qbackend_layers.items()}
     assert len(rows) == 7 and all(r["why"].startswith("tuned: batch 2:") for r in rows)
     for r in rows:  # the fastest timed provider is the one chosen, or the rule's within the margin
         times = dict((p, float(t)) for p, t in re.findall(r"(native|fbgemm|onednn) ([0-9.]+) us", r["why"]))

@@ -56,8 +56,8 @@ def test_resnet18(resnet18):
     case, q = resnet18
     layers = q.qbackend_layers
     assert len(layers) == 21 and len(_kinds(q)) == 21  # 20 convs (3 downsample) + fc
-    assert sum(v["residual"] for v in layers.values()) == 8  # every block's add fused into its conv
-    assert sum(v["output"] == "int8" for v in layers.values()) == 19  # all but the last conv and the fc
+    assert sum(v.residual for v in layers.values()) == 8  # every block's add fused into its conv
+    assert sum(v.output == "int8" for v in layers.values()) == 19  # all but the last conv and the fc
     assert check_layers(q, *case.evaluation[0]) == 21
     assert _eval_sqnr(case, q) > 20
 
@@ -65,14 +65,14 @@ def test_resnet18(resnet18):
 def test_resnet50_and_mobilenet_v2():
     case, q = _quantized("resnet50", batch_size=1, image_size=32, num_calibration_batches=1, num_eval_batches=1,
                          residual_gamma=0.3)
-    assert len(q.qbackend_layers) == 54 and sum(v["residual"] for v in q.qbackend_layers.values()) == 16
+    assert len(q.qbackend_layers) == 54 and sum(v.residual for v in q.qbackend_layers.values()) == 16
     assert _eval_sqnr(case, q) > 10
     case, q = _quantized("mobilenet_v2", batch_size=2, image_size=64, num_calibration_batches=2, num_eval_batches=1,
                          residual_gamma=0.3)
     layers = q.qbackend_layers
     assert len(layers) == 53  # 52 convs + classifier
-    assert sum(v["post_op"] == "relu6" for v in layers.values()) == 35
-    assert sum(v["residual"] for v in layers.values()) == 10
+    assert sum(v.post_op == "relu6" for v in layers.values()) == 35
+    assert sum(v.residual for v in layers.values()) == 10
     depthwise = [m for m in q.modules() if isinstance(m, QuantizedConv2d) and m.packed.groups > 1]
     assert len(depthwise) == 17
     check_layers(q, *case.evaluation[0])
@@ -83,7 +83,7 @@ def test_bert(bert):
     layers = q.qbackend_layers
     assert len(layers) == 2 * 6 + 1  # q, k, v, attention out, ffn in, ffn out per layer + pooler
     ffn = [v for k, v in layers.items() if k.endswith("intermediate.dense")]
-    assert all(v["post_op"] == "gelu" and v["output"] == "int8" for v in ffn)  # FFN1+GELU -> FFN2 in int8
+    assert all(v.post_op == "gelu" and v.output == "int8" for v in ffn)  # FFN1+GELU -> FFN2 in int8
     # the attention mask is an input of the model, never observed
     prepared = qbackend.prepare(case.model, case.example_inputs)
     assert not any("mask" in name for name in prepared.observers())
@@ -95,7 +95,7 @@ def test_lstm_classifier_dynamic():
     pytest.importorskip("qbackend.nn.lstm")
     case = MODELS["lstm_classifier"](batch_size=3, seq_len=12, num_calibration_batches=1, num_eval_batches=2)
     q = qbackend.quantize_dynamic(case.model)
-    assert {v["kind"] for v in q.qbackend_layers.values()} == {"lstm", "linear"}
+    assert {v.kind for v in q.qbackend_layers.values()} == {"lstm", "linear"}
     assert _eval_sqnr(case, q) > 25
 
 

@@ -4,7 +4,7 @@ The file is a torch.save archive holding a header (format name and version, the 
 torch versions, the CPU it was saved on) and the pickled QuantizedModel, whose packed weights
 pickle as their int8 weights plus metadata (never a provider's packed bytes). Loading checks the
 header first, unpickles the model (every weight is repacked), then rebinds it to this machine
-(qbackend.lowering.rebind: 7-bit activations where the CPU has no VNNI, every layer routed again),
+(rebind.py: 7-bit activations where the CPU has no VNNI, every layer routed again),
 so a model saved on an AMX machine runs on an AVX2-only one.
 
 Security: like torch.load(weights_only=False), loading unpickles Python objects; load only files
@@ -17,10 +17,10 @@ import os
 
 import torch
 
-from .core.version import VERSION as QBACKEND_VERSION
-from .dispatch import cpu_features
-from .lowering.rebind import rebind
-from .nn.model import QuantizedModel
+from ..core.version import VERSION as QBACKEND_VERSION
+from ..dispatch import cpu_features
+from ..nn.model import QuantizedModel
+from .rebind import rebind
 
 FORMAT = "qbackend-model"
 VERSION = 1

@@ -23,7 +23,7 @@ from ..core.routes import BatchRoutes
 from ..dispatch import route
 from ..ops.embedding import get_embedding_provider
 from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear
-from ..nn.activation import ActivationBorder, StaticQParamsMixin
+from ..nn.activation import ActivationBorder, StaticQParamsMixin, uses_8_bits
 from ..observers import choose_qparams, default_reduce_range
 from ..ops import PackedConv2dWeight
 
@@ -38,12 +38,11 @@ def requantize_activations(qmodel, seven_bit: bool) -> list[str]:
         return []
     new = {}
     for name, rec in qmodel.qbackend_activations.items():
-        if rec["dtype"] != "uint8" or rec["qmax"] <= 127:
+        if rec.dtype != "uint8" or rec.qmax <= 127:
             continue
-        lo, hi = rec["range"]
-        new[name] = choose_qparams(lo, hi, torch.uint8, rec["symmetric"], rec["qmin"], 127, reduce_range=False,
-                                   eps=rec["eps"])
-        rec["qmax"] = 127
+        lo, hi = rec.range
+        new[name] = choose_qparams(lo, hi, torch.uint8, rec.symmetric, rec.qmin, 127, reduce_range=False, eps=rec.eps)
+        rec.qmax = 127
     if not new:
         return []
     for m in qmodel.modules():
@@ -61,12 +60,10 @@ def requantize_activations(qmodel, seven_bit: bool) -> list[str]:
     return sorted(new)
 
 
-def _is_8bit_input(m: StaticQParamsMixin, activations: dict) -> bool:
-    """Whether layer m's input uses the full 8-bit range (layers._is_8bit, from the saved table)."""
-    if m.x_dtype == torch.int8:
-        return True
+def is_8bit_input(m: StaticQParamsMixin, activations: dict) -> bool:
+    """Whether layer m's input uses the full 8-bit range, from the saved activation table."""
     rec = activations.get(m.x_value)
-    return rec is None or rec["qmax"] > 127
+    return uses_8_bits(m.x_dtype, None if rec is None else rec.qmax)
 
 
 def _repack(m, provider: str, routes: BatchRoutes | None):
@@ -76,32 +73,39 @@ def _repack(m, provider: str, routes: BatchRoutes | None):
     return type(m.packed).from_state(state, provider)
 
 
+def _record(info, r, old: str) -> None:
+    """The record of a layer routed again: its new route, and where it ran before if that moved."""
+    info.route, info.note = r, None
+    info.rerouted_from = old if r.provider != old else None
+
+
 def reroute(qmodel) -> dict[str, tuple[str, str]]:
-    """Route every layer again on this machine; returns {layer: (old provider, new provider)} of the changed."""
+    """Route every layer again on this machine; returns {layer: (old provider, new provider)} of the
+    changed. A layer whose route stays keeps its record (a tuned one its timings); a record without
+    a route (saved before routes were recorded) gets this machine's."""
     changed = {}
     for name, info in qmodel.qbackend_layers.items():
         m = qmodel.layer(name)
         if isinstance(m, (QuantizedLinear, QuantizedConv2d)):
-            eight = _is_8bit_input(m, qmodel.qbackend_activations)
-            r = route(info["kind"], info["shape"], eight_bit_input=eight, forced=info.get("forced"),
-                      by_batch=info.get("route_by_batch", False))
+            eight = is_8bit_input(m, qmodel.qbackend_activations)
+            r = route(info.kind, info.shape, eight_bit_input=eight, forced=info.forced, by_batch=info.route_by_batch)
             stale_hint = (isinstance(m.packed, PackedConv2dWeight) and m.packed.x_qparams is not None
                           and tuple(m.packed.x_qparams) != (m.x_scale, m.x_zero_point))
         elif isinstance(m, DynamicQuantizedLinear):
-            r = route("linear", info["shape"], eight_bit_input=False, forced=info.get("forced"),
-                      by_batch=info.get("route_by_batch", False))
+            r = route("linear", info.shape, eight_bit_input=False, forced=info.forced, by_batch=info.route_by_batch)
             stale_hint = False
         elif isinstance(m, (QuantizedEmbedding, QuantizedEmbeddingBag)):
-            forced = info.get("forced")
+            forced = info.forced
             if forced is not None and get_embedding_provider(forced).refuses_table(
                     m.packed.qparams_dtype, m.packed.bits, m.packed.dim, -1) is not None:
                 forced = None  # forced where it was saved, not available here: the rules decide
-            r = route("embedding_bag", info["shape"], eight_bit_input=False, forced=forced)
+            r = route("embedding_bag", info.shape, eight_bit_input=False, forced=forced)
             old = m.packed.saved_provider  # e.g. fbgemm_gpu, saved where it is installed
             if r.provider != m.packed.provider_name:
                 m.packed = m.packed.with_provider(r.provider)
+            if r.provider != old or info.route is None:
+                _record(info, r, old)
             if r.provider != old:
-                info["why"] = f"re-routed on this machine ({old} before): {r.why}"
                 changed[name] = (old, r.provider)
             continue
         else:
@@ -110,10 +114,10 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
         routes = r.batch_routes
         if r.provider != old or routes != old_routes or stale_hint:
             m.packed = _repack(m, r.provider, routes)
-            why = r.describe()
-            info["why"] = why if r.provider == old else f"re-routed on this machine ({old} before): {why}"
-            if r.provider != old or routes != old_routes:
-                changed[name] = (old, r.provider)
+        if r.provider != old or routes != old_routes or stale_hint or info.route is None:
+            _record(info, r, old)
+        if r.provider != old or routes != old_routes:
+            changed[name] = (old, r.provider)
     return changed
 
 

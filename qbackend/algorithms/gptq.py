@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-HESSIAN_PREFIX = "qbackend_hessian_"
 MAX_FEATURES = 8192  # H in fp32: 256 MB at this size
 BLOCK = 128
 DAMP = 0.01  # times the mean of H's diagonal, added to the diagonal

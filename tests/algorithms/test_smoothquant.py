@@ -1,4 +1,4 @@
-"""SmoothQuant (qbackend/lowering/smoothquant.py): the folds are exact in FP32 (both forms, on toy
+"""SmoothQuant (qbackend/algorithms/smoothquant.py, qbackend/lowering/smoothquant.py): the folds are exact in FP32 (both forms, on toy
 blocks and on the pre-LN outlier transformer), the per-channel quantize border matches the
 reference, the search never smooths without a gain, the smoothed int8 model beats the unsmoothed
 one where activations have outlier channels, and it survives save/load."""
@@ -12,13 +12,14 @@ from torch import nn
 
 import qbackend
 from qbackend.lowering.prepare import prepare_graph
-from qbackend.lowering.smoothquant import ChannelStats, factors_for, fold_fp32
+from qbackend.algorithms.smoothquant import ChannelStats, factors_for
+from qbackend.lowering.smoothquant import fold_fp32
 from qbackend.nn import LayerNormQuantize
 from qbackend.nn.quant import Quantize
 from qbackend.ops import reference
 
-from .layer_reference import check_layers
-from .toy_models import sqnr
+from ..lowering.layer_reference import check_layers
+from ..lowering.toy_models import sqnr
 
 pytestmark = pytest.mark.filterwarnings("ignore::qbackend.lowering.convert.FP32FallbackWarning")
 SQ = qbackend.QuantConfig(smoothquant=qbackend.SmoothQuantConfig())
@@ -116,7 +117,7 @@ def test_smoothquant_beats_plain_int8_on_outliers(post_ln):
     smooth = qbackend.quantize(model, cal[0], cal)  # the default, "auto": LayerNorm outputs
     gain = sqnr(ref, smooth(x)) - sqnr(ref, plain(x))
     assert gain > 8.0, gain
-    info = [v["smoothquant"] for v in smooth.qbackend_activations.values() if "smoothquant" in v]
+    info = [v.smoothquant for v in smooth.qbackend_activations.values() if v.smoothquant is not None]
     assert len(info) == 1 and info[0]["alpha"] is not None
     assert info[0]["error"] < 0.5 * info[0]["error_unsmoothed"]
     assert info[0]["fold"] == ("quantize" if post_ln else "layer_norm")
@@ -136,7 +137,7 @@ def test_no_gain_means_no_smoothing():
     cfg = qbackend.QuantConfig(smoothquant=qbackend.SmoothQuantConfig(min_gain=0.99))
     smooth = qbackend.quantize(model, cal[0], cal, config=cfg)
     plain = qbackend.quantize(model, cal[0], cal, config=OFF)
-    info = [v["smoothquant"] for v in smooth.qbackend_activations.values() if "smoothquant" in v]
+    info = [v.smoothquant for v in smooth.qbackend_activations.values() if v.smoothquant is not None]
     assert info and all(i["alpha"] is None for i in info)
     assert torch.equal(smooth(x), plain(x))
 

@@ -1,4 +1,4 @@
-"""GPTQ weight rounding (qbackend/lowering/gptq.py): the Hessian recorder against X^T X in fp64,
+"""GPTQ weight rounding (qbackend/algorithms/gptq.py): the Hessian recorder against X^T X in fp64,
 the rounding against the output error it is meant to lower (measured directly as |X (W - Q s)^T|^2
 on the calibration rows, not through H), its grid (the observer's scales, levels in range), its
 fall-backs to nearest rounding, and the whole path: a model with correlated Linear inputs is
@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 import qbackend
-from qbackend.lowering.gptq import HessianStats, factor, gptq_round
+from qbackend.algorithms.gptq import HessianStats, factor, gptq_round
 from qbackend.nn.weights import quantize_weight
 
-from .toy_models import sqnr
+from ..lowering.toy_models import sqnr
 
 
 def correlated_rows(n: int, k: int, g: torch.Generator, rank: int = 8) -> torch.Tensor:
@@ -98,7 +98,7 @@ class Correlated(nn.Module):
 
 
 def test_gptq_model_is_closer_to_fp32_and_layers_stay_exact():
-    from .layer_reference import check_layers  # the per-layer fp64 reference on the same integers
+    from ..lowering.layer_reference import check_layers  # the per-layer fp64 reference on the same integers
 
     torch.manual_seed(0)
     model = Correlated().eval()
@@ -110,7 +110,7 @@ def test_gptq_model_is_closer_to_fp32_and_layers_stay_exact():
     for rounding in ("nearest", "gptq"):
         q = qbackend.quantize(model, data[0], data[:4], config=qbackend.QuantConfig(weight_rounding=rounding))
         out[rounding] = min(sqnr(r, q(*d)) for r, d in zip(ref, data[4:]))
-        records = [info.get("weight_rounding") for info in q.qbackend_layers.values()]
+        records = [info.weight_rounding for info in q.qbackend_layers.values()]
         if rounding == "gptq":
             assert all(r is not None and r["method"] == "gptq" and r["gain_db"] > 0 for r in records), records
             assert check_layers(q, *data[4]) == 2
@@ -134,7 +134,7 @@ def test_config_rejects_unknown_rounding():
 
 
 def test_inverse_cholesky_is_the_upper_factor_of_the_damped_inverse():
-    from qbackend.lowering.gptq import DAMP, inverse_cholesky
+    from qbackend.algorithms.gptq import DAMP, inverse_cholesky
 
     g = torch.Generator().manual_seed(9)
     x = correlated_rows(300, 48, g, rank=6)

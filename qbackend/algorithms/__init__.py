@@ -1,0 +1,6 @@
+"""Calibration-time methods that change weights or scales, on tensors and statistics (no graphs:
+the lowering's passes call them with what they found in the graph).
+
+  gptq.py          GPTQ rounding of static Linears' int8 weights from their input's Hessian
+  smoothquant.py   SmoothQuant's per-channel factors, searched on sampled calibration rows
+"""

@@ -1,0 +1,174 @@
+"""SmoothQuant (Xiao et al., 2023): move activation outliers into the weights of the Linears that
+read them, chosen on calibration data.
+
+For a float activation X [..., C] read by static Linears W_i [N_i, C] (a LayerNorm's output read by
+a block's query, key and value projections, say), any per-channel factor s > 0 gives the same
+product, X W^T = (X / s)(W s)^T. Dividing X's outlier channels by s makes X / s easier to
+quantize per tensor; the weight columns grow instead, and weights are quantized per output
+channel, which absorbs it better. s_c = max|X_c|^alpha / max_i max|W_i[:, c]|^(1 - alpha).
+
+* calibration: `ChannelStats` beside the value's ordinary observer records per-channel absolute
+  maxima and a uniform sample of rows;
+* the search (`choose`, at convert): for no smoothing and for each alpha of the grid, the
+  Linears' output error on the sample, sum over the Linears of |Q(X/s) Q(W s)^T - X W^T|^2 /
+  |X W^T|^2, where Q(X/s) uses qparams from the configured activation observer fed X / s (no
+  smoothing: the value's own observer, over all calibration data) and Q(W s) quantizes the
+  weights as the int8 layers do. The best alpha wins if it beats no smoothing by `min_gain`
+  (settings: config.SmoothQuantConfig).
+
+Which values are smoothed and how the factors are folded into the graph (at no run-time cost) is
+the lowering's smoothquant pass (qbackend.lowering.smoothquant).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..config import QuantConfig, SmoothQuantConfig
+from ..nn.weights import quantize_weight
+from ..observers import Observer, QParams
+
+_S_MIN, _S_MAX = 1e-5, 1e5  # smoothing factors are clamped to this range
+
+
+class ChannelStats(nn.Module):
+    """A graph node recording, for a value [..., C], each channel's largest |x| and a uniform sample
+    of up to `sample_rows` rows (priority sampling: every row gets a random key, the smallest keys
+    are kept, so the sample is uniform over all rows seen whatever the batch sizes). Rows with NaN
+    or inf are skipped (the value's observer reports them)."""
+
+    def __init__(self, name: str, sample_rows: int, seed: int = 0):
+        super().__init__()
+        self.name, self.sample_rows = name, int(sample_rows)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.absmax: torch.Tensor | None = None
+        self.sample: torch.Tensor | None = None
+        self.keys: torch.Tensor | None = None
+        self.rows_seen = 0
+
+    def forward(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0:
+            return
+        rows = x.detach().reshape(-1, x.shape[-1]).float()
+        finite = torch.isfinite(rows).all(dim=1)
+        if not bool(finite.all()):
+            rows = rows[finite]
+        if rows.shape[0] == 0:
+            return
+        amax = rows.abs().amax(dim=0)
+        self.absmax = amax if self.absmax is None else torch.maximum(self.absmax, amax)
+        self.rows_seen += rows.shape[0]
+        keys = torch.rand(rows.shape[0], generator=self.generator)
+        if self.sample is not None:
+            rows, keys = torch.cat([self.sample, rows]), torch.cat([self.keys, keys])
+        if rows.shape[0] > self.sample_rows:
+            keep = keys.topk(self.sample_rows, largest=False).indices
+            rows, keys = rows[keep], keys[keep]
+        self.sample, self.keys = rows.clone(), keys.clone()
+
+    def extra_repr(self) -> str:
+        return f"{self.name}: rows seen {self.rows_seen}, sampled {0 if self.sample is None else len(self.sample)}"
+
+
+@dataclass
+class Smoothing:
+    """What the search chose for one value."""
+
+    value: str                     # the value's observer name
+    factors: torch.Tensor | None   # s (float32 [C]); None: not smoothed
+    alpha: float | None
+    error: float                   # the Linears' relative output error on the sample, chosen
+    error_unsmoothed: float        # the same without smoothing
+    fold: str
+    qparams: QParams | None = None  # the smoothed value's qparams (None: not smoothed)
+    range: tuple[float, float] | None = None
+
+    def info(self) -> dict:
+        return {"alpha": self.alpha, "fold": self.fold if self.factors is not None else None,
+                "error": self.error, "error_unsmoothed": self.error_unsmoothed}
+
+
+def resolve(setting) -> SmoothQuantConfig | None:
+    """QuantConfig.smoothquant -> the settings to use ("auto": the defaults), or None (off)."""
+    return SmoothQuantConfig() if setting == "auto" else setting
+
+
+def _fake_quant_act(x: torch.Tensor, qp: QParams) -> torch.Tensor:
+    q = torch.clamp(torch.round(x / qp.scale) + qp.zero_point, qp.qmin, qp.qmax)
+    return (q - qp.zero_point) * qp.scale
+
+
+def _fake_quant_weight(w: torch.Tensor, config: QuantConfig, name: str) -> torch.Tensor:
+    q, scales = quantize_weight(w, config.weight.create(f"{name}.weight"), name)
+    return q.float() * scales[:, None]
+
+
+def _column_max(weights: list[torch.Tensor]) -> torch.Tensor:
+    """max over the Linears and their rows of |w[:, c]|: [C]."""
+    return torch.stack([w.detach().float().abs().amax(dim=0) for w in weights]).amax(dim=0)
+
+
+def _factors(absmax: torch.Tensor, w_max: torch.Tensor, alpha: float) -> torch.Tensor:
+    a, w = absmax.float().clamp_min(1e-5), w_max.clamp_min(1e-5)
+    return (a.pow(alpha) / w.pow(1.0 - alpha)).clamp(_S_MIN, _S_MAX)
+
+
+def factors_for(absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
+    """s_c = max|x_c|^alpha / max|w_c|^(1 - alpha), clamped to [1e-5, 1e5] (channels that are
+    all zero in x or in every weight get finite factors)."""
+    return _factors(absmax, _column_max(weights), alpha)
+
+
+@torch.no_grad()
+def choose(fold: str, stats: ChannelStats, observer: Observer, weights: list[torch.Tensor],
+           configs: list[QuantConfig], names: list[str], sq: SmoothQuantConfig) -> Smoothing:
+    """The search of the module docstring, for one value. `fold`: how the lowering would fold
+    the factors ("layer_norm" or "quantize"); `observer` is the value's own (calibrated)
+    observer; `weights` the float weights of the Linears reading it."""
+    name = observer.name
+    if stats.sample is None or stats.absmax is None:
+        return Smoothing(name, None, None, float("nan"), float("nan"), fold)
+    x = stats.sample
+    weights = [w.detach().float() for w in weights]
+    w_max = _column_max(weights)
+    refs = [x @ w.t() for w in weights]
+    norms = [float(r.pow(2).sum()) for r in refs]
+
+    def error(xq: torch.Tensor, s: torch.Tensor | None) -> float:
+        total = 0.0
+        for w, c, n, ref, norm in zip(weights, configs, names, refs, norms):
+            wq = _fake_quant_weight(w if s is None else w * s, c, n)
+            total += float((xq @ wq.t() - ref).pow(2).sum()) / max(norm, 1e-30)
+        return total / len(weights)
+
+    base = error(_fake_quant_act(x, observer.compute_qparams()), None)
+    best = (base, None, None, None)
+    for alpha in sq.alphas:
+        s = _factors(stats.absmax, w_max, alpha)
+        obs = _fresh_like(observer)
+        obs.update(x / s)
+        qp = obs.compute_qparams()
+        e = error(_fake_quant_act(x / s, qp), s)
+        if e < best[0]:
+            best = (e, alpha, s, (obs, qp))
+    err, alpha, s, chosen = best
+    if s is None or err > base * (1.0 - sq.min_gain):
+        return Smoothing(name, None, None, base, base, fold)
+    obs, qp = chosen
+    lo, hi = obs.chosen_range()
+    return Smoothing(name, s.contiguous(), alpha, err, base, fold, qp, (float(lo), float(hi)))
+
+
+def _fresh_like(observer: Observer) -> Observer:
+    """A new observer of the same class and configuration (qmin/qmax as resolved), no data."""
+    fresh = copy.deepcopy(observer)
+    fresh.reset()
+    return fresh
+
+
+def smoothed_weight(weight: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """A Linear's weight [N, C] with column c multiplied by s_c (a new tensor)."""
+    return (weight.detach().float() * s).to(weight.dtype)

@@ -1,0 +1,234 @@
+"""The conditions of the rule table as small objects that evaluate and render themselves, so a
+row's text and its logic cannot drift apart.
+
+    m, k, n = Var("m"), Var("k"), Var("n")
+    cond = (m <= 64) & (k * n <= Num(768 * 3072, "768*3072"))
+    cond({"m": 8, "k": 768, "n": 768})     # True
+    cond.text                               # "m <= 64 and k*n <= 768*3072"
+
+`text` is a Python expression over the fact names (ALWAYS renders as "any shape"), so a test can
+evaluate it on its own and compare. Facts are the op instance's shape keys with the derived ones
+`facts` adds (see its docstring); a missing flag reads as 0.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+_FLAGS = ("gelu", "int8_residual", "bf16_products_pay")
+
+
+def facts(op: str, shape: Mapping) -> dict:
+    """The names a rule condition reads, from an op instance's shape keys.
+
+    linear: m (rows of x), k, n, gelu (0/1). conv2d: n (batch), c_in, c_out, h, w, kernel (a pair)
+    and its kh, kw, groups, int8_residual (0/1), stride (the first of the pair), and oh = ceil(h / stride),
+    ow = ceil(w / stride): the output size of a same-padded conv, which is what the rows mean (the
+    rules ignore the padding). attention: bf16_products_pay (0/1, the CPU's measured rates).
+    embedding_bag: rows, dim, bits, fp16_qparams, padding_idx. Flags missing from a shape (records
+    saved before they existed) read as 0."""
+    out = dict(shape)
+    for flag in _FLAGS:
+        out[flag] = int(out.get(flag, 0) or 0)
+    if op == "conv2d":
+        stride = out.get("stride", 1)
+        out["stride"] = stride if isinstance(stride, int) else int(tuple(stride)[0])
+        out["kernel"] = tuple(int(v) for v in out["kernel"])
+        out["kh"], out["kw"] = out["kernel"]
+        out["oh"] = -(-int(out["h"]) // out["stride"])
+        out["ow"] = -(-int(out["w"]) // out["stride"])
+    return out
+
+
+class Predicate:
+    """A condition over facts: callable, with its text; & | ~ combine."""
+
+    text: str
+
+    def __call__(self, f: Mapping) -> bool:
+        raise NotImplementedError
+
+    def __and__(self, other: "Predicate") -> "Predicate":
+        return All((self, other))
+
+    def __or__(self, other: "Predicate") -> "Predicate":
+        return AnyOf((self, other))
+
+    def __invert__(self) -> "Predicate":
+        return Not(self)
+
+    def __repr__(self) -> str:
+        return f"<{self.text}>"
+
+
+@dataclass(frozen=True, repr=False)
+class Always(Predicate):
+    def __call__(self, f: Mapping) -> bool:
+        return True
+
+    @property
+    def text(self) -> str:
+        return "any shape"
+
+
+ALWAYS = Always()
+
+
+@dataclass(frozen=True, repr=False)
+class All(Predicate):
+    parts: tuple[Predicate, ...]
+
+    def __call__(self, f: Mapping) -> bool:
+        return all(p(f) for p in self.parts)
+
+    @property
+    def text(self) -> str:
+        return " and ".join(f"({p.text})" if isinstance(p, AnyOf) else p.text for p in self._flat())
+
+    def _flat(self):
+        for p in self.parts:
+            yield from (p._flat() if isinstance(p, All) else (p,))
+
+
+@dataclass(frozen=True, repr=False)
+class AnyOf(Predicate):
+    parts: tuple[Predicate, ...]
+
+    def __call__(self, f: Mapping) -> bool:
+        return any(p(f) for p in self.parts)
+
+    @property
+    def text(self) -> str:
+        return " or ".join(p.text for p in self.parts)
+
+
+@dataclass(frozen=True, repr=False)
+class Not(Predicate):
+    part: Predicate
+
+    def __call__(self, f: Mapping) -> bool:
+        return not self.part(f)
+
+    @property
+    def text(self) -> str:
+        inner = self.part.text
+        return f"not ({inner})" if " " in inner else f"not {inner}"
+
+
+# ---- quantities --------------------------------------------------------------------------------
+
+_CMP = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq,
+        "!=": operator.ne}
+
+
+class Quantity:
+    """A number (or tuple) computed from the facts, with its text; comparisons make predicates."""
+
+    text: str
+
+    def value(self, f: Mapping) -> Any:
+        raise NotImplementedError
+
+    def _cmp(self, op: str, other) -> "Compare":
+        return Compare(self, op, other if isinstance(other, Quantity) else Num(other))
+
+    def __le__(self, other):
+        return self._cmp("<=", other)
+
+    def __lt__(self, other):
+        return self._cmp("<", other)
+
+    def __ge__(self, other):
+        return self._cmp(">=", other)
+
+    def __gt__(self, other):
+        return self._cmp(">", other)
+
+    def __eq__(self, other):  # noqa: D105  (a predicate, not identity)
+        return self._cmp("==", other)
+
+    def __ne__(self, other):
+        return self._cmp("!=", other)
+
+    def __hash__(self):
+        return hash(self.text)
+
+    def __mul__(self, other) -> "Product":
+        return Product((self, other if isinstance(other, Quantity) else Num(other)))
+
+    def __floordiv__(self, other) -> "Quotient":
+        return Quotient(self, other if isinstance(other, Quantity) else Num(other))
+
+
+class Var(Quantity):
+    """A fact by name."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.text = name
+
+    def value(self, f: Mapping):
+        return f[self.name]
+
+
+class Num(Quantity):
+    """A constant, rendered as given (e.g. Num(768 * 3072, "768*3072")) or as Python writes it."""
+
+    def __init__(self, value, text: str | None = None):
+        self.constant = value
+        self.text = text if text is not None else (f"{value:_}" if isinstance(value, int) and abs(value) >= 10_000
+                                                   else repr(value))
+
+    def value(self, f: Mapping):
+        return self.constant
+
+
+class Product(Quantity):
+    def __init__(self, factors: tuple):
+        flat = []
+        for q in factors:
+            flat.extend(q.factors if isinstance(q, Product) else (q,))
+        self.factors = tuple(flat)
+        self.text = "*".join(q.text for q in self.factors)
+
+    def value(self, f: Mapping):
+        return math.prod(q.value(f) for q in self.factors)
+
+
+class Quotient(Quantity):
+    def __init__(self, num: Quantity, den: Quantity):
+        self.num, self.den = num, den
+        self.text = f"{num.text}//{den.text}"
+
+    def value(self, f: Mapping):
+        return self.num.value(f) // self.den.value(f)
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class Compare(Predicate):
+    left: Quantity
+    op: str
+    right: Quantity
+
+    def __call__(self, f: Mapping) -> bool:
+        return bool(_CMP[self.op](self.left.value(f), self.right.value(f)))
+
+    @property
+    def text(self) -> str:
+        return f"{self.left.text} {self.op} {self.right.text}"
+
+
+@dataclass(frozen=True, repr=False)
+class Flag(Predicate):
+    """A 0/1 fact that holds (rendered as the bare name)."""
+
+    name: str
+
+    def __call__(self, f: Mapping) -> bool:
+        return bool(f.get(self.name, 0))
+
+    @property
+    def text(self) -> str:
+        return self.name
