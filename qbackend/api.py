@@ -21,10 +21,10 @@ from .core.batches import batches, bind_by_name
 from .config import QuantConfig
 from .dispatch import TuneOptions
 from .lowering.capture import CaptureError
-from .lowering.convert import convert_graph
+from .lowering.pipeline import convert_graph, prepare_graph
 from .lowering.graph_utils import positional_inputs
 from .lowering.module_swap import SwappedModel, convert_swapped, swap_modules
-from .lowering.prepare import PreparedGraph, prepare_graph
+from .lowering.prepare import PreparedGraph
 from .nn.model import QuantizedModel
 from .report.fallback import quantize_within_budget
 

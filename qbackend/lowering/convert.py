@@ -1,4 +1,5 @@
-"""Convert: rewrite a calibrated PreparedGraph into the int8 model.
+"""The passes of convert (their order: lowering/pipeline.py CONVERT): rewrite a calibrated
+PreparedGraph into the int8 model. Each pass takes the ConvertState and hands it on.
 
 Works on a copy of the prepared GraphModule (parameters shared, not copied; the prepared model
 stays usable). In the order the fused chains end:
@@ -25,6 +26,7 @@ import dataclasses
 import operator
 import warnings
 from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 from torch import fx
@@ -40,7 +42,7 @@ from .embeddings import rewrite_embeddings
 from ..algorithms import gptq
 from ..algorithms import smoothquant as smoothing_search
 from ..algorithms.gptq import HessianStats
-from .graph_utils import positional_inputs, quiet_treespec_deprecation
+from .graph_utils import positional_inputs
 from .layers import build_layer
 from .records import activation_record, layer_record
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
@@ -228,46 +230,102 @@ def _search_smoothing(prepared: PreparedGraph, qparams: dict, value_ids: dict, t
     return chosen
 
 
-def convert_graph(prepared: PreparedGraph, warn: bool = True, tune=None):
-    """((the int8 GraphModule over flat inputs, input spec, output spec), per-layer info: kind, mode,
-    module path, why its provider, ..., the activation table)."""
-    with quiet_treespec_deprecation():
-        return _convert_graph(prepared, warn, tune)
+@dataclass
+class ConvertState:
+    """What the convert passes read and write, in the order they fill it: the calibrated prepared
+    graph, tune mode's options, whether to warn about FP32 ops; each observed value's qparams,
+    its name and its activation record; SmoothQuant's choices; the graph being rewritten (a copy)
+    with the prepared graph's ops and plan on its nodes; the rewriter and the layer records."""
+
+    prepared: PreparedGraph
+    tune: object = None
+    warn: bool = True
+    qparams: dict = field(default_factory=dict)
+    value_ids: dict = field(default_factory=dict)
+    activations: dict = field(default_factory=dict)
+    smoothed: dict = field(default_factory=dict)
+    gm: fx.GraphModule | None = None
+    node_map: dict = field(default_factory=dict)
+    rewriter: _Rewriter | None = None
+    layers: dict = field(default_factory=dict)
 
 
-def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
-    qparams, value_ids, activations = _compute_qparams(prepared)  # ObserverError naming a layer without data
-    smoothed = _search_smoothing(prepared, qparams, value_ids, activations)
-    src = prepared.gm
+def qparams_from_observers(state: ConvertState) -> ConvertState:
+    """Each observed value's qparams and activation record (ObserverError names a value without data)."""
+    state.qparams, state.value_ids, state.activations = _compute_qparams(state.prepared)
+    return state
+
+
+def search_smoothing(state: ConvertState) -> ConvertState:
+    """SmoothQuant's factors for each candidate value (algorithms/smoothquant.py)."""
+    state.smoothed = _search_smoothing(state.prepared, state.qparams, state.value_ids, state.activations)
+    return state
+
+
+def copy_graph(state: ConvertState) -> ConvertState:
+    """The graph to rewrite: a copy of the prepared one (parameters shared, not copied: the
+    prepared model stays usable), with the ops, the plan and the qparams on its nodes."""
+    src = state.prepared.gm
     memo = {id(t): t for t in list(src.parameters()) + list(src.buffers())}
-    gm = copy.deepcopy(src, memo)
-    node_map = dict(zip(src.graph.nodes, gm.graph.nodes))
-    ops = [_remap(op, node_map) for op in prepared.ops]
-    qparams = {node_map[n]: qp for n, qp in qparams.items()}
-    plan = copy.copy(prepared.plan)
-    plan.aliases = {node_map[k]: node_map[v] for k, v in prepared.plan.aliases.items()}
-    plan.int8_cats = {node_map[n] for n in prepared.plan.int8_cats}
-    plan.int8_outputs = {node_map[n] for n in prepared.plan.int8_outputs}
-    rw = _Rewriter(gm, _Prepared(plan), qparams, value_ids, tune)
-    for group in prepared.smooth_groups:
-        sm = smoothed.get(group.value)
+    state.gm = copy.deepcopy(src, memo)
+    state.node_map = node_map = dict(zip(src.graph.nodes, state.gm.graph.nodes))
+    state.qparams = {node_map[n]: qp for n, qp in state.qparams.items()}
+    plan = copy.copy(state.prepared.plan)
+    plan.aliases = {node_map[k]: node_map[v] for k, v in state.prepared.plan.aliases.items()}
+    plan.int8_cats = {node_map[n] for n in state.prepared.plan.int8_cats}
+    plan.int8_outputs = {node_map[n] for n in state.prepared.plan.int8_outputs}
+    state.rewriter = _Rewriter(state.gm, _Prepared(plan), state.qparams, state.value_ids, state.tune)
+    return state
+
+
+def apply_smoothing(state: ConvertState) -> ConvertState:
+    """SmoothQuant's factors: into the LayerNorm's weight and bias, or into the value's quantize op;
+    the Linears reading the value get weights W s when they are built."""
+    rw = state.rewriter
+    for group in state.prepared.smooth_groups:
+        sm = state.smoothed.get(group.value)
         if sm is None:
             continue
         for op in group.ops:
             rw.weight_smooth[op.name] = sm.factors
         if sm.fold == "layer_norm":
-            smoothquant.fold_layer_norm(gm, node_map[group.value], sm.factors)
+            smoothquant.fold_layer_norm(state.gm, state.node_map[group.value], sm.factors)
         else:
-            rw.channel_smooth[node_map[group.value]] = sm.factors
-    for layer, stats in prepared.hessians.items():
-        h = prepared.gm.get_submodule(stats).hessian
+            rw.channel_smooth[state.node_map[group.value]] = sm.factors
+    return state
+
+
+def attach_hessians(state: ConvertState) -> ConvertState:
+    """GPTQ's H of each static Linear's input, for its weight rounding."""
+    for layer, stats in state.prepared.hessians.items():
+        h = state.prepared.gm.get_submodule(stats).hessian
         if h is not None:
-            rw.hessians[layer] = (stats, h)
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    for op in sorted(ops, key=lambda o: order[o.output]):
-        rw.rewrite(op)
-    rw.layers.update(rewrite_embeddings(gm, [dataclasses.replace(e, node=node_map[e.node], weight=node_map[e.weight])
-                                             for e in prepared.embeddings]))
+            state.rewriter.hessians[layer] = (stats, h)
+    return state
+
+
+def rewrite_layers(state: ConvertState) -> ConvertState:
+    """Each matched op becomes one call of its qbackend.nn module, in the order the chains end
+    (the module docstring)."""
+    order = {n: i for i, n in enumerate(state.gm.graph.nodes)}
+    for op in sorted((_remap(op, state.node_map) for op in state.prepared.ops), key=lambda o: order[o.output]):
+        state.rewriter.rewrite(op)
+    state.layers = state.rewriter.layers
+    return state
+
+
+def rewrite_tables(state: ConvertState) -> ConvertState:
+    """Each matched embedding lookup becomes its rowwise-quantized module (lowering/embeddings.py)."""
+    nm = state.node_map
+    state.layers.update(rewrite_embeddings(state.gm, [dataclasses.replace(e, node=nm[e.node], weight=nm[e.weight])
+                                                      for e in state.prepared.embeddings]))
+    return state
+
+
+def drop_recorders(state: ConvertState) -> ConvertState:
+    """The observers and statistics recorders go, with export's input guards (the kernels check
+    shapes), and the float chains the int8 modules replaced (dead code)."""
+    gm = state.gm
     recorders = (ActivationObserver, smoothing_search.ChannelStats, HessianStats)
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), recorders):
@@ -275,27 +333,42 @@ def _convert_graph(prepared: PreparedGraph, warn: bool, tune):
     for name, m in list(gm.named_children()):
         if isinstance(m, recorders):
             delattr(gm, name)
-    for node in list(gm.graph.nodes):  # export's input guards: shapes are checked by the kernels
+    for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
-    config = prepared.config or QuantConfig()
-    fused = fuse_attention(gm, bf16_products=config.bf16) if attention_route(config.attention).provider == "native" \
-        else 0
-    if fused + fuse_layer_norms(gm):
-        gm.graph.eliminate_dead_code()
-    _views_as_reshapes(gm)
-    _donate_dead_residuals(gm)
-    _drop_unused_attributes(gm)
-    _name_layers_by_path(gm, rw.layers)
-    gm.graph.lint()
-    gm.recompile()
-    if warn:
-        _warn_fp32(gm, prepared.skipped)
-    return _plain(gm), rw.layers, activations
+    return state
 
 
-def _plain(gm: fx.GraphModule) -> tuple[fx.GraphModule, object, object]:
+def fuse_float_cores(state: ConvertState) -> ConvertState:
+    """Attention cores (where routed to the fused kernel: lowering/attention.py) and LayerNorms
+    whose output is quantized (lowering/layer_norm.py), each with the quantize behind it."""
+    config = state.prepared.config or QuantConfig()
+    native = attention_route(config.attention).provider == "native"
+    fused = fuse_attention(state.gm, bf16_products=config.bf16) if native else 0
+    if fused + fuse_layer_norms(state.gm):
+        state.gm.graph.eliminate_dead_code()
+    return state
+
+
+def views_as_reshapes(state: ConvertState) -> ConvertState:
+    """Every view left in the graph becomes a reshape (see _AS_RESHAPE)."""
+    for node in state.gm.graph.nodes:
+        if node.op == "call_function" and node.target in _AS_RESHAPE:
+            node.target = _AS_RESHAPE[node.target]
+    return state
+
+
+def check_and_warn(state: ConvertState) -> ConvertState:
+    """The graph checked and recompiled; one warning listing what stays in FP32."""
+    state.gm.graph.lint()
+    state.gm.recompile()
+    if state.warn:
+        _warn_fp32(state.gm, state.prepared.skipped)
+    return state
+
+
+def plain_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, object, object]:
     """(a plain GraphModule over flat inputs and outputs, the input and output pytree specs).
 
     The GraphModule torch.export gives is a stateful subclass with hooks that do not pickle; this
@@ -319,18 +392,12 @@ def _plain(gm: fx.GraphModule) -> tuple[fx.GraphModule, object, object]:
     return plain, in_spec, out_spec
 
 
-def _views_as_reshapes(gm: fx.GraphModule) -> None:
-    """Every view left in the graph becomes a reshape (see _AS_RESHAPE)."""
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _AS_RESHAPE:
-            node.target = _AS_RESHAPE[node.target]
-
-
-def _donate_dead_residuals(gm: fx.GraphModule) -> None:
+def donate_dead_residuals(state: ConvertState) -> ConvertState:
     """Let each residual conv write into its int8 residual input when nothing reads that input later:
     the input must be a fresh tensor (made by a quantized layer, a Quantize border or int8 max
     pooling; never a graph input, a view or an output) and every other reader must come before the
     conv in the graph. Saves one copy of the residual per call (oneDNN's sum post-op)."""
+    gm = state.gm
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     fresh_modules = (QuantizedConv2d, QuantizedLinear, Quantize)
     for node in gm.graph.nodes:
@@ -344,10 +411,12 @@ def _donate_dead_residuals(gm: fx.GraphModule) -> None:
             (acc.op == "call_function" and acc.target is ops_ns.max_pool2d.default)
         if fresh and all(order[u] < order[node] for u in acc.users if u is not node):
             module.accum_donated = True
+    return state
 
 
-def _drop_unused_attributes(gm: fx.GraphModule) -> None:
+def drop_unused_attributes(state: ConvertState) -> ConvertState:
     """Delete the float weights the int8 layers replaced (and empty module shells)."""
+    gm = state.gm
     used = {n.target for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}
     for name, _ in list(gm.named_parameters()) + list(gm.named_buffers()):
         if name not in used:
@@ -362,11 +431,13 @@ def _drop_unused_attributes(gm: fx.GraphModule) -> None:
                 and not any(True for _ in mod.buffers()) and type(mod) is torch.nn.Module and name not in used:
             owner, _, attr = name.rpartition(".")
             delattr(gm.get_submodule(owner) if owner else gm, attr)
+    return state
 
 
-def _name_layers_by_path(gm: fx.GraphModule, layers: dict) -> None:
+def name_layers_by_path(state: ConvertState) -> ConvertState:
     """Move each int8 layer to its original module path ("layer1.0.conv1") when that path is free,
-    so qmodel.get_submodule(name) finds it; layer info keeps the final path under "module"."""
+    so qmodel.get_submodule(name) finds it; its record keeps the final path (`module`)."""
+    gm, layers = state.gm, state.layers
     calls = {n.target: n for n in gm.graph.nodes if n.op == "call_module"}
     for name, info in layers.items():
         path = name.replace("@", "_call")
@@ -390,6 +461,7 @@ def _name_layers_by_path(gm: fx.GraphModule, layers: dict) -> None:
         gm.set_submodule(path, module) if parent is not None else _set_path(gm, path, module)
         node.target = path
         info.module = path
+    return state
 
 
 def _set_path(gm: fx.GraphModule, path: str, module) -> None:
@@ -408,10 +480,10 @@ class _Prepared:
 
 def _remap(op, node_map):
     new = copy.copy(op)
-    for field in ("anchor", "x", "weight", "bias", "accum", "output"):
-        v = getattr(op, field)
+    for name in ("anchor", "x", "weight", "bias", "accum", "output"):
+        v = getattr(op, name)
         if v is not None:
-            setattr(new, field, node_map[v])
+            setattr(new, name, node_map[v])
     return new
 
 
@@ -449,4 +521,4 @@ def _warn_fp32(gm: fx.GraphModule, skipped: list) -> None:
         parts.append("matmul-like ops with no int8 pattern: "
                      + ", ".join(f"{k} x{v}" for k, v in sorted(unquantized.items())))
     if parts:
-        warnings.warn("qbackend: some ops stay in FP32 — " + " | ".join(parts), FP32FallbackWarning, stacklevel=4)
+        warnings.warn("qbackend: some ops stay in FP32 — " + " | ".join(parts), FP32FallbackWarning, stacklevel=5)

@@ -1,9 +1,12 @@
-"""Prepare: capture the model, fold BatchNorm, match the quantizable ops, make the plan, and put
-an observer on every value the plan observes. The result (`PreparedGraph`) runs the model in
-FP32 and records activation ranges as calibration batches go through it."""
+"""The passes of prepare (their order: lowering/pipeline.py PREPARE): capture the model, fold
+BatchNorm, match the quantizable ops and tables, make the plan, and put an observer on every value
+the plan observes, with SmoothQuant's and GPTQ's statistics beside them. Each pass takes the
+PrepareState and hands it on; the result (`PreparedGraph`) runs the model in FP32 and records
+activation ranges as calibration batches go through it."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 from torch import fx, nn
@@ -92,41 +95,118 @@ def _record_after(gm: fx.GraphModule, node: fx.Node, name: str, recorder: nn.Mod
         gm.graph.call_module(name, (node,))
 
 
-def prepare_graph(model: nn.Module, example_inputs: tuple, config: QuantConfig,
-                  example_kwargs: dict | None = None) -> PreparedGraph:
-    """Raises lowering.capture.CaptureError if the model cannot be captured."""
-    args, kwargs, repeated = _batchable(tuple(example_inputs), example_kwargs)
-    gm = capture(model, args, kwargs)
-    if repeated:  # route, prepack and tune for the batch the user gave, not the capture's
+@dataclass
+class PrepareState:
+    """What the prepare passes read and write, in the order they fill it: the model and its
+    example inputs and config; the captured graph (`repeated`: a batch of one captured as two);
+    the BatchNorms folded; the matched layers and tables and what was skipped, with why; the
+    plan; SmoothQuant's candidate groups; GPTQ's Hessian recorder per layer."""
+
+    model: nn.Module
+    example_args: tuple
+    example_kwargs: dict | None
+    config: QuantConfig
+    gm: fx.GraphModule | None = None
+    repeated: bool = False
+    folded: int = 0
+    ops: list[QuantizableOp] = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    embeddings: list[EmbeddingOp] = field(default_factory=list)
+    plan: Plan | None = None
+    smooth_groups: list[SmoothGroup] = field(default_factory=list)
+    hessians: dict[str, str] = field(default_factory=dict)
+
+
+def capture_graph(state: PrepareState) -> PrepareState:
+    """torch.export of the model (lowering/capture.py; CaptureError if it fails)."""
+    args, kwargs, state.repeated = _batchable(tuple(state.example_args), state.example_kwargs)
+    state.gm = capture(state.model, args, kwargs)
+    return state
+
+
+def example_shapes(state: PrepareState) -> PrepareState:
+    """Route, prepack and tune for the batch the user gave, not the capture's: the example's
+    shapes on the graph's nodes where a batch of one was captured as two."""
+    if state.repeated:
         try:
-            record_example_shapes(gm, tuple(example_inputs), example_kwargs)
+            record_example_shapes(state.gm, tuple(state.example_args), state.example_kwargs)
         except Exception as exc:  # noqa: BLE001  (the hints still give a valid, if less tuned, route)
             warnings.warn(f"the captured graph did not run on the batch-1 example ({type(exc).__name__}: {exc}); "
-                          "layers are routed for a batch of 2", RuntimeWarning, stacklevel=3)
-    folded = fold_batchnorm(gm)
-    ops, skipped = match(gm, model, config)
-    embeddings, skipped_tables = match_embeddings(gm, model, config)
-    plan = make_plan(ops)
-    smooth_groups = []
-    sq = resolve(config.smoothquant)
-    if sq is not None:  # before the observers: the LayerNorm fold looks at users
-        groups = find_groups(plan, ops, layer_norm_only=config.smoothquant == "auto")
+                          "layers are routed for a batch of 2", RuntimeWarning, stacklevel=5)
+    return state
+
+
+def fold_batchnorms(state: PrepareState) -> PrepareState:
+    """BatchNorm folded into the conv / linear before it (lowering/fold.py)."""
+    state.folded = fold_batchnorm(state.gm)
+    return state
+
+
+def match_layers(state: PrepareState) -> PrepareState:
+    """Which conv2d / linear calls become int8 ops, with the residual add and activation they
+    absorb (lowering/patterns.py)."""
+    state.ops, skipped = match(state.gm, state.model, state.config)
+    state.skipped.extend(skipped)
+    return state
+
+
+def match_tables(state: PrepareState) -> PrepareState:
+    """Which embedding lookups become rowwise-quantized tables (lowering/embeddings.py)."""
+    state.embeddings, skipped = match_embeddings(state.gm, state.model, state.config)
+    state.skipped.extend(skipped)
+    return state
+
+
+def plan_values(state: PrepareState) -> PrepareState:
+    """Which values are observed and which flow in int8 (lowering/plan.py)."""
+    state.plan = make_plan(state.ops)
+    return state
+
+
+def smoothing_groups(state: PrepareState) -> PrepareState:
+    """SmoothQuant's candidate values and the Linears reading each (lowering/smoothquant.py);
+    before the observers, since the LayerNorm fold looks at a value's users."""
+    if resolve(state.config.smoothquant) is not None:
+        groups = find_groups(state.plan, state.ops, layer_norm_only=state.config.smoothquant == "auto")
         for i, (value, readers) in enumerate(groups.items()):
-            smooth_groups.append(SmoothGroup(value, readers, f"{STATS_PREFIX}{i}", fold_kind(value, readers)))
-    for i, (node, name) in enumerate(plan.observed.items()):
-        spec = _observer_spec_for(plan, node)
-        _record_after(gm, node, f"{OBSERVER_PREFIX}{i}", ActivationObserver(spec.create(name)))
-    for group in smooth_groups:
-        _record_after(gm, group.value, group.stats, ChannelStats(plan.observed[group.value], sq.sample_rows))
-    hessians, by_value = {}, {}
-    for op in ops:
+            state.smooth_groups.append(SmoothGroup(value, readers, f"{STATS_PREFIX}{i}", fold_kind(value, readers)))
+    return state
+
+
+def insert_observers(state: PrepareState) -> PrepareState:
+    """An observer (the op's config's activation observer) on every value the plan observes."""
+    for i, (node, name) in enumerate(state.plan.observed.items()):
+        spec = _observer_spec_for(state.plan, node)
+        _record_after(state.gm, node, f"{OBSERVER_PREFIX}{i}", ActivationObserver(spec.create(name)))
+    return state
+
+
+def insert_channel_stats(state: PrepareState) -> PrepareState:
+    """SmoothQuant's per-channel statistics beside each candidate value's observer."""
+    sq = resolve(state.config.smoothquant)
+    for group in state.smooth_groups:
+        _record_after(state.gm, group.value, group.stats, ChannelStats(state.plan.observed[group.value],
+                                                                       sq.sample_rows))
+    return state
+
+
+def insert_hessian_stats(state: PrepareState) -> PrepareState:
+    """GPTQ's H = X^T X recorder on the input of every static Linear it rounds (one per input
+    value, shared by the Linears reading it)."""
+    by_value = {}
+    for op in state.ops:
         if op.kind != "linear" or op.config.mode != "static" or op.config.weight_rounding != "gptq" \
-                or get_attr_value(gm, op.weight).shape[1] > MAX_FEATURES:
+                or get_attr_value(state.gm, op.weight).shape[1] > MAX_FEATURES:
             continue
         if op.x not in by_value:
             by_value[op.x] = f"{HESSIAN_PREFIX}{len(by_value)}"
-            _record_after(gm, op.x, by_value[op.x], HessianStats(f"{op.name}.input"))
-        hessians[op.name] = by_value[op.x]
-    gm.recompile()
-    return PreparedGraph(gm, ops, plan, skipped + skipped_tables, folded, embeddings, smooth_groups, config,
-                         hessians)
+            _record_after(state.gm, op.x, by_value[op.x], HessianStats(f"{op.name}.input"))
+        state.hessians[op.name] = by_value[op.x]
+    return state
+
+
+def prepared_graph(state: PrepareState) -> PreparedGraph:
+    """The prepared graph of a state the passes have filled."""
+    state.gm.recompile()
+    return PreparedGraph(state.gm, state.ops, state.plan, state.skipped, state.folded, state.embeddings,
+                         state.smooth_groups, state.config, state.hessians)

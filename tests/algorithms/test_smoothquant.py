@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import qbackend
-from qbackend.lowering.prepare import prepare_graph
+from qbackend.lowering.pipeline import prepare_graph
 from qbackend.algorithms.smoothquant import ChannelStats, factors_for
 from qbackend.lowering.smoothquant import fold_fp32
 from qbackend.nn import LayerNormQuantize
