@@ -1,8 +1,9 @@
 """Build qbackend and its C++ extension qbackend._C from csrc/.
 
 Portable by construction: no -march flag. ISA-specific kernels live in their own
-translation units (csrc/kernels/*_avx2.cpp, *_avx512.cpp) that switch the target with
-`#pragma GCC target` after their includes; the caller chooses one at run time.
+translation units (csrc/kernels/*_avx2.cpp, *_avx512.cpp, ...) that switch the target with
+QB_TARGET (csrc/cpu/targets.h: every unit's instruction sets in one place) after their includes;
+the caller chooses one at run time (cpu::usable_isa, csrc/cpu/probe.h).
 """
 import glob
 import os
@@ -16,7 +17,7 @@ sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
 setup(
     name="qbackend",
     version="0.1.0",
-    description="A unified x86 INT8 quantization backend for PyTorch (FBGEMM + oneDNN)",
+    description="A unified x86 INT8 quantization backend for PyTorch (its own VNNI/AMX kernels, FBGEMM, oneDNN)",
     packages=find_packages(include=["qbackend", "qbackend.*"]),
     python_requires=">=3.10",
     # scikit-learn: the digits dataset the built-in model zoo trains on (qbackend.models, the demo).

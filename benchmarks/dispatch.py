@@ -187,7 +187,7 @@ def convert_all(case, batch: int, tmpdir: str, tune_again: bool) -> Converted:
         with forced_provider(p):
             timed(f"all-{p}", lambda: qbackend.convert(prepared))
     first = next(i for i in models["rules"].qbackend_layers.values() if i.kind in GEMM_KINDS)
-    hint = int(first["x_shape"][0])
+    hint = int(first.x_shape[0])
     if hint != batch and tune_again:
         with forced_provider(None):
             cache = TuneCache(os.path.join(tmpdir, f"tune-{batch}-real.json"))

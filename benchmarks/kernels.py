@@ -4,7 +4,7 @@
     python benchmarks/kernels.py [--threads 1,2] [--quick] [--only linear|conv] [--out FILE]
 
 Prints markdown tables (and writes them to FILE with --out):
-  1. Linear, uint8 activations (full range) -> uint8 output: the fbgemm provider vs torch's own
+  1. Linear, uint8 activations (full range; 7-bit on CPUs without VNNI) -> uint8 output: the fbgemm provider vs torch's own
      `quantized::linear` on the fbgemm engine (its peer), the onednn provider vs a direct
      `onednn::qlinear_pointwise` call on its own prepacked weight (its peer), FP32 and BF16
      `F.linear`; plus an fp32-output row set for 768x768.
@@ -45,6 +45,7 @@ from _timing import fmt_us, measure  # noqa: E402
 
 import qbackend  # noqa: E402
 from _machine import cpu_line, git_state, load_average  # noqa: E402
+from qbackend.ops import PROVIDERS  # noqa: E402
 from qbackend.ops.packed import PackedConv2dWeight, PackedLinearWeight  # noqa: E402
 from qbackend.core.extension import _C  # noqa: E402
 
@@ -53,7 +54,11 @@ warnings.filterwarnings("ignore", category=UserWarning, module="torch")
 
 TARGET = 1.10
 PEER_PREPACK_THREADS = 3  # a thread count the measurements never use (see conv_candidates)
-X_SCALE, X_ZP = 0.05, 128  # full-range uint8 activations: x in about [-6.4, 6.35]
+# Full-range uint8 activations (x in about [-6.4, 6.35]) where every provider multiplies them
+# exactly; 7-bit ones (the same float range, the levels qbackend uses there) on CPU classes
+# without VNNI (or QBACKEND_ISA caps without it), where FBGEMM and oneDNN saturate 8-bit products.
+X_BITS = 8 if all(PROVIDERS[p].exact_8bit() for p in ("fbgemm", "onednn")) else 7
+X_SCALE, X_ZP, X_MAX = (0.05, 128, 255) if X_BITS == 8 else (0.1, 64, 127)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,7 +299,7 @@ def make_linear_weight(K: int, N: int):
 
 def make_linear(M: int, K: int, N: int, weight) -> LinearSetup:
     w, ws, b, tq_w, w_f = weight
-    x_u8 = torch.randint(0, 256, (M, K), dtype=torch.uint8)
+    x_u8 = torch.randint(0, X_MAX + 1, (M, K), dtype=torch.uint8)
     x_f = (x_u8.float() - X_ZP) * X_SCALE
     return LinearSetup(
         x_u8=x_u8, x_f=x_f, x_bf=x_f.to(torch.bfloat16),
@@ -444,7 +449,7 @@ def bench_linear(rep: Report, cfg: Settings, threads: list[int], quick: bool, pe
 def conv_candidates(layer, batch: int) -> tuple[dict, dict, bool]:
     name, C, OC, H, W, k, stride, pad, groups = layer
     cl = torch.channels_last
-    x_u8 = torch.randint(0, 256, (batch, C, H, W), dtype=torch.uint8).contiguous(memory_format=cl)
+    x_u8 = torch.randint(0, X_MAX + 1, (batch, C, H, W), dtype=torch.uint8).contiguous(memory_format=cl)
     w = torch.randint(-127, 128, (OC, C // groups, k, k), dtype=torch.int8)
     ws = weight_scales(OC, C // groups * k * k)
     b = torch.empty(OC).uniform_(-1, 1)
@@ -629,7 +634,7 @@ def bench_overhead(rep: Report, cfg: Settings, threads: list[int], only: str | N
         sets.append((lin, "FP32 F.linear", {"c": lambda: F.linear(s.x_f, s.w_f, s.b_f)}))
     if only in (None, "conv"):
         cl = torch.channels_last
-        x_u8 = torch.randint(0, 256, (1, 16, 8, 8), dtype=torch.uint8).contiguous(memory_format=cl)
+        x_u8 = torch.randint(0, X_MAX + 1, (1, 16, 8, 8), dtype=torch.uint8).contiguous(memory_format=cl)
         w = torch.randint(-127, 128, (16, 16, 3, 3), dtype=torch.int8)
         ws = weight_scales(16, 16 * 9)
         b = torch.empty(16).uniform_(-1, 1)
@@ -819,7 +824,8 @@ def header(rep: Report, threads: list[int], quick: bool, cfg: Settings) -> None:
         + f"times are us per call, min / median over the blocks; ratios use the "
         f"minima. Run under `torch.inference_mode()`. The machine may be shared: trust ratios within a row more "
         f"than absolute times." + (" **--quick: few shapes and iterations, a smoke test only.**" if quick else ""))
-    rep(f"- int8 setup: uint8 activations over the full range (scale {X_SCALE}, zero point {X_ZP}), symmetric "
+    rep(f"- int8 setup: uint8 activations over the {'full 8-bit' if X_BITS == 8 else '7-bit (no VNNI here)'} range "
+        f"(scale {X_SCALE}, zero point {X_ZP}), symmetric "
         f"per-channel int8 weights, fp32 bias, uint8 output (requantized, scale {OUT_SCALE:.4f}, zero point "
         f"{OUT_ZP}). Every candidate has its own packed weight: the onednn peers "
         f"prepack with `onednn::qlinear_prepack` / `onednn::qconv_prepack` directly, with the same input-shape hint "

@@ -7,7 +7,7 @@
 
 #include "cpu/bf16_speed.h"
 #include "cpu/probe.h"
-#include "ops/native_gemm.h"
+#include "providers/native_gemm.h"
 #include "runtime/parallel.h"
 
 #include <ATen/Parallel.h>
@@ -57,13 +57,14 @@ std::string fbgemm_isa() {
 // Caps our own kernels at `level` (see probe.h) and forces FBGEMM to the matching ISA, so that a
 // QBACKEND_ISA override keeps every kernel honest. level < 0 removes our cap (FBGEMM untouched).
 void set_isa_cap(int level, bool allow_avx_vnni) {
-  qbackend::cpu::set_level_cap(level);
+  using qbackend::cpu::has;
+  using qbackend::cpu::Isa;
+  qbackend::cpu::set_isa_cap(level);
   qbackend::cpu::set_avx_vnni_allowed(allow_avx_vnni);
   if (level < 0) return;
-  const int usable = qbackend::cpu::usable_level();
-  if (usable <= 1) fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx2);
-  else if (usable == 2) fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx512);
-  else fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx512_vnni);
+  if (has(Isa::Avx512Vnni)) fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx512_vnni);
+  else if (has(Isa::Avx512)) fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx512);
+  else fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx2);
 }
 
 // Bytes of FBGEMM's packed B for a K x N weight (the fake prepack op's output size).
@@ -147,8 +148,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("own_pool", &qbackend::parallel::own_pool, "whether qbackend's kernels run on its own pool (else OpenMP)");
   m.def("set_own_pool", &qbackend::parallel::set_own_pool, "choose it (QBACKEND_THREADING at load)");
   m.def("cpu_probe", &cpu_probe, "CPUID/XGETBV probe: {feature: (cpu_has, os_allows)}");
-  m.def("usable_level", &qbackend::cpu::usable_level,
-        "ISA level our kernels use: 0 scalar, 1 avx2, 2 avx512, 3 avx512_vnni, 4 amx");
+  py::enum_<qbackend::cpu::Isa>(m, "Isa", "the ISA levels of qbackend's kernels (qbackend.core.isa.Isa)")
+      .value("SCALAR", qbackend::cpu::Isa::Scalar)
+      .value("AVX2", qbackend::cpu::Isa::Avx2)
+      .value("AVX512", qbackend::cpu::Isa::Avx512)
+      .value("AVX512_VNNI", qbackend::cpu::Isa::Avx512Vnni)
+      .value("AMX", qbackend::cpu::Isa::Amx);
+  m.def("usable_isa", &qbackend::cpu::usable_isa, "the ISA level our kernels use (after QBACKEND_ISA)");
   m.def("set_isa_cap", &set_isa_cap, "cap our kernels and FBGEMM at an ISA level (-1 = none)",
         pybind11::arg("level"), pybind11::arg("allow_avx_vnni") = true);
   m.def("avx_vnni_usable", &qbackend::cpu::avx_vnni_usable);
@@ -161,7 +167,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_bf16_products_policy", &qbackend::cpu::set_bf16_products_policy, py::arg("policy"),
         "'auto' (measured), 'on' (wherever AVX512-BF16 runs: tests), 'off'");
   m.def("bf16_products_policy", &qbackend::cpu::bf16_products_policy);
-  m.def("isa_cap", &qbackend::cpu::level_cap);
+  m.def("isa_cap", &qbackend::cpu::isa_cap);
   m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
   m.def("native_packed_size", &native_packed_size, "bytes of the native provider's packed N x K weight");
   m.def("native_isa", &native_isa, "the native GEMM's instruction set here, or '' where it has none");

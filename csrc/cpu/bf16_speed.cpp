@@ -51,7 +51,7 @@ double best_gflops(double (*loop)(int64_t)) {
 
 }  // namespace
 
-double fma_gflops() { return usable_level() >= 2 ? best_gflops(&kernels::fma_flops_avx512) : 0.0; }
+double fma_gflops() { return has(Isa::Avx512) ? best_gflops(&kernels::fma_flops_avx512) : 0.0; }
 
 double bf16_dot_gflops() { return bf16_usable() ? best_gflops(&kernels::bf16_dot_flops_avx512) : 0.0; }
 

@@ -117,22 +117,33 @@ const Features& probe() {
   return features;
 }
 
-int usable_level() {
+Isa usable_isa() {
   const Features& f = probe();
-  int level = 0;
-  if (f.avx2.os && f.fma.os) level = 1;
-  if (level == 1 && f.avx512f.os && f.avx512bw.os && f.avx512vl.os && f.avx512dq.os) level = 2;
-  if (level == 2 && f.avx512_vnni.os) level = 3;
-  if (level == 3 && f.amx_tile.os && f.amx_int8.os) level = 4;
+  Isa level = Isa::Scalar;
+  if (f.avx2.os && f.fma.os) level = Isa::Avx2;
+  if (level == Isa::Avx2 && f.avx512f.os && f.avx512bw.os && f.avx512vl.os && f.avx512dq.os) level = Isa::Avx512;
+  if (level == Isa::Avx512 && f.avx512_vnni.os) level = Isa::Avx512Vnni;
+  if (level == Isa::Avx512Vnni && f.amx_tile.os && f.amx_int8.os) level = Isa::Amx;
   const int cap = g_cap.load(std::memory_order_relaxed);
-  return cap >= 0 && cap < level ? cap : level;
+  return cap >= 0 && cap < static_cast<int>(level) ? static_cast<Isa>(cap) : level;
 }
 
-void set_level_cap(int cap) { g_cap.store(cap, std::memory_order_relaxed); }
-int level_cap() { return g_cap.load(std::memory_order_relaxed); }
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+    case Isa::Avx512Vnni: return "avx512_vnni";
+    case Isa::Amx: return "amx";
+  }
+  return "?";
+}
 
-bool avx_vnni_usable() { return g_avx_vnni_allowed.load() && probe().avx_vnni.os && usable_level() >= 1; }
-bool bf16_usable() { return probe().avx512_bf16.os && usable_level() >= 3; }
+void set_isa_cap(int cap) { g_cap.store(cap, std::memory_order_relaxed); }
+int isa_cap() { return g_cap.load(std::memory_order_relaxed); }
+
+bool avx_vnni_usable() { return g_avx_vnni_allowed.load() && probe().avx_vnni.os && has(Isa::Avx2); }
+bool bf16_usable() { return probe().avx512_bf16.os && has(Isa::Avx512Vnni); }
 void set_avx_vnni_allowed(bool allowed) { g_avx_vnni_allowed.store(allowed); }
 
 }  // namespace qbackend::cpu

@@ -19,11 +19,23 @@ struct Features {
 // Probes once (thread-safe) and caches. Requests AMX tile-data permission from Linux on first call.
 const Features& probe();
 
-// The ISA level our own kernels may use: 0 = scalar, 1 = AVX2, 2 = AVX512 (F+BW+VL+DQ),
-// 3 = AVX512-VNNI, 4 = AMX. It is the lower of what the probe found usable and the cap.
-int usable_level();
-void set_level_cap(int cap);  // called once from Python (QBACKEND_ISA); -1 = no cap
-int level_cap();
+// The ISA levels of qbackend's own kernels, ordered: each implies the ones below. Python mirrors
+// them (qbackend.core.isa.Isa, checked against _C.Isa by the tests).
+enum class Isa : int {
+  Scalar = 0,
+  Avx2 = 1,        // AVX2 + FMA
+  Avx512 = 2,      // AVX512 F, BW, VL, DQ
+  Avx512Vnni = 3,  // + AVX512-VNNI
+  Amx = 4,         // + AMX tiles and AMX-INT8, the OS's tile-data permission granted
+};
+
+// The level our own kernels may use: the lower of what the probe found usable and the cap.
+Isa usable_isa();
+// Whether the level in use is `isa` or above (the named predicate every kernel choice uses).
+inline bool has(Isa isa) { return static_cast<int>(usable_isa()) >= static_cast<int>(isa); }
+const char* isa_name(Isa isa);
+void set_isa_cap(int cap);  // called once from Python (QBACKEND_ISA); -1 = no cap
+int isa_cap();
 // AVX-VNNI (the VEX-encoded u8 x s8 dot product of AVX2-class CPUs) may be used by oneDNN: true
 // unless QBACKEND_ISA capped below it (avx2, avx512), and the CPU and OS have it.
 bool avx_vnni_usable();

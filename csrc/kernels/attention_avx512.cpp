@@ -1,12 +1,13 @@
 // AVX512 (F/BW/VL/DQ) fused attention with fp32 products (kernels/attention_avx512_impl.h). Only
 // this file is compiled for AVX512 (pragma below, after the includes); call it only when
-// qbackend::cpu::usable_level() >= 2.
+// qbackend::cpu::has(qbackend::cpu::Isa::Avx512).
 
 #include <immintrin.h>
 
 #include "kernels/attention_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+QB_TARGET(QB_ISA_AVX512)
 #include "kernels/attention_avx512_impl.h"
 
 namespace qbackend::kernels {

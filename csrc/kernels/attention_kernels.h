@@ -50,7 +50,7 @@ struct AttentionProblem {
 size_t attention_scratch_floats(const AttentionProblem& p);
 
 // Rows [i0, i1) of head (b, h). scratch: attention_scratch_floats(p) floats (no alignment needed).
-// Only call it when qbackend::cpu::usable_level() >= 2 (AVX512 F/BW/VL/DQ).
+// Only call it when qbackend::cpu::has(qbackend::cpu::Isa::Avx512) (AVX512 F/BW/VL/DQ).
 void attention_rows_avx512(const AttentionProblem& p, int64_t b, int64_t h, int64_t i0, int64_t i1, float* scratch);
 // The same with bf16 products (p.bf16_products); only when qbackend::cpu::bf16_usable().
 void attention_rows_avx512_bf16(const AttentionProblem& p, int64_t b, int64_t h, int64_t i0, int64_t i1,

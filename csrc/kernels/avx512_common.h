@@ -1,5 +1,5 @@
 // AVX512 (F/BW/VL/DQ) building blocks shared by the kernel translation units (quantize, GEMM
-// epilogue, attention, LayerNorm). Include it AFTER the translation unit's `#pragma GCC target`:
+// epilogue, attention, LayerNorm). Include it AFTER the translation unit's `QB_TARGET` (cpu/targets.h):
 // everything here is in an anonymous namespace, so each translation unit compiles its own copy
 // for its own target and no inline function is shared between units built for different ISAs.
 #pragma once

@@ -1,15 +1,16 @@
 // The native depthwise conv (contract: depthwise_kernels.h) on AVX512: blocks of up to 4 output
 // pixels x 64 channels accumulate (x - x_zp) * w in fp32 registers (exact: integer sums below
 // 2^24) from a ring of input rows converted once per thread, then go through the native GEMM's
-// epilogue (gemm_avx512_vnni_impl.h) as int32 sums. Call only when usable_level() >= 3.
+// epilogue (gemm_avx512_vnni_impl.h) as int32 sums. Call only when has(Isa::Avx512Vnni).
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/depthwise_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+QB_TARGET(QB_ISA_AVX512_VNNI)
 
 #include "kernels/gemm_avx512_vnni_impl.h"  // after the pragma: compiled for this target
 

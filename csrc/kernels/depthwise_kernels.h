@@ -1,7 +1,7 @@
 // qbackend's own depthwise int8 conv (the native provider's depthwise route): channels-last u8/s8
 // activations, one int8 filter per channel (groups = channels, multiplier 1), any kernel, stride,
 // padding and dilation, and the native GEMM's fused epilogue (gemm_kernels.h: per-channel scale,
-// bias, residual, relu/gelu, u8/s8/fp32/bf16 output). No torch headers: csrc/ops/native_depthwise.cpp
+// bias, residual, relu/gelu, u8/s8/fp32/bf16 output). No torch headers: csrc/providers/native_depthwise.cpp
 // validates the arguments and calls these kernels.
 //
 // Arithmetic: sum_{kh,kw} (x - x_zp) * w[c][kh][kw] is computed in fp32 from integers: every
@@ -36,7 +36,7 @@ struct DepthwiseArgs {
 // fp32 scratch one thread needs (its ring of converted input rows).
 size_t depthwise_scratch_floats(const DepthwiseArgs& a);
 // Computes output rows [row_begin, row_end) (row = n * OH + oh); call only when
-// qbackend::cpu::usable_level() >= 3 (the epilogue is the AVX512-VNNI kernel's).
+// qbackend::cpu::has(qbackend::cpu::Isa::Avx512Vnni) (the epilogue is the AVX512-VNNI kernel's).
 void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, float* scratch);
 
 }  // namespace qbackend::kernels

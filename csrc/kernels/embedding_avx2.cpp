@@ -1,11 +1,12 @@
-// The embedding-bag kernels (embedding_impl.h) compiled for one ISA. AVX2+FMA build: call only when qbackend::cpu::usable_level() >= 1.
+// The embedding-bag kernels (embedding_impl.h) compiled for one ISA. AVX2+FMA build: call only when qbackend::cpu::has(qbackend::cpu::Isa::Avx2).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/embedding_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx2,fma,f16c")
+QB_TARGET(QB_ISA_AVX2 QB_ISA_F16C)
 
 #include "kernels/embedding_impl.h"  // after the pragma: compiled for this target
 

@@ -1,11 +1,12 @@
-// The embedding-bag kernels (embedding_impl.h) compiled for one ISA. AVX512 build: call only when qbackend::cpu::usable_level() >= 2.
+// The embedding-bag kernels (embedding_impl.h) compiled for one ISA. AVX512 build: call only when qbackend::cpu::has(qbackend::cpu::Isa::Avx512).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/embedding_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+QB_TARGET(QB_ISA_AVX512_FMA QB_ISA_F16C)
 
 #include "kernels/embedding_impl.h"  // after the pragma: compiled for this target
 

@@ -3,7 +3,7 @@
 // compiler to vectorize (contiguous fp32 fma over `dim`). std::fma keeps one rounding on every
 // ISA, so all of them give the same bits.
 //
-// Include it AFTER the translation unit's `#pragma GCC target` (and after the standard headers,
+// Include it AFTER the translation unit's `QB_TARGET` (cpu/targets.h) (and after the standard headers,
 // which must not be compiled for the target): its functions take the target from where they
 // are defined. Everything here has internal linkage (an anonymous namespace), so the per-ISA
 // copies of the templates never merge at link time.

@@ -24,9 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "cpu/probe.h"
 #include "kernels/gemm_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,amx-tile,amx-int8")
+QB_TARGET(QB_ISA_AMX)
 
 #include "kernels/gemm_avx512_vnni_impl.h"  // after the pragma: compiled for this target
 
@@ -381,6 +383,9 @@ const GemmKernels& gemm_kernels_amx_emulated() {
 }
 
 std::string gemm_amx_self_check(bool emulated) {
+  // The probe asks Linux for the tile-data permission: without it the first tile instruction faults.
+  if (!emulated && !cpu::has(cpu::Isa::Amx)) return "AMX is not usable on this CPU (or under QBACKEND_ISA)";
+  if (emulated && !cpu::has(cpu::Isa::Avx512Vnni)) return "the emulated AMX kernel needs AVX512-VNNI";
   return self_check(emulated ? &gemm_amx<EmuTiles> : &gemm_amx<HwTiles>);
 }
 

@@ -3,22 +3,24 @@
 #include <cstdint>
 
 #include "kernels/gemm_kernels.h"
+#include "cpu/targets.h"
 
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx2,fma,avxvnni")
+QB_TARGET(QB_ISA_AVX2 QB_ISA_AVX_VNNI)
 
 #include <immintrin.h>  // after the pragma: the intrinsics are compiled for this target
-
-namespace qbackend::kernels {
-namespace {
-inline __m256i dpbusd(__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_avx_epi32(acc, a, b); }
-}  // namespace
-}  // namespace qbackend::kernels
 
 #include "kernels/gemm_avx2_vnni_impl.h"
 
 namespace qbackend::kernels {
 namespace {
+
+// The dot product of gemm_avx2_vnni_impl.h: the VEX-encoded instruction.
+struct VexDot {
+  __attribute__((always_inline)) static __m256i dpbusd(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_dpbusd_avx_epi32(acc, a, b);
+  }
+};
 
 double peak_loop(int64_t iters) {
   // 12 independent accumulators (the instruction's latency x throughput), in assembly; {vex}
@@ -41,7 +43,7 @@ double peak_loop(int64_t iters) {
 }  // namespace
 
 const GemmKernels& gemm_kernels_avx2_vnni() {
-  static const GemmKernels k{"avx2_vnni", &gemm, kMaxRows, &peak_loop};
+  static const GemmKernels k{"avx2_vnni", &gemm<VexDot>, kMaxRows, &peak_loop};
   return k;
 }
 

@@ -1,9 +1,9 @@
 // The native int8 GEMM's 256-bit kernel (contract and packed layout: gemm_kernels.h), for AVX2 CPUs
 // with AVX-VNNI (the VEX-encoded vpdpbusd: Intel's Alder Lake and later client cores, Sierra
-// Forest / Xeon 6 E-core servers, AMD Zen 5). Included, after their `#pragma GCC target` and a
-// definition of `dpbusd(acc, a, b)`, by gemm_avx2_vnni.cpp (the VEX instruction) and
-// gemm_avx2_vnni_evex.cpp (the same code on the EVEX form of the same instruction, so that CPUs
-// with AVX512-VNNI but no AVX-VNNI, like AMD Zen 4, can test it).
+// Forest / Xeon 6 E-core servers, AMD Zen 5). Included, after their `QB_TARGET` (cpu/targets.h), by
+// gemm_avx2_vnni.cpp and gemm_avx2_vnni_evex.cpp, which instantiate `gemm<Dot>` with the policy
+// `Dot::dpbusd(acc, a, b)` that encodes the dot product: the VEX instruction, or its EVEX form, so
+// that CPUs with AVX512-VNNI but no AVX-VNNI (AMD Zen 4) can test the same code.
 //
 // The same packed panels as the AVX512 kernels: a panel's 16-column vector (64 bytes per
 // k-group) is read as two 8-column halves. Register tiles are up to 6 rows x one 16-column vector
@@ -36,7 +36,7 @@ typedef int32_t Acc __attribute__((vector_size(32)));
 
 // The int32 sums of MR rows x 16 columns (out[r * 2 + h], h = 8-column half) over the whole K. B
 // points at the vector's first k-group; ldb is the byte step to the next (64 x the panel's vectors).
-template <int MR, bool I8>
+template <class Dot, int MR, bool I8>
 __attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t ldb,
                                                     int64_t K, __m256i* out) {
   constexpr int KS = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
@@ -55,8 +55,8 @@ __attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t ld
     const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 32));                \
     _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {                                           \
       const __m256i av = _mm256_set1_epi32((WORD) ^ flip);                                           \
-      acc[s][r][0] = (Acc)dpbusd((__m256i)acc[s][r][0], av, b0);                                     \
-      acc[s][r][1] = (Acc)dpbusd((__m256i)acc[s][r][1], av, b1);                                     \
+      acc[s][r][0] = (Acc)Dot::dpbusd((__m256i)acc[s][r][0], av, b0);                                \
+      acc[s][r][1] = (Acc)Dot::dpbusd((__m256i)acc[s][r][1], av, b1);                                \
     }                                                                                                \
   }
 
@@ -206,27 +206,29 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m
 }
 
 // One tile: MR rows (m0..) x vector v of panel p (nvp vectors).
-template <int MR, bool I8>
+template <class Dot, int MR, bool I8>
 void tile(const GemmArgs& g, int64_t m0, int64_t p, int64_t v, int64_t nvp) {
   __m256i sums[MR * 2];
-  dot_tile<MR, I8>(g.a + m0 * g.lda, g.lda, g.b + p * kGemmPanel * gemm_kp(g.K) + v * 64, nvp * 64, g.K, sums);
+  dot_tile<Dot, MR, I8>(g.a + m0 * g.lda, g.lda, g.b + p * kGemmPanel * gemm_kp(g.K) + v * 64, nvp * 64, g.K, sums);
   epilogue<MR>(g, sums, m0, p * kGemmPanel + v * 16);
 }
 
 using TileFn = void (*)(const GemmArgs&, int64_t, int64_t, int64_t, int64_t);
 
-template <bool I8, int... R>
+template <class Dot, bool I8, int... R>
 constexpr auto row_table(std::integer_sequence<int, R...>) {
-  return std::array<TileFn, sizeof...(R)>{&tile<R + 1, I8>...};
+  return std::array<TileFn, sizeof...(R)>{&tile<Dot, R + 1, I8>...};
 }
 
-template <bool I8>
+template <class Dot, bool I8>
 struct Tiles {
-  static constexpr std::array<TileFn, kMaxRows> table = row_table<I8>(std::make_integer_sequence<int, kMaxRows>{});
+  static constexpr std::array<TileFn, kMaxRows> table =
+      row_table<Dot, I8>(std::make_integer_sequence<int, kMaxRows>{});
 };
 
-inline void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
-  const auto& table = g.a_int8 ? Tiles<true>::table : Tiles<false>::table;
+template <class Dot>
+void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
+  const auto& table = g.a_int8 ? Tiles<Dot, true>::table : Tiles<Dot, false>::table;
   sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows, [&](int64_t p, int64_t mb, int64_t me) {
     const int64_t nvp = (std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel) + 15) / 16;
     for (int64_t m = mb; m < me; m += kMaxRows) {

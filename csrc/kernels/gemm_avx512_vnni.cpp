@@ -1,12 +1,13 @@
 // The native int8 GEMM (contract and packed layout: gemm_kernels.h) for AVX512-VNNI: register
 // tiles of up to 6 rows x 64 columns (gemm_avx512_vnni_impl.h) accumulate with vpdpbusd over the
 // whole K, the epilogue runs on the tile while it is still in registers. Call only when
-// qbackend::cpu::usable_level() >= 3.
+// qbackend::cpu::has(qbackend::cpu::Isa::Avx512Vnni).
 #include <cstdint>
 
 #include "kernels/gemm_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+QB_TARGET(QB_ISA_AVX512_VNNI)
 
 #include "kernels/gemm_avx512_vnni_impl.h"  // after the pragma: compiled for this target
 

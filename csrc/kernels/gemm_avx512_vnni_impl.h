@@ -1,7 +1,7 @@
 // The AVX512-VNNI building blocks of the native int8 GEMM (contract and packed layout:
 // gemm_kernels.h): register tiles of up to 6 rows x 64 columns that accumulate with vpdpbusd over
 // the whole K, the fused epilogue, and the cache blocking. Included, after their
-// `#pragma GCC target`, by gemm_avx512_vnni.cpp (the VNNI kernel) and gemm_amx.cpp (the AMX kernel,
+// `QB_TARGET` (cpu/targets.h), by gemm_avx512_vnni.cpp (the VNNI kernel) and gemm_amx.cpp (the AMX kernel,
 // which runs its row and K remainders and its epilogue on these): everything is in an anonymous
 // namespace, so each translation unit compiles its own copy for its own target.
 //

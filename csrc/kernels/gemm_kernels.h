@@ -1,6 +1,6 @@
 // qbackend's own int8 GEMM (the "native" provider): u8 activations x s8 symmetric per-channel
 // weights, exact int32 accumulation, and a fused epilogue. No torch headers: the ops in
-// csrc/ops/native_linear.cpp validate the arguments and call these kernels.
+// csrc/providers/native_linear.cpp validate the arguments and call these kernels.
 //
 // Packed weight ("panels"), built once by gemm_pack_b from the int8 weight w [N, K] (row-major):
 //   Kp = K rounded up to 4, Np = N rounded up to 16; panels of 64 output columns (the last one may
@@ -70,22 +70,22 @@ struct GemmKernels {
   double (*peak_loop)(int64_t iters);
 };
 
-// Defined in gemm_avx512_vnni.cpp; call only when qbackend::cpu::usable_level() >= 3.
+// Defined in gemm_avx512_vnni.cpp; call only when qbackend::cpu::has(qbackend::cpu::Isa::Avx512Vnni).
 const GemmKernels& gemm_kernels_avx512_vnni();
 // Defined in gemm_avx2_vnni.cpp; call only when qbackend::cpu::avx_vnni_usable().
 const GemmKernels& gemm_kernels_avx2_vnni();
 // Defined in gemm_avx2_vnni_evex.cpp: the AVX-VNNI kernel's code on the EVEX form of the instruction,
-// for testing it where the CPU has AVX512-VNNI but no AVX-VNNI; call only when usable_level() >= 3.
+// for testing it where the CPU has AVX512-VNNI but no AVX-VNNI; call only when has(Isa::Avx512Vnni).
 const GemmKernels& gemm_kernels_avx2_vnni_evex();
-// Defined in gemm_amx.cpp. The AMX kernel: call only when usable_level() >= 4 (AMX-INT8 and the OS's
+// Defined in gemm_amx.cpp. The AMX kernel: call only when has(Isa::Amx) (AMX-INT8 and the OS's
 // tile permission). The emulated one runs the same kernel code with AMX's tile instructions
 // emulated in C++ (slow): it tests the AMX kernel's blocking, tile configuration and remainders on
-// any AVX512-VNNI CPU (usable_level() >= 3).
+// any AVX512-VNNI CPU (has(Isa::Avx512Vnni)).
 const GemmKernels& gemm_kernels_amx();
 const GemmKernels& gemm_kernels_amx_emulated();
 // Compares the AMX kernel (or the emulated one) with the VNNI kernel and with exact int64 sums on
 // problems that cover every tile block and remainder: "" when all agree, else the first difference.
-// Needs usable_level() >= 4 (>= 3 for the emulated one).
+// Needs has(Isa::Amx) (>= 3 for the emulated one).
 std::string gemm_amx_self_check(bool emulated);
 
 // Scalar packing (gemm_pack.cpp): packed must hold gemm_np(N) * gemm_kp(K) bytes, colsum gemm_np(N).

@@ -1,6 +1,6 @@
 // AVX512 (F/BW/VL/DQ) fused residual add + LayerNorm + quantize, one row per call
 // (kernels/layer_norm_kernels.h). Only this file is compiled for AVX512 (pragma below, after the
-// includes); call it only when qbackend::cpu::usable_level() >= 2.
+// includes); call it only when qbackend::cpu::has(qbackend::cpu::Isa::Avx512).
 
 #include <immintrin.h>
 
@@ -8,8 +8,9 @@
 #include <cstdint>
 
 #include "kernels/layer_norm_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+QB_TARGET(QB_ISA_AVX512)
 #include "kernels/avx512_common.h"
 
 namespace qbackend::kernels {

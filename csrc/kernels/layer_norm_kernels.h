@@ -18,7 +18,7 @@ struct LayerNormQuantRow {
 };
 
 // x, r (or null), y: rows of C floats; q: C bytes (uint8 or int8 by p.u8).
-// Only call it when qbackend::cpu::usable_level() >= 2.
+// Only call it when qbackend::cpu::has(qbackend::cpu::Isa::Avx512).
 void layer_norm_quantize_row_avx512(const LayerNormQuantRow& p, const float* x, const float* r, float* y, void* q);
 
 }  // namespace qbackend::kernels

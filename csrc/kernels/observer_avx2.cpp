@@ -1,15 +1,16 @@
 // AVX2 observer kernels: 8 lanes; tails go through a zero-padded stack block with a lane mask, so
 // they use the very same instructions. The histogram bin of each lane is computed in float64
 // (exact, see observer_kernels.h). Only this file is compiled for AVX2 (pragma below, after the
-// includes); call it only when qbackend::cpu::usable_level() >= 1.
+// includes); call it only when qbackend::cpu::has(qbackend::cpu::Isa::Avx2).
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/observer_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx2,fma,popcnt")
+QB_TARGET(QB_ISA_AVX2 QB_ISA_POPCNT)
 
 namespace qbackend::kernels {
 namespace {

@@ -2,7 +2,7 @@
 // each lane is computed exactly (float32 where that is exact, else float64; see
 // observer_kernels.h) and the counters are bumped by scalar code spread over kHistCopies rows per
 // bin. Only this file is compiled for AVX512 (pragma below, after the includes); call it only
-// when qbackend::cpu::usable_level() >= 2.
+// when qbackend::cpu::has(qbackend::cpu::Isa::Avx512).
 
 // GCC 12 warns falsely about the `__Y = __Y` inside _mm512_undefined_* (GCC bug 105593, fixed in 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -13,8 +13,9 @@
 #include <cstdint>
 
 #include "kernels/observer_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,popcnt")
+QB_TARGET(QB_ISA_AVX512 QB_ISA_POPCNT)
 
 namespace qbackend::kernels {
 namespace {

@@ -59,7 +59,7 @@ struct ObserverKernels {
 };
 
 // Each is defined in its own translation unit (observer_<isa>.cpp). Only call the AVX ones when
-// qbackend::cpu::usable_level() >= 2 resp. >= 1.
+// qbackend::cpu::has(Isa::Avx512) resp. has(Isa::Avx2).
 const ObserverKernels& observer_kernels_avx512();
 const ObserverKernels& observer_kernels_avx2();
 const ObserverKernels& observer_kernels_scalar();

@@ -1,6 +1,6 @@
 // AVX2+FMA quantize/dequantize kernels: 8 lanes; tails go through a zero-padded stack block so
 // they use the very same instructions. Only this file is compiled for AVX2 (pragma below, after
-// the includes); call it only when qbackend::cpu::usable_level() >= 1.
+// the includes); call it only when qbackend::cpu::has(qbackend::cpu::Isa::Avx2).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -8,8 +8,9 @@
 #include <type_traits>
 
 #include "kernels/quantize_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx2,fma")
+QB_TARGET(QB_ISA_AVX2)
 
 namespace qbackend::kernels {
 namespace {

@@ -1,6 +1,6 @@
 // AVX512 (F/BW/VL/DQ) quantize/dequantize kernels: 16 lanes, masked loads/stores for the tail.
 // Only this file is compiled for AVX512 (pragma below, after the includes); call it only when
-// qbackend::cpu::usable_level() >= 2.
+// qbackend::cpu::has(qbackend::cpu::Isa::Avx512).
 
 
 #include <immintrin.h>
@@ -8,8 +8,9 @@
 #include <cstdint>
 
 #include "kernels/quantize_kernels.h"
+#include "cpu/targets.h"
 
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+QB_TARGET(QB_ISA_AVX512)
 #include "kernels/avx512_common.h"
 
 namespace qbackend::kernels {

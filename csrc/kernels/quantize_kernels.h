@@ -43,7 +43,7 @@ struct QuantizeKernels {
 };
 
 // Each is defined in its own translation unit (quantize_<isa>.cpp). Only call the AVX ones when
-// the CPU/OS support them (qbackend::cpu::usable_level() >= 2 resp. >= 1).
+// the CPU/OS support them (qbackend::cpu::has(Isa::Avx512) resp. has(Isa::Avx2)).
 const QuantizeKernels& quantize_kernels_avx512();
 const QuantizeKernels& quantize_kernels_avx2();
 const QuantizeKernels& quantize_kernels_scalar();

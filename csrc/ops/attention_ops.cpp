@@ -15,7 +15,7 @@
 // [B,H,Sq,Sk]. The output is laid out as [B,Sq,H,Dv] (its transpose(1, 2) is contiguous), so the
 // usual transpose + reshape back to [B,Sq,H*Dv] is a view.
 //
-// AVX512 kernel (csrc/kernels/attention_avx512.cpp) when qbackend::cpu::usable_level() >= 2;
+// AVX512 kernel (csrc/kernels/attention_avx512.cpp) when qbackend::cpu::has(qbackend::cpu::Isa::Avx512);
 // below that, ATen's SDPA in fp32, then the same output conversion.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -28,7 +28,7 @@
 #include "cpu/bf16_speed.h"
 #include "cpu/probe.h"
 #include "kernels/attention_kernels.h"
-#include "ops/checks.h"
+#include "common/checks.h"
 #include "runtime/parallel.h"
 
 namespace qbackend::ops {
@@ -120,7 +120,7 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
     return out;
   }
   const at::Tensor q = last_dim_dense(q_in), k = last_dim_dense(k_in), v = last_dim_dense(v_in);
-  if (qbackend::cpu::usable_level() < 2) {
+  if (!qbackend::cpu::has(qbackend::cpu::Isa::Avx512)) {
     attention_fallback(q, k, v, has_mask ? std::optional<at::Tensor>(mask) : std::nullopt, scale, is_causal,
                        out_scale, out_zero_point, out);
     return out;

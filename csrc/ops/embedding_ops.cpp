@@ -29,9 +29,9 @@
 
 #include <fbgemm/FbgemmEmbedding.h>
 
-#include "cpu/probe.h"
+#include "cpu/kernel_table.h"
 #include "kernels/embedding_kernels.h"
-#include "ops/checks.h"
+#include "common/checks.h"
 #include "runtime/parallel.h"
 
 namespace qbackend::ops {
@@ -40,10 +40,8 @@ namespace {
 using kernels::EmbeddingBagArgs;
 
 const kernels::EmbeddingKernels& pick_kernels() {
-  const int level = qbackend::cpu::usable_level();
-  if (level >= 2) return kernels::embedding_kernels_avx512();
-  if (level == 1) return kernels::embedding_kernels_avx2();
-  return kernels::embedding_kernels_scalar();
+  return cpu::kernel_table(&kernels::embedding_kernels_scalar, &kernels::embedding_kernels_avx2,
+                           &kernels::embedding_kernels_avx512);
 }
 
 struct TableInfo {

@@ -11,7 +11,7 @@
 // the last dimension exactly as qbackend::quantize_per_channel does (scales: per-tensor scale
 // times SmoothQuant's divisors, or all equal), then saturates at qmax (7-bit activations).
 // Inputs of any strides (made contiguous); float32 only. AVX512 kernel
-// (csrc/kernels/layer_norm_avx512.cpp) when qbackend::cpu::usable_level() >= 2, else ATen ops.
+// (csrc/kernels/layer_norm_avx512.cpp) when qbackend::cpu::has(qbackend::cpu::Isa::Avx512), else ATen ops.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -22,7 +22,7 @@
 
 #include "cpu/probe.h"
 #include "kernels/layer_norm_kernels.h"
-#include "ops/checks.h"
+#include "common/checks.h"
 #include "runtime/parallel.h"
 
 namespace qbackend::ops {
@@ -80,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> layer_norm_quantize(const at::Tensor& x_in, c
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(dtype));
   if (x.numel() == 0) return {y, q};
   const at::Tensor scales = scales_in.contiguous();
-  if (qbackend::cpu::usable_level() < 2) {
+  if (!qbackend::cpu::has(qbackend::cpu::Isa::Avx512)) {
     at::Tensor s = has_res ? x + *res_in : x;
     y.copy_(at::layer_norm(s, {C}, w_in, b_in, eps));
     at::Tensor t = at::nan_to_num(y / scales, 0.0, INFINITY, -INFINITY);

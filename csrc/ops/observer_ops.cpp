@@ -1,5 +1,5 @@
 // torch ops behind qbackend.observers: the one-pass statistics and the histogram hot loops
-// (csrc/kernels/observer_*.cpp, chosen by qbackend::cpu::usable_level()) and the range search /
+// (csrc/kernels/observer_*.cpp, chosen by cpu::kernel_table) and the range search /
 // error model (csrc/kernels/histogram_search.cpp).
 //
 //   finite_minmax(x, axis=None) -> (min, max, nonfinite)
@@ -27,10 +27,10 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/probe.h"
+#include "cpu/kernel_table.h"
 #include "kernels/histogram_search.h"
 #include "kernels/observer_kernels.h"
-#include "ops/checks.h"
+#include "common/checks.h"
 
 namespace qbackend::ops {
 namespace {
@@ -50,10 +50,8 @@ constexpr int64_t kMaxLevels = int64_t(1) << 16;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 const ObserverKernels& pick_kernels() {
-  const int level = qbackend::cpu::usable_level();
-  if (level >= 2) return kernels::observer_kernels_avx512();
-  if (level == 1) return kernels::observer_kernels_avx2();
-  return kernels::observer_kernels_scalar();
+  return cpu::kernel_table(&kernels::observer_kernels_scalar, &kernels::observer_kernels_avx2,
+                           &kernels::observer_kernels_avx512);
 }
 
 FiniteStats empty_stats() { return FiniteStats{kInf, -kInf, 0}; }

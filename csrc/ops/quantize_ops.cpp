@@ -1,5 +1,5 @@
 // torch ops qbackend::{quantize,dequantize}_per_{tensor,channel}: argument checks, threading and
-// the run-time choice of kernel (csrc/kernels/quantize_*.cpp by qbackend::cpu::usable_level()).
+// the run-time choice of kernel (csrc/kernels/quantize_*.cpp by cpu::kernel_table).
 //
 // Decisions: inputs of any rank/size/strides (non-contiguous inputs are made contiguous first);
 // outputs are contiguous with the input's shape (per-tensor ops keep a channels-last 4-D layout); empty in -> empty out. NaN quantizes to the zero
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/probe.h"
+#include "cpu/kernel_table.h"
 #include "kernels/quantize_kernels.h"
 #include "runtime/parallel.h"
 
@@ -27,10 +27,8 @@ constexpr int64_t kGrain = 32768;   // elements per at::parallel_for task
 constexpr int64_t kRunMin = 64;     // per-channel: runs shorter than this use expanded parameters
 
 const QuantizeKernels& pick_kernels() {
-  const int level = qbackend::cpu::usable_level();
-  if (level >= 2) return kernels::quantize_kernels_avx512();
-  if (level == 1) return kernels::quantize_kernels_avx2();
-  return kernels::quantize_kernels_scalar();
+  return cpu::kernel_table(&kernels::quantize_kernels_scalar, &kernels::quantize_kernels_avx2,
+                           &kernels::quantize_kernels_avx512);
 }
 
 std::string dtype_name(ScalarType t) {

@@ -21,4 +21,10 @@ except ImportError as exc:  # pragma: no cover - only on a broken install
 
 isa.apply_cap(_C)
 
-__all__ = ["_C", "torch"]
+
+def usable_isa() -> isa.Isa:
+    """The ISA level qbackend's own kernels use here (after QBACKEND_ISA)."""
+    return isa.Isa(int(_C.usable_isa()))
+
+
+__all__ = ["_C", "torch", "usable_isa"]

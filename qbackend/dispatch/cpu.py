@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields
 
-from ..core.extension import _C
+from ..core.extension import _C, usable_isa
 from ..core import isa
 
 # The CPU classes the rule table has columns for, fastest first.
@@ -88,7 +88,7 @@ def cpu_features() -> CpuFeatures:
     feats = {name: Feature(*raw[name]) for name in FEATURE_NAMES}
     return CpuFeatures(
         vendor=raw["vendor"], model_name=raw["model_name"], override=isa.requested(),
-        level=isa.Isa(_C.usable_level()), **feats,
+        level=usable_isa(), **feats,
     )
 
 

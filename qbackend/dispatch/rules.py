@@ -62,8 +62,8 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     # ---- linear (static and dynamic share the GEMM) ------------------------------------------
-    Rule("linear", AMX, "native", "qbackend's GEMM on AMX tiles: the fastest on 47 of 48 Linear rows, 1.1-2.5x the "
-         "best library up to M = 256, level with oneDNN at M = 1024-2048",
+    Rule("linear", AMX, "native", "qbackend's GEMM on AMX tiles: the fastest on 40 of 48 Linear rows, 1.3-3x the "
+         "best library at M = 16-64; oneDNN ahead on 8 (M = 1024, 4096 x 4096) by 2-29%, not at both thread counts",
          "xeon_amx/kernels_linear.md#Linear, uint8 -> uint8"),
     Rule("linear", AMX, "fbgemm", "without the native provider: FBGEMM has the lower per-call cost at M <= 4",
          "xeon_amx/kernels_linear.md#Linear, uint8 -> uint8", m <= 4),
@@ -80,19 +80,19 @@ RULES: tuple[Rule, ...] = (
          (m <= 64) & (k * n <= Num(768 * 3072, "768*3072"))),
     Rule("linear", VNNI, "onednn", "without the native provider: oneDNN wins from M = 256 (M = 16 on 4096 x 4096)",
          "kernels.md#Linear, uint8 -> uint8"),
-    Rule("linear", AVX2_VNNI, "native", "qbackend's 256-bit AVX-VNNI GEMM, the AVX512 kernel's design on ymm "
-         "registers. INFERRED: measured under QBACKEND_ISA=avx2_vnni on an AVX512 Xeon, not on an AVX-VNNI-only CPU",
+    Rule("linear", AVX2_VNNI, "native", "qbackend's 256-bit AVX-VNNI GEMM: the fastest on 34 of 48 Linear rows, 82% "
+         "of the 256-bit peak. INFERRED: measured under QBACKEND_ISA=avx2_vnni on an AVX512 Xeon",
          "xeon_amx/kernels_linear_avx2_vnni.md#Linear, uint8 -> uint8"),
     Rule("linear", AVX2_VNNI, "onednn", "without the native provider: oneDNN uses AVX-VNNI, FBGEMM does not",
          "xeon_amx/kernels_linear_avx2_vnni.md#Linear, uint8 -> uint8"),
-    Rule("linear", NO_VNNI, "fbgemm", "without VNNI, oneDNN's int8 GEMM is several times slower than FBGEMM's at "
-         "small M", "xeon_amx/kernels_linear_avx2.md#Linear, uint8 -> uint8"),
+    Rule("linear", NO_VNNI, "fbgemm", "without VNNI, FBGEMM is 3-7x oneDNN at M <= 4 and level from M = 256 "
+         "(measured under QBACKEND_ISA=avx2)", "xeon_amx/kernels_linear_avx2.md#Linear, uint8 -> uint8"),
     # ---- conv2d ------------------------------------------------------------------------------
     Rule("conv2d", ALL, "fbgemm", "FBGEMM's groupwise kernel wins grouped convs with <= 8 channels per group "
          "(ResNeXt g=32 @56: 2.3x oneDNN)", "first_machine.md#Conv",
          (groups > 1) & (groups < c_in) & (c_in // groups <= 8)),
-    Rule("conv2d", AMX, "native", "1x1 convs as one GEMM on AMX tiles: the fastest provider on every 1x1 conv of "
-         "ResNet-50 and MobileNetV2 at batch 1 and 32", "xeon_amx/dispatch.md#Summary", ONE_BY_ONE),
+    Rule("conv2d", AMX, "native", "1x1 convs as one GEMM on AMX tiles: the fastest provider on all 70 of "
+         "ResNet-50's and MobileNetV2's at batch 1, 53 of 70 at batch 32", "xeon_amx/dispatch.md#Summary", ONE_BY_ONE),
     Rule("conv2d", VNNI, "onednn", "thin 1x1 convs over many pixels (MobileNetV2's 32 -> 16 @112 from batch 8): "
          "oneDNN 1.27x native on an Intel Xeon, 1.03x on AMD EPYC", "xeon/dispatch.md#mobilenet_v2 batch 32 @224, "
          "2 threads", ONE_BY_ONE & (c_out <= 16) & (OUT_PIXELS > 100_000)),
@@ -115,7 +115,7 @@ RULES: tuple[Rule, ...] = (
     Rule("conv2d", VNNI, "fbgemm", "without the native provider: FBGEMM wins 1x1 convs over <= 784 output pixels "
          "(1.1-1.9x)", "kernels.md#Conv2d, channels-last uint8 -> uint8", ONE_BY_ONE & (OUT_PIXELS <= 784)),
     Rule("conv2d", VNNI, "fbgemm", "without the native provider: small dense convs sit at oneDNN's per-call floor; "
-         "FBGEMM is 1.2-3.2x faster there", "xeon_amx/dispatch_quick_avx512_vnni.md#Summary",
+         "FBGEMM is 1.25-1.7x faster on ResNet-18's 8x8 convs", "xeon_amx/dispatch_quick_avx512_vnni.md#Summary",
          (groups == 1) & (OUT_VALUES <= 16384) & (c_in * c_out * kh * kw <= 1_200_000)),
     Rule("conv2d", ALL, "onednn", "oneDNN wins dense, stem and depthwise convs (1.1-8x); FBGEMM's depthwise kernel "
          "also loses precision on 8-bit activations", "kernels.md#Conv2d, channels-last uint8 -> uint8"),

@@ -17,7 +17,7 @@ The rule (float64 arithmetic, then the scale rounded to float32, the precision t
   (qmin for asymmetric, which maps 0 to qmin).
 
 `reduce_range` is the 7-bit uint8 range [0, 127]: CPUs without VNNI multiply u8 x s8 with 16-bit
-saturation (csrc/ops/saturation.h), so their activations must stay below 128. The default for
+saturation (csrc/common/saturation.h), so their activations must stay below 128. The default for
 uint8 activations is therefore `reduce_range = not qbackend.cpu_features().has_vnni`
 (`default_reduce_range`). It does not apply to int8.
 """

@@ -1,6 +1,6 @@
 """Conv2d ops: fake (meta) impls of torch.ops.qbackend.{fbgemm,onednn,native}_conv2d[_prepack].
 
-The C++ kernels (csrc/ops/fbgemm_conv.cpp, onednn_conv.cpp, native_conv.cpp: groups 1 or depthwise) register the ops when the
+The C++ kernels (csrc/providers/fbgemm_conv.cpp, onednn_conv.cpp, native_conv.cpp: groups 1 or depthwise) register the ops when the
 extension loads; the fake impls give torch.compile / torch.export their output shapes (NCHW
 logical shape, channels-last memory, like the kernels). Semantics: qbackend.ops.reference.conv2d.
 Users call them through PackedConv2dWeight.

@@ -1,6 +1,6 @@
 """Linear ops: fake (meta) impls of torch.ops.qbackend.{fbgemm,onednn,native}_linear[_prepack|_dynamic].
 
-The C++ kernels (csrc/ops/fbgemm_linear.cpp, onednn_linear.cpp, native_linear.cpp) register the ops when the
+The C++ kernels (csrc/providers/fbgemm_linear.cpp, onednn_linear.cpp, native_linear.cpp) register the ops when the
 extension loads; the fake impls here give torch.compile / torch.export their output shapes.
 Semantics: qbackend.ops.reference.linear. Users call them through PackedLinearWeight.
 """

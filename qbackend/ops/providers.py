@@ -21,7 +21,7 @@ import torch
 from . import conv  # noqa: F401  (registers the conv ops' fake impls)
 from . import linear  # noqa: F401  (registers the linear ops' fake impls)
 from . import reference
-from ..core.extension import _C
+from ..core.extension import _C, usable_isa
 from ..core.isa import Isa
 
 ops = torch.ops.qbackend
@@ -70,7 +70,7 @@ def _native_refuses(op: str, shape) -> str | None:
         if shape["groups"] != 1:
             if not (shape["groups"] == shape["c_in"] == shape["c_out"]):
                 return "it runs convolutions with groups 1, or depthwise ones (groups = in = out channels)"
-            if _C.usable_level() < Isa.AVX512_VNNI:
+            if usable_isa() < Isa.AVX512_VNNI:
                 return "its depthwise conv needs AVX512-VNNI (this CPU or QBACKEND_ISA lacks it)"
             dilation = shape.get("dilation", 1)
             dh = dilation if isinstance(dilation, int) else dilation[0]
@@ -84,7 +84,7 @@ def _native_refuses(op: str, shape) -> str | None:
 
 
 def _onednn_exact() -> bool:
-    return _C.usable_level() >= Isa.AVX512_VNNI or bool(_C.avx_vnni_usable())
+    return usable_isa() >= Isa.AVX512_VNNI or bool(_C.avx_vnni_usable())
 
 
 def _onednn_refuses(op: str, shape) -> str | None:

@@ -104,3 +104,24 @@ def test_isa_override_warns_on_conflicting_library_variable():
     code = "import warnings; warnings.simplefilter('error'); import qbackend"
     proc = run_py(code, env={"QBACKEND_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})
     assert proc.returncode != 0 and "overrides ONEDNN_MAX_CPU_ISA=AVX512_CORE with AVX2" in proc.stderr
+
+
+def test_isa_levels_mirror_the_extensions():
+    from qbackend.core.extension import _C, usable_isa
+    from qbackend.core.isa import Isa
+
+    assert {m.name: m.value for m in Isa} == {name: int(v) for name, v in _C.Isa.__members__.items()}
+    assert usable_isa() == Isa(int(_C.usable_isa())) == cpu_features().level
+
+
+@pytest.mark.parametrize("isa", [None, "avx512_vnni", "avx2"])
+def test_amx_self_check_first_thing_in_a_process(isa):
+    """The AMX kernel's self-check, called before anything else has probed the CPU (so before the
+    OS granted the tile permission), under each cap: the empty string where AMX runs, a message
+    where it does not; never a fault."""
+    code = ("import json, qbackend\nfrom qbackend.core.extension import _C\n"
+            "print(json.dumps([_C.native_amx_self_check(False), int(_C.usable_isa())]))")
+    proc = run_py(code, env={"QBACKEND_ISA": isa} if isa else None, check=True)
+    out, level = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out == "") == (level >= 4), out
+    assert out == "" or "AMX" in out

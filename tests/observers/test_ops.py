@@ -291,7 +291,7 @@ if {scalar}:
     qbackend._C.set_isa_cap(0)
 ops = torch.ops.qbackend
 x = torch.load({inp!r})
-out = {{"level": qbackend._C.usable_level()}}
+out = {{"level": int(qbackend._C.usable_isa())}}
 for name, xx in (("f32", x), ("bf16", x.bfloat16())):
     for n in (0, 1, 7, 15, 16, 17, 63, 64, 65, 255, 256, 257, 1000, x.numel()):
         out[f"mm_{{name}}_{{n}}"] = ops.finite_minmax(xx[:n])

@@ -244,7 +244,7 @@ from qbackend import _C
 from tests.ops.test_embedding import _bags, _table
 from qbackend.ops.embedding import quantize_rowwise
 ops = torch.ops.qbackend
-top = _C.usable_level()
+top = int(_C.usable_isa())
 for bits in (8, 4):
     table = quantize_rowwise(_table(200, 40, seed=9), bits)
     indices, offsets, psw = _bags(50, 200, seed=4, dtype=torch.int64, include_last=False, padding_idx=7)

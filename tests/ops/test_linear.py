@@ -341,7 +341,7 @@ def check(op, p, case, x, zp, od, run, y64, bound, **extra):
          **extra, **error_metrics(y, y64, bound, od, os_, 128))
 
 exact = {{p: PROVIDERS[p].exact_8bit() for p in ("fbgemm", "onednn")}}
-emit(kind="info", level=qbackend._C.usable_level(), fbgemm_isa=qbackend._C.fbgemm_isa(), exact=exact)
+emit(kind="info", level=int(qbackend._C.usable_isa()), fbgemm_isa=qbackend._C.fbgemm_isa(), exact=exact)
 g = torch.Generator().manual_seed(0)
 for p in ("fbgemm", "onednn"):
     full = exact[p]

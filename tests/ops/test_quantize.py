@@ -341,7 +341,7 @@ torch.set_num_threads(2)
 ops = torch.ops.qbackend
 inp = torch.load({inp!r})
 x, s, z = inp["x"], inp["s"], inp["z"]
-out = {{"level": qbackend._C.usable_level()}}
+out = {{"level": int(qbackend._C.usable_isa())}}
 for dt in (torch.uint8, torch.int8):
     zp = 77 if dt == torch.uint8 else -5
     for name, xx in (("f32", x), ("bf16", x.bfloat16())):
@@ -371,7 +371,7 @@ def test_isa_paths_agree():
     real = 0 if not (ok["avx2"] and ok["fma"]) else (
         2 if all(ok[k] for k in ("avx512f", "avx512bw", "avx512vl", "avx512dq")) else 1)
     # default: inherits our environment (and any QBACKEND_ISA in it); scalar: cap 0 via set_isa_cap
-    paths = {"default": ({}, False, min(qbackend._C.usable_level(), 2)),
+    paths = {"default": ({}, False, min(int(qbackend._C.usable_isa()), 2)),
              "avx512": ({"QBACKEND_ISA": "avx512"}, False, min(real, 2)),
              "avx2": ({"QBACKEND_ISA": "avx2"}, False, min(real, 1)), "scalar": ({}, True, 0)}
     with tempfile.TemporaryDirectory() as tmp:

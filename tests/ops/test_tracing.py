@@ -57,7 +57,7 @@ def _gen(seed):
 
 
 def _u8(shape, seed):
-    """7-bit uint8 activations: exact on every CPU (see csrc/ops/saturation.h)."""
+    """7-bit uint8 activations: exact on every CPU (see csrc/common/saturation.h)."""
     return torch.randint(0, 128, shape, dtype=torch.uint8, generator=_gen(seed))
 
 

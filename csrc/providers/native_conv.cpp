@@ -25,10 +25,10 @@
 #include <cstring>
 #include <vector>
 
-#include "ops/checks.h"
-#include "ops/conv_params.h"
-#include "ops/native_depthwise.h"
-#include "ops/native_gemm.h"
+#include "common/checks.h"
+#include "common/conv_params.h"
+#include "providers/native_depthwise.h"
+#include "providers/native_gemm.h"
 #include "runtime/parallel.h"
 
 namespace qbackend {

@@ -1,5 +1,5 @@
 // The native provider's depthwise convs: packed weight and thread split (native_depthwise.h).
-#include "ops/native_depthwise.h"
+#include "providers/native_depthwise.h"
 
 #include <ATen/Parallel.h>
 
@@ -81,7 +81,7 @@ DepthwiseView unpack_depthwise(const at::Tensor& packed, const char* name) {
 }
 
 void run_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w) {
-  TORCH_CHECK_VALUE(cpu::usable_level() >= 3, "the native depthwise conv needs AVX512-VNNI, which this CPU (or "
+  TORCH_CHECK_VALUE(cpu::has(cpu::Isa::Avx512Vnni), "the native depthwise conv needs AVX512-VNNI, which this CPU (or "
                     "QBACKEND_ISA) does not offer; use the onednn or fbgemm provider");
   a.w = w.w;
   a.epi.N = a.C;

@@ -11,9 +11,9 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "ops/checks.h"
-#include "ops/epilogue.h"
-#include "ops/saturation.h"
+#include "common/checks.h"
+#include "common/epilogue.h"
+#include "common/saturation.h"
 
 namespace qbackend {
 namespace {

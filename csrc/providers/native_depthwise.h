@@ -11,7 +11,7 @@
 #include <ATen/ATen.h>
 
 #include "kernels/depthwise_kernels.h"
-#include "ops/conv_params.h"
+#include "common/conv_params.h"
 
 namespace qbackend::native {
 

@@ -17,12 +17,12 @@
 
 #include <mutex>
 
-#include "ops/checks.h"
-#include "ops/conv_params.h"
-#include "ops/epilogue.h"
-#include "ops/fbgemm_requant.h"
-#include "ops/opaque_handle.h"
-#include "ops/saturation.h"
+#include "common/checks.h"
+#include "common/conv_params.h"
+#include "common/epilogue.h"
+#include "providers/fbgemm_requant.h"
+#include "common/opaque_handle.h"
+#include "common/saturation.h"
 #include "runtime/parallel.h"
 
 namespace qbackend {

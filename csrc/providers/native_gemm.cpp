@@ -1,5 +1,5 @@
 // The native provider's packed weight, kernel choice and thread split (native_gemm.h).
-#include "ops/native_gemm.h"
+#include "providers/native_gemm.h"
 
 #include <ATen/Parallel.h>
 
@@ -134,26 +134,26 @@ bool amx_verified() {
 
 }  // namespace
 
-bool available() { return cpu::usable_level() >= 3 || cpu::avx_vnni_usable(); }
+bool available() { return cpu::has(cpu::Isa::Avx512Vnni) || cpu::avx_vnni_usable(); }
 
 const kernels::GemmKernels& gemm_kernels() {
   TORCH_CHECK_VALUE(available(),
                     "the native int8 GEMM needs AVX512-VNNI or AVX-VNNI, which this CPU (or QBACKEND_ISA) does not "
                     "offer; use the fbgemm or onednn provider");
   if (const auto* k = g_override.load(std::memory_order_relaxed)) return *k;
-  if (cpu::usable_level() < 3) return kernels::gemm_kernels_avx2_vnni();
-  if (cpu::usable_level() >= 4 && amx_verified()) return kernels::gemm_kernels_amx();
+  if (!cpu::has(cpu::Isa::Avx512Vnni)) return kernels::gemm_kernels_avx2_vnni();
+  if (cpu::has(cpu::Isa::Amx) && amx_verified()) return kernels::gemm_kernels_amx();
   return kernels::gemm_kernels_avx512_vnni();
 }
 
 void set_kernel_override(const std::string& name) {
-  const int level = cpu::usable_level();
+  using cpu::Isa;
   const kernels::GemmKernels* k = nullptr;
-  if (name == "amx" && level >= 4) k = &kernels::gemm_kernels_amx();
-  else if (name == "amx_emulated" && level >= 3) k = &kernels::gemm_kernels_amx_emulated();
-  else if (name == "avx512_vnni" && level >= 3) k = &kernels::gemm_kernels_avx512_vnni();
+  if (name == "amx" && cpu::has(Isa::Amx)) k = &kernels::gemm_kernels_amx();
+  else if (name == "amx_emulated" && cpu::has(Isa::Avx512Vnni)) k = &kernels::gemm_kernels_amx_emulated();
+  else if (name == "avx512_vnni" && cpu::has(Isa::Avx512Vnni)) k = &kernels::gemm_kernels_avx512_vnni();
   else if (name == "avx2_vnni" && cpu::avx_vnni_usable()) k = &kernels::gemm_kernels_avx2_vnni();
-  else if (name == "avx2_vnni_evex" && level >= 3) k = &kernels::gemm_kernels_avx2_vnni_evex();
+  else if (name == "avx2_vnni_evex" && cpu::has(Isa::Avx512Vnni)) k = &kernels::gemm_kernels_avx2_vnni_evex();
   else TORCH_CHECK_VALUE(name.empty(), "no native kernel '", name, "' runs on this CPU (or under QBACKEND_ISA)");
   g_override.store(k, std::memory_order_relaxed);
 }

@@ -15,10 +15,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "ops/checks.h"
-#include "ops/conv_params.h"
-#include "ops/epilogue.h"
-#include "ops/saturation.h"
+#include "common/checks.h"
+#include "common/conv_params.h"
+#include "common/epilogue.h"
+#include "common/saturation.h"
 
 namespace qbackend {
 namespace {

@@ -18,11 +18,11 @@
 
 #include <fbgemm/Fbgemm.h>
 
-#include "ops/checks.h"
-#include "ops/epilogue.h"
-#include "ops/fbgemm_requant.h"
-#include "ops/opaque_handle.h"
-#include "ops/saturation.h"
+#include "common/checks.h"
+#include "common/epilogue.h"
+#include "providers/fbgemm_requant.h"
+#include "common/opaque_handle.h"
+#include "common/saturation.h"
 #include "runtime/parallel.h"
 
 namespace qbackend {

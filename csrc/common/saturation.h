@@ -19,7 +19,7 @@ inline bool fbgemm_has_vnni() {
   return isa == fbgemm::inst_set_t::avx512_vnni || isa == fbgemm::inst_set_t::avx512_vnni_ymm;
 }
 
-inline bool onednn_has_vnni() { return cpu::usable_level() >= 3 || cpu::avx_vnni_usable(); }
+inline bool onednn_has_vnni() { return cpu::has(cpu::Isa::Avx512Vnni) || cpu::avx_vnni_usable(); }
 
 // True when every byte of the dense uint8 tensor is <= 127 (one pass, vectorized: SSE2 pmaxub is
 // the baseline; ATen's uint8 max reduction measured 10x slower).

@@ -11,9 +11,9 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "ops/checks.h"
-#include "ops/epilogue.h"
-#include "ops/native_gemm.h"
+#include "common/checks.h"
+#include "common/epilogue.h"
+#include "providers/native_gemm.h"
 
 namespace qbackend {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <array>
 
-#include "ops/checks.h"
+#include "common/checks.h"
 
 namespace qbackend {
 

@@ -1,4 +1,4 @@
-// The native provider's shared plumbing (csrc/ops/native_linear.cpp, native_conv.cpp): its packed
+// The native provider's shared plumbing (csrc/providers/native_linear.cpp, native_conv.cpp): its packed
 // weight as a plain uint8 tensor, the kernel choice for this CPU, and the split over threads.
 //
 // Packed weight tensor (uint8), made by native_linear_prepack (1-D) / native_conv2d_prepack (3-D):
@@ -17,7 +17,7 @@
 #include <string>
 
 #include "kernels/gemm_kernels.h"
-#include "ops/checks.h"
+#include "common/checks.h"
 
 namespace qbackend::native {
 

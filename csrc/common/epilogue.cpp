@@ -1,12 +1,12 @@
 // Conversions shared by the providers' epilogues (see epilogue.h).
-#include "ops/epilogue.h"
+#include "common/epilogue.h"
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
 
-#include "ops/checks.h"
+#include "common/checks.h"
 #include "runtime/parallel.h"
 
 namespace qbackend {
