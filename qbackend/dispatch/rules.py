@@ -93,6 +93,9 @@ RULES: tuple[Rule, ...] = (
          (groups > 1) & (groups < c_in) & (c_in // groups <= 8)),
     Rule("conv2d", AMX, "native", "1x1 convs as one GEMM on AMX tiles: the fastest provider on all 70 of "
          "ResNet-50's and MobileNetV2's at batch 1, 53 of 70 at batch 32", "xeon_amx/dispatch.md#Summary", ONE_BY_ONE),
+    Rule("conv2d", AMX, "native", "small depthwise convs on the AVX512-VNNI depthwise kernel: it won exactly the "
+         "ones up to 160k input values (13 of MobileNetV2's 17 at batch 1), as on AVX512-VNNI CPUs",
+         "xeon_amx/dispatch.md#mobilenet_v2 batch 1 @224, 2 threads", DEPTHWISE & (n * h * w * c_in <= 160_000)),
     Rule("conv2d", VNNI, "onednn", "thin 1x1 convs over many pixels (MobileNetV2's 32 -> 16 @112 from batch 8): "
          "oneDNN 1.27x native on an Intel Xeon, 1.03x on AMD EPYC", "xeon/dispatch.md#mobilenet_v2 batch 32 @224, "
          "2 threads", ONE_BY_ONE & (c_out <= 16) & (OUT_PIXELS > 100_000)),

@@ -57,6 +57,10 @@ def test_native_rows():
     pointwise = dict(CONV, kernel=(1, 1), padding=(0, 0))
     assert rules.choose("conv2d", "amx", pointwise).provider == "native"
     assert rules.choose("conv2d", "amx", CONV).provider == "onednn"
+    amx_dw = dict(CONV, c_in=384, c_out=384, groups=384, h=14, w=14)  # 75k input values
+    assert rules.choose("conv2d", "amx", amx_dw).provider == "native"
+    assert rules.choose("conv2d", "amx", dict(amx_dw, n=32)).provider == "onednn"
+    assert rules.choose("conv2d", "amx", dict(amx_dw, n=32), usable=NO_NATIVE).provider == "onednn"
     # AVX-VNNI: the 256-bit native kernel, inferred likewise; oneDNN without it.
     r = rules.choose("linear", "avx2_vnni", {"m": 64, "k": 768, "n": 768})
     assert r.provider == "native" and "INFERRED" in r.why
