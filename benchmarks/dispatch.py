@@ -29,7 +29,7 @@ encoder at 1 x 128 and 8 x 128 tokens):
    on process CPU time (insensitive to being descheduled), and the per-layer summaries also on the
    1-thread minima.
 
-The issue's targets: rule-table choice within 1.10x of the fastest provider on every layer, tuned
+The targets: rule-table choice within 1.10x of the fastest provider on every layer, tuned
 choice within 1.05x, whole-model latency of both at most the fastest single provider's. Nothing is
 asserted: timings never set the exit code (the machine may be shared and noisy).
 """

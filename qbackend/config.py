@@ -1,4 +1,4 @@
-"""Quantization configs: what to quantize and how, as frozen dataclasses (issue 3's API).
+"""Quantization configs: what to quantize and how, as frozen dataclasses.
 
 `QuantConfig` says the mode (static, dynamic or weight-only int8), which observer chooses the
 activation ranges and which the weight ranges (`ObserverSpec`, a name from `OBSERVERS` plus its
@@ -49,8 +49,9 @@ class EmbeddingConfig:
     provider: "builtin", "fbgemm" or "fbgemm_gpu" (None: the dispatcher decides);
     transformer_tables: also quantize tables whose lookups feed a LayerNorm (a transformer's token
     and position embeddings). Off by default: their error rides the residual stream to the output
-    (measured on a post-LN BERT with outlier LayerNorm channels: 57 dB output SQNR with FP32
-    tables, 31 dB with rowwise 8-bit ones), and they are a lookup, not compute."""
+    (measured on a post-LN BERT with outlier LayerNorm channels: high output SQNR with FP32
+    tables, far less with rowwise 8-bit ones: benchmarks/results/design_measurements.md,
+    "Transformer tables in FP32"), and they are a lookup, not compute."""
 
     bits: int = 8
     qparams_dtype: torch.dtype = torch.float16
@@ -124,47 +125,50 @@ def _default_weight() -> ObserverSpec:
 
 @dataclass(frozen=True)
 class QuantConfig:
+    """What to quantize and how: the config prepare / quantize / quantize_dynamic take.
+
+    mode: "static" (int8 activations calibrated on data, int8 between layers), "dynamic" (activations
+      quantized per call over their own range; Linear and LSTM) or "weight_only" (int8 weights,
+      float compute).
+    activation, weight: the observers choosing activation and weight ranges (ObserverSpec; weights
+      must be int8 and symmetric: the kernels take weight zero point 0).
+    by_type, by_name: per-module overrides (a QuantConfig, or None to keep the module in FP32);
+      resolved by `for_module`.
+    provider: force this kernel provider (a name of qbackend.ops.registry's kernel family), else the
+      dispatcher routes each layer (also per layer through by_name, or QBACKEND_PROVIDER).
+    embedding: how nn.Embedding / nn.EmbeddingBag tables are stored (EmbeddingConfig: rowwise,
+      weight-only); None keeps them FP32.
+    smoothquant: SmoothQuant for static Linears (graph capture only): "auto" searches it with
+      SmoothQuantConfig() for Linears fed by a LayerNorm (transformer blocks); a SmoothQuantConfig
+      for every Linear input it can smooth; None: off.
+    bf16: float work outside int8 may use BF16 where this CPU runs it faster than FP32 (model-wide,
+      graph capture only): the fused attention core's two products (bf16 operands, fp32
+      accumulation), where the CPU's bf16 dot products measure faster than fp32 FMAs (checked per
+      call, so a model saved on such a machine runs fp32 products elsewhere). False: all FP32.
+    attention: the attention cores (torch's SDPA in the captured graph): "fused" runs them as
+      qbackend::attention (one kernel per head, the quantize behind it folded in), "sdpa" keeps
+      torch's SDPA, "auto" lets the rule table decide (op "attention" in qbackend.dispatch.rules:
+      fused where the CPU's bf16 dot products pay).
+    weight_rounding: static Linears' int8 weights rounded by GPTQ ("gptq", algorithms/gptq.py: each
+      level chosen to minimise the layer's output error on the calibration data; same scales, same
+      kernels) or each to its nearest level ("nearest").
+    route_by_batch: a Linear / Conv2d whose best provider changes with the call size holds one
+      packed weight per provider and picks per call (conv2d: batch; linear: rows); False: one
+      provider per layer, routed at the example's size (less memory). Not with a forced provider or
+      tune mode, which choose one provider per layer.
+    """
+
     mode: str = "static"
     activation: ObserverSpec = field(default_factory=_default_activation)
     weight: ObserverSpec = field(default_factory=_default_weight)
     by_type: Mapping[type, "QuantConfig | None"] = field(default_factory=dict)
     by_name: Mapping[str, "QuantConfig | None"] = field(default_factory=dict)
-    # Force this kernel provider (else the dispatcher decides per layer). Per layer: by_name={"fc":
-    # QuantConfig(provider="onednn")}; for all layers: QuantConfig(provider=...) or QBACKEND_PROVIDER.
     provider: str | None = None
-    # Embedding tables (nn.Embedding / nn.EmbeddingBag): rowwise weight-only; None keeps them FP32.
     embedding: EmbeddingConfig | None = field(default_factory=EmbeddingConfig)
-    # SmoothQuant for static Linears (graph capture only): "auto" (the default) searches it with
-    # SmoothQuantConfig() for Linears fed by a LayerNorm (transformer blocks; measured to help on
-    # both transformers of benchmarks/accuracy.py); a SmoothQuantConfig for every Linear input it
-    # can smooth; None: off.
     smoothquant: SmoothQuantConfig | str | None = "auto"
-    # BF16 for float work outside int8 where this CPU runs it faster than FP32, model-wide (graph
-    # capture only): today the fused attention core's two matrix products (bf16 operands, fp32
-    # accumulation and softmax), where AVX512-BF16's dot products measure faster than fp32 FMAs (the
-    # kernel checks on each call, qbackend._C.bf16_products_pay(), so a model saved on such a machine
-    # runs fp32 products elsewhere, e.g. on Intel's Xeons). LayerNorm, residual adds and the rest stay FP32:
-    # torch's BF16 kernels for them measure slower than FP32 on AVX512-BF16 CPUs (benchmarks note).
-    # False: every float op in FP32.
     bf16: bool = True
-    # The attention core (torch's scaled_dot_product_attention in the captured graph): "fused" runs
-    # it as qbackend::attention (one kernel per head, the quantize behind it folded in); "sdpa"
-    # keeps torch's SDPA (and a separate quantize); "auto" (the default) fuses it where this CPU runs
-    # bf16 dot products faster than fp32 FMAs (qbackend._C.bf16_products_pay(), measured once): there
-    # (AMD Zen 4/5) the kernel measured 1.6x (fp32 products) to 3.8x (bf16) faster than torch's SDPA;
-    # on Intel's AVX512-BF16 Xeons it measured 1.3-1.9x slower than torch's SDPA per call and whole
-    # encoders took 1.04-1.15x the time of the SDPA path (benchmarks/results/xeon/README.md), so SDPA stays.
     attention: str = "auto"
-    # How static Linears' int8 weights are rounded (per layer): "gptq" (the default) chooses each
-    # weight's level to minimise the layer's output error on the calibration data (H = X^T X,
-    # algorithms/gptq.py; same scales, same kernels); "nearest" rounds each weight on its own.
     weight_rounding: str = "gptq"
-    # Static / dynamic Linear and Conv2d layers whose best provider (by the rule table) changes with
-    # the batch size hold one packed weight per provider they use and pick per call by its size
-    # (conv2d: batch; linear: rows), so a model converted from batch-8 examples runs its batch-1 and
-    # batch-32 calls on their own fastest kernels (qbackend.dispatch.batch_routes). False: one
-    # provider per layer, routed at the example input's size (the smallest memory). Not with a
-    # forced provider or tune mode, which choose one provider per layer.
     route_by_batch: bool = True
 
     def __post_init__(self):

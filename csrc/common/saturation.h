@@ -1,7 +1,8 @@
 // Guards against the u8 x s8 saturation of CPUs without VNNI.
 //
 // Without VNNI, FBGEMM and oneDNN multiply u8 x s8 with vpmaddubsw, whose int16 sums of two
-// products saturate once activations exceed 127 (measured: 22 dB where 146 dB is exact). FBGEMM's
+// products saturate once activations exceed 127 (benchmarks/results/design_measurements.md, "FBGEMM
+// depthwise overflow"). FBGEMM's
 // depthwise kernel does the same even with VNNI. On such routes the ops accept only 7-bit uint8
 // activations ([0, 127]; observers pick that range on these CPUs) and raise ValueError otherwise,
 // instead of returning wrong numbers.
@@ -22,7 +23,7 @@ inline bool fbgemm_has_vnni() {
 inline bool onednn_has_vnni() { return cpu::has(cpu::Isa::Avx512Vnni) || cpu::avx_vnni_usable(); }
 
 // True when every byte of the dense uint8 tensor is <= 127 (one pass, vectorized: SSE2 pmaxub is
-// the baseline; ATen's uint8 max reduction measured 10x slower).
+// the baseline; ATen's uint8 max reduction is far slower: design_measurements.md, "7-bit check").
 inline bool fits_7_bits(const at::Tensor& x_u8) {
   const at::Tensor x = x_u8.is_non_overlapping_and_dense() ? x_u8 : x_u8.contiguous();
   const uint8_t* p = x.const_data_ptr<uint8_t>();

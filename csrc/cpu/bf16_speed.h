@@ -1,8 +1,7 @@
 // Whether bf16 dot products pay on this CPU. AVX512-BF16's vdpbf16ps does twice the multiply-adds
-// of an fp32 FMA per instruction, and on AMD's Zen 4/5 it issues as often as an FMA (the fused
-// attention's bf16 products measured 2.3x faster than its fp32 ones there); Intel's Sapphire /
-// Emerald Rapids cores issue it a quarter as often (measured on an Emerald Rapids core: 85-89 against
-// 166-179 GFLOP/s), so bf16 products would halve the attention's arithmetic rate. Measured once per process.
+// of an fp32 FMA per instruction; AMD's Zen 4/5 issue it as often as an FMA, Intel's Xeons far less
+// often, so there bf16 products would slow the attention down (benchmarks/results/
+// design_measurements.md, "bf16 dot products"). Measured once per process.
 #pragma once
 #include <string>
 

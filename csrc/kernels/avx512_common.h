@@ -50,7 +50,8 @@ constexpr int64_t W = 16;  // fp32 lanes
 inline __mmask16 tail_mask(int64_t n) { return n >= W ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
 
 // Full vectors take plain stores: masked stores to memory are several times slower on AMD Zen 4/5
-// (measured 5x on a 1x1 conv's fp32 output), so only a partial vector takes the masked form.
+// (benchmarks/results/design_measurements.md, "Masked stores"), so only a partial vector takes the
+// masked form.
 inline void store(float* p, __mmask16 m, __m512 v) {
   if (m == __mmask16(0xFFFF)) _mm512_storeu_ps(p, v);
   else _mm512_mask_storeu_ps(p, m, v);

@@ -254,9 +254,9 @@ struct Tiles {
 // Rows [mb, me) of panel p on the VNNI register tiles. With `next` and at least two row tiles,
 // the tiles share the prefetch of the next panel: tile i takes its i-th slice of
 // min(2, ceil(vectors / tiles)) lines per k-group (with three tiles, two of them cover it all).
-// With one tile (M <= 6: a GEMV streaming the weight) the prefetch measured up to 16% slower on a
-// Xeon (the hardware prefetcher keeps up with a single stream), so it has none. With 2+ tiles, on
-// the same Xeon: 1.2-1.3x faster at M = 8-64 on 4096 x 4096, about 1.05x on BERT's shapes at M = 64-128.
+// With one tile (M <= 6: a GEMV streaming the weight) the prefetch measured slower (the hardware
+// prefetcher keeps up with a single stream), so it has none (benchmarks/results/
+// design_measurements.md, "Native GEMM panel prefetch").
 inline void vnni_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, NextPanel next = {}) {
   const auto& table = g.a_int8 ? Tiles<true>::table : Tiles<false>::table;
   const int64_t cols = std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel);

@@ -151,7 +151,8 @@ at::Tensor run_bags(const at::Tensor& table, const TableInfo& t, int64_t dim, in
   kernels::EmbeddingBagFn<Index> fn;
   if constexpr (std::is_same_v<Index, int32_t>) fn = k.bag32[bits == 4][t.fp32_qparams];
   else fn = k.bag64[bits == 4][t.fp32_qparams];
-  // ~ 1 us per bag of a few dozen rows: small grains keep both threads busy on skewed bags.
+  // About 1 us per bag of a few dozen rows: small grains keep both threads busy on skewed bags
+  // (benchmarks/results/design_measurements.md, "Embedding bag grains").
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, indices.numel() / bags + 1) / (dim / 64 + 1));
   parallel::parallel_for(0, bags, grain, [&](int64_t b0, int64_t b1) { fn(a, b0, b1); });
   return out;

@@ -1,8 +1,8 @@
 // torch op qbackend::max_pool2d: max pooling of uint8 / int8 activations, channels-last.
 //
 // Why our own: torch 2.13's aten max_pool2d refuses channels-last uint8/int8 tensors (an int32
-// size check in its integer path fails for every size) and its NCHW integer path is scalar
-// (66 ms vs 12 ms for fp32 on [8, 64, 112, 112]). Max commutes with the (monotonic) dequantize,
+// size check in its integer path fails for every size) and its NCHW integer path is scalar, several
+// times slower than fp32 (benchmarks/results/design_measurements.md, "Integer max pooling"). Max commutes with the (monotonic) dequantize,
 // so pooling the integers is exact: the lowering keeps pooled activations in int8.
 //
 // Semantics: those of aten max_pool2d (kernel, stride, padding, dilation, ceil_mode; padded

@@ -119,9 +119,9 @@ U8Image as_u8_nhwc(const at::Tensor& x, int64_t zp) {
   return {shift_int8_to_uint8(c), static_cast<int32_t>(zp + 128)};
 }
 
-// A second thread pays off from ~100 us of work on one. Depthwise convs do ~16x less arithmetic per
-// byte than GEMM-like ones, so their multiply-adds count 16x (measured: mv2 dw/2 96 @112 stayed on
-// one thread at 143 us where torch's two took 62 us).
+// A second thread pays off from about 100 us of work on one. Depthwise convs do about 16x less
+// arithmetic per byte than GEMM-like ones, so their multiply-adds count 16x
+// (benchmarks/results/design_measurements.md, "FBGEMM threading thresholds").
 int num_tasks_for(int64_t macs, bool depthwise) {
   return (depthwise ? macs * 16 : macs) < (int64_t(1) << 22) ? 1 : at::get_num_threads();
 }
@@ -216,10 +216,10 @@ at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const bool has_accum = accum.has_value() && accum->defined();
 
-  // FBGEMM's depthwise kernel overflows 16-bit intermediates on 8-bit activations even with VNNI
-  // (4-6 LSB off, measured; 7-50 LSB when the padding's zero point is >= 128): such inputs take
-  // an exact route below (an fp32 conv of the integers; FBGEMM's im2col GEMM is exact too, but
-  // 150-500x slower on depthwise shapes: one GEMM per channel).
+  // FBGEMM's depthwise kernel overflows 16-bit intermediates on 8-bit activations even with VNNI,
+  // and more so when the padding's zero point is >= 128: such inputs take an exact route below (an
+  // fp32 conv of the integers; FBGEMM's im2col GEMM is exact too, but one GEMM per channel, far
+  // slower: benchmarks/results/design_measurements.md, "FBGEMM depthwise overflow").
   const bool fast_ok = !w.depthwise || (saturation::fits_7_bits(xu.t) && (!padded || xu.zp <= 127));
   if (fast_ok && checks::is_int8_type(output_dtype) && op != checks::PostOp::gelu && !has_accum) {
     const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);

@@ -86,7 +86,8 @@ U8Input as_u8(const at::Tensor& x2d, int64_t zp) {
 }
 
 int num_tasks_for(int64_t M, int64_t N, int64_t K) {
-  // A second thread only pays off for GEMMs of roughly >= 100 us on one thread.
+  // A second thread only pays off from about 100 us of work on one
+  // (benchmarks/results/design_measurements.md, "FBGEMM threading thresholds").
   const int64_t work = M * N * K;
   return work < (int64_t(1) << 22) ? 1 : at::get_num_threads();
 }

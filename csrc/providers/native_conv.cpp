@@ -214,8 +214,8 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
   }
   // Strided: the pixels the kernel reads are gathered into a contiguous [N*OH*OW, C] block first
   // (C bytes per pixel, a small copy next to the GEMM), so that the weight is read once for all of
-  // them as in the unstrided case (one GEMM per output row read it OH times per image: ResNet-50's
-  // 2048 x 1024 downsample at 7x7 ran at 0.87x of oneDNN that way).
+  // them as in the unstrided case (one GEMM per output row read it OH times per image:
+  // benchmarks/results/design_measurements.md, "Strided 1x1 convs").
   const int64_t pixels = N * OH * OW;
   at::Tensor gathered = at::empty({pixels, C}, at::kByte);
   uint8_t* gp = gathered.data_ptr<uint8_t>();

@@ -66,8 +66,9 @@ at::Tensor onednn_conv2d_prepack(const at::Tensor& weight, const at::Tensor& w_s
   }
   // x_scale / x_zero_point are not baked into the values (the tests run other qparams on the same
   // packing), but they choose the weight format: packed for zero point 0 and run with another (or
-  // the reverse), oneDNN reorders the whole weight on every call (3.6-3.9x slower on ResNet-50
-  // stage 4, measured). Pass the activation qparams the layer will run with.
+  // the reverse), oneDNN reorders the whole weight on every call (benchmarks/results/
+  // design_measurements.md, "oneDNN conv weight format"). Pass the activation qparams the layer
+  // will run with.
   checks::scale(x_scale, "x_scale");
   checks::zero_point(x_zero_point, at::kByte, "x_zero_point");
   return op.call(weight.contiguous(), w_scales.contiguous(), x_scale, x_zero_point,
@@ -116,8 +117,8 @@ at::Tensor conv2d_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point
     x_zero_point += 128;
   }
   // oneDNN 3.12 gets the zero-point compensation wrong at the padded border of a depthwise conv
-  // whose kernel is 1 along a padded dimension (kernel 1x3 with padding (1, 0): up to 600 LSB off,
-  // measured; tests/ops/test_conv2d.py). Such convs get their padding written out (filled with the
+  // whose kernel is 1 along a padded dimension (kernel 1x3 with padding (1, 0); tests/ops/test_conv2d.py,
+  // benchmarks/results/design_measurements.md, "oneDNN conv weight format"). Such convs get their padding written out (filled with the
   // zero point, i.e. real zeros) and run unpadded. Rare in real models; exact; costs one copy.
   std::array<int64_t, 2> padding_used = p.padding;
   const bool unit_kernel_padded = (KH == 1 && p.padding[0] > 0) || (KW == 1 && p.padding[1] > 0);

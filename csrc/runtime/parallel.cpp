@@ -62,9 +62,7 @@ thread_local bool t_in_region = false;
 // Spins on `pred` for up to spin_us microseconds; true if it held within that time. Every 64
 // pauses it yields the core, so that a runnable thread waiting for it (another pool's worker:
 // oneDNN's convolutions run on torch's OpenMP team) gets it at once rather than after the spin
-// (measured with OMP_WAIT_POLICY=PASSIVE: ResNet-18 at batch 1, whose 3x3 convs run on OpenMP
-// between our regions, 4.9 ms with a spin that never yields, 3.9 ms with this one, 4.2-4.3 ms with
-// every region on OpenMP).
+// (benchmarks/results/design_measurements.md, "Thread pool: yielding while spinning").
 template <class Pred>
 bool spin_until(Pred pred) {
   const int us = g_spin_us.load(std::memory_order_relaxed);

@@ -4,7 +4,8 @@
 // default) or, with OMP_WAIT_POLICY=PASSIVE, puts its threads to sleep at once, and every region
 // then pays a futex wake-up; on a virtual machine that is tens of microseconds per region (an idle
 // vCPU must be woken by the host), and a BERT-base forward has about a hundred regions (measured:
-// 17 ms spinning, 23 ms passive at 1 x 128). This pool spins briefly for the next region
+// benchmarks/results/design_measurements.md, "Thread pool: sleeping OpenMP threads"). This pool
+// spins briefly for the next region
 // (QBACKEND_SPIN_US, default 200 us), then sleeps; the waiting caller spins, then yields.
 //
 // Work is split into chunks that whichever thread is free claims, so a worker that is late (asleep,
@@ -13,8 +14,7 @@
 // Which pool runs the regions (QBACKEND_THREADING): "own" (this one), "openmp" (at::parallel_for,
 // torch's team), or "auto" (default): own when torch's OpenMP threads sleep between regions
 // (OMP_WAIT_POLICY=passive or GOMP_SPINCOUNT=0), else OpenMP: when libgomp's threads spin after
-// torch's own ops, a second spinning pool would fight them for the cores (measured: BERT-base
-// 1 x 128 at 24 ms with both spinning, 17 ms with either alone).
+// torch's own ops, a second spinning pool would fight them for the cores (the same section).
 //
 // The thread count is torch's (at::get_num_threads(), torch.set_num_threads). A call from inside a
 // region (ours or an OpenMP one), or while another thread is using the pool, runs serially.

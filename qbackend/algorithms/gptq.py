@@ -7,8 +7,8 @@ X (W - Q)^T, whose squared norm is the trace of (W - Q) H (W - Q)^T with H = X^T
 et al., 2022) quantizes the columns one at a time, in order of decreasing H diagonal (the inputs
 with the most energy first), and spreads each column's rounding error over the columns not yet
 quantized through the upper Cholesky factor of H^-1, processed in blocks of 128 columns. On
-BERT-base's 72 Linears this cuts the weight-induced output error by ~10 dB against nearest
-rounding (measured: weight-only SQNR to FP32 35.8 -> 46.2 dB).
+BERT-base it cuts the weight-induced output error by about 10 dB against nearest rounding
+(benchmarks/results/design_measurements.md, "GPTQ on BERT-base").
 
 * calibration: `HessianStats` beside each Linear input value accumulates H = sum of x x^T over its
   rows (fp32, K x K per input value: 36 MB for BERT-base's 3072-wide FFN input; rows with NaN or

@@ -23,6 +23,8 @@ FEATURE_NAMES = (
 
 @dataclass(frozen=True)
 class Feature:
+    """One probed CPU feature: whether the CPU reports it and whether the OS lets us use it."""
+
     cpu: bool  # the CPU reports it (CPUID)
     os: bool   # the OS saves its state (XCR0) and, for AMX, granted the tile-data permission
 
@@ -33,6 +35,8 @@ class Feature:
 
 @dataclass(frozen=True)
 class CpuFeatures:
+    """This CPU: its probed features, the QBACKEND_ISA override and the ISA level in use."""
+
     vendor: str
     model_name: str
     avx2: Feature

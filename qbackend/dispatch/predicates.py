@@ -65,6 +65,8 @@ class Predicate:
 
 @dataclass(frozen=True, repr=False)
 class Always(Predicate):
+    """The condition that always holds (a rule table's catch-all row)."""
+
     def __call__(self, f: Mapping) -> bool:
         return True
 
@@ -78,6 +80,8 @@ ALWAYS = Always()
 
 @dataclass(frozen=True, repr=False)
 class All(Predicate):
+    """All of its parts hold (rendered joined by "and")."""
+
     parts: tuple[Predicate, ...]
 
     def __call__(self, f: Mapping) -> bool:
@@ -94,6 +98,8 @@ class All(Predicate):
 
 @dataclass(frozen=True, repr=False)
 class AnyOf(Predicate):
+    """One of its parts holds (rendered joined by "or")."""
+
     parts: tuple[Predicate, ...]
 
     def __call__(self, f: Mapping) -> bool:
@@ -106,6 +112,8 @@ class AnyOf(Predicate):
 
 @dataclass(frozen=True, repr=False)
 class Not(Predicate):
+    """Its part does not hold."""
+
     part: Predicate
 
     def __call__(self, f: Mapping) -> bool:
@@ -186,6 +194,8 @@ class Num(Quantity):
 
 
 class Product(Quantity):
+    """The product of quantities (rendered "a*b")."""
+
     def __init__(self, factors: tuple):
         flat = []
         for q in factors:
@@ -198,6 +208,8 @@ class Product(Quantity):
 
 
 class Quotient(Quantity):
+    """The integer quotient of two quantities (rendered "a//b")."""
+
     def __init__(self, num: Quantity, den: Quantity):
         self.num, self.den = num, den
         self.text = f"{num.text}//{den.text}"
@@ -208,6 +220,8 @@ class Quotient(Quantity):
 
 @dataclass(frozen=True, repr=False, eq=False)
 class Compare(Predicate):
+    """A comparison of two quantities (<=, <, >=, >, ==, !=)."""
+
     left: Quantity
     op: str
     right: Quantity

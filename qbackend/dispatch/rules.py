@@ -43,6 +43,8 @@ OUT_VALUES = n * oh * ow * c_out
 
 @dataclass(frozen=True)
 class Rule:
+    """One row of the rule table: op, CPU classes, condition, provider, why and its evidence."""
+
     op: str
     isa_classes: tuple[str, ...]
     provider: str

@@ -32,6 +32,8 @@ _BAG_TARGETS = {aten.embedding_bag.padding_idx, aten.embedding_bag.default, aten
 
 @dataclass
 class EmbeddingOp:
+    """One embedding lookup of the captured graph that becomes a rowwise-quantized table."""
+
     kind: str                    # "embedding" | "embedding_bag"
     name: str
     node: fx.Node                # the aten call

@@ -61,6 +61,8 @@ class FloatBoundary(nn.Module):
 
 
 class SwappedModel:
+    """The module-swap fallback's prepared model: the copy with observed layers and the tables to quantize."""
+
     def __init__(self, model: nn.Module, config: QuantConfig, layers: dict[str, ObservedLayer], skipped: list,
                  tables: dict | None = None):
         self.model, self.config, self.layers, self.skipped = model, config, layers, skipped

@@ -54,6 +54,8 @@ MATMUL_LIKE = frozenset({
 
 @dataclass
 class QuantizableOp:
+    """One conv2d / linear of the captured graph that becomes an int8 op, with the add and activation it absorbs."""
+
     kind: str                    # "conv2d" | "linear"
     name: str                    # the layer's name (module path, "@k" for its k-th extra call)
     module_type: type | None     # the nn.Module class it came from (None if not known)

@@ -52,6 +52,8 @@ def is_int8_cat(node: fx.Node) -> bool:
 
 @dataclass
 class Plan:
+    """Which values are observed and which flow in int8 (see the module docstring)."""
+
     ops: list[QuantizableOp]
     observed: dict = field(default_factory=dict)        # node -> observer name
     int8_outputs: set = field(default_factory=set)      # output nodes of static ops produced in int8

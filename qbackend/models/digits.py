@@ -26,6 +26,8 @@ from .case import ModelCase, check_sizes, seeded
 
 
 class DigitsCNN(nn.Module):
+    """The demo's small CNN for scikit-learn's 8x8 digits: Conv-BN-ReLU x2, max pooling, a Linear head."""
+
     def __init__(self, num_classes: int = 10):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=False)
@@ -60,6 +62,8 @@ class DigitsSplit:
 
 
 class DigitsTraining(NamedTuple):
+    """A trained DigitsCNN, its data split and the training time."""
+
     model: DigitsCNN         # eval mode, trained weights (a fresh copy on every call)
     split: DigitsSplit       # a fresh copy on every call
     train_seconds: float     # wall time of the (single, cached) training run

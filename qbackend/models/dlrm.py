@@ -31,6 +31,8 @@ def _mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
 
 
 class DLRM(nn.Module):
+    """DLRM-style: embedding-bag tables, a bottom MLP on the dense features, a top MLP on both."""
+
     def __init__(self, num_tables: int = 8, rows: int = 10_000, dim: int = 64, num_dense: int = 13,
                  bottom: tuple[int, ...] = (256, 128), top: tuple[int, ...] = (256, 128)):
         super().__init__()

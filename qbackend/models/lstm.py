@@ -15,6 +15,8 @@ from .case import ModelCase, check_sizes, generator, seeded
 
 
 class LSTMClassifier(nn.Module):
+    """A text classifier: token embeddings, an LSTM, a Linear head on its last output."""
+
     def __init__(self, vocab_size: int = 5000, embed_dim: int = 128, hidden_size: int = 256, num_layers: int = 2,
                  num_classes: int = 4):
         super().__init__()

@@ -47,6 +47,8 @@ class ConvBNReLU(nn.Sequential):
 
 
 class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand, 3x3 depthwise, 1x1 project, residual where the shapes allow."""
+
     def __init__(self, inp: int, oup: int, stride: int, expand_ratio: int):
         super().__init__()
         if stride not in (1, 2):
@@ -84,6 +86,8 @@ INVERTED_RESIDUAL_SETTING = [
 
 
 class MobileNetV2(nn.Module):
+    """MobileNetV2 as torchvision defines it (random init), for the zoo."""
+
     def __init__(self, num_classes: int = 1000, width_mult: float = 1.0, dropout: float = 0.2,
                  residual_gamma: float = 1.0):
         super().__init__()

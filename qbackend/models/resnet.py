@@ -35,6 +35,8 @@ def conv1x1(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
 
 
 class BasicBlock(nn.Module):
+    """ResNet-18's block: two 3x3 convs and the residual add."""
+
     expansion = 1
 
     def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
@@ -62,6 +64,8 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
+    """ResNet-50's block: 1x1, 3x3, 1x1 convs and the residual add."""
+
     expansion = 4
 
     def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
@@ -98,6 +102,8 @@ Block = Type[Union[BasicBlock, Bottleneck]]
 
 
 class ResNet(nn.Module):
+    """ResNet as torchvision defines it (random init), for the zoo."""
+
     def __init__(self, block: Block, layers: list[int], num_classes: int = 1000, residual_gamma: float = 1.0):
         super().__init__()
         self.inplanes = 64

@@ -8,14 +8,11 @@ cumulative averaging (momentum None), which sets each BatchNorm's running mean/v
 statistics it actually sees; in eval mode every BatchNorm then normalizes its input to roughly zero
 mean and unit variance, as in a trained network.
 
-Caveat, measured: these random networks remain chaotic. A perturbation of the input at 40 dB SQNR
-comes out of the logits at 7 dB (MobileNetV2, 64x64 images), 7 dB (ResNet-50, 64x64), 13 / 17 dB
-(MobileNetV2 / ResNet-50, 224x224), 29 / 37 dB (ResNet-18, 64 / 224): every block amplifies noise
-relative to signal (about 2 dB per block in MobileNetV2), so quantization noise too, and output
-SQNRs are lower than a trained network's (torch.ao's FX static INT8, same order: 3, 5, 10, 15, 19 / 26 dB). A
-``residual_gamma`` below 1 (the weight of each residual branch's last BatchNorm, set before the
-statistics pass; torchvision's ``zero_init_residual`` is 0) calms them: at 0.3, ResNet-50 gives
-23 dB at 64x64 and 32 dB at 224 for the same 40 dB input noise. The default stays 1.0
+Caveat: these random networks remain chaotic: every block amplifies noise relative to signal, so
+quantization noise too, and output SQNRs are lower than a trained network's (benchmarks/results/
+design_measurements.md, "Random-init zoo models amplify noise"). A ``residual_gamma`` below 1 (the
+weight of each residual branch's last BatchNorm, set before the statistics pass; torchvision's
+``zero_init_residual`` is 0) calms them. The default stays 1.0
 (torchvision's init); compare SQNRs between flows on the same case, not against trained-model
 figures.
 

@@ -20,6 +20,8 @@ ops = torch.ops.qbackend
 
 
 class FusedAttention(ActivationBorder, nn.Module):
+    """An attention core (SDPA) on qbackend::attention, with the quantize behind it fused where there is one."""
+
     def __init__(self, scale: float | None = None, is_causal: bool = False, bf16_products: bool = False,
                  out_dtype: torch.dtype = torch.float32, out_scale: float = 1.0, out_zero_point: int = 0,
                  qmax: int | None = None, value: str | None = None):

@@ -17,6 +17,8 @@ ops = torch.ops.qbackend
 
 
 class LayerNormQuantize(ActivationBorder, nn.Module):
+    """(residual add +) LayerNorm + quantize in one pass: float in, int8 out."""
+
     def __init__(self, channels: int, eps: float, scale: float, zero_point: int, dtype: torch.dtype = torch.uint8,
                  qmax: int | None = None, value: str | None = None, channel_divisor: torch.Tensor | None = None):
         super().__init__()

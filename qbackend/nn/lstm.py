@@ -45,9 +45,9 @@ torch.compile / export (torch 2.13, measured by tests/nn/test_lstm.py and by han
     graph break; the time loop is unrolled (a new T recompiles) and the output is bit-identical to
     eager (the graph calls the same int8 kernels).
   * inductor (fullgraph too): it fuses the fp32 gate math, so results agree with eager to float32
-    rounding (<= 1e-7 seen), not bit for bit. Compiling the unrolled loop is slow: 1-3 minutes for
-    T = 64 and 2 layers on a 2-core machine, ~15 s for T = 6. The compiled module then beats eager
-    by ~1.6-1.8x (the Python per-step overhead is gone).
+    rounding, not bit for bit. Compiling the unrolled loop is slow (minutes for long sequences);
+    the compiled module then beats eager (no Python per step): benchmarks/results/
+    design_measurements.md, "LSTM under torch.compile".
   * torch.export.export: works for a fixed T (bit-identical); the packed tensors are constants of
     the program, which therefore does not serialize (see tests/ops/test_tracing.py): save the
     module instead.
@@ -68,10 +68,11 @@ from .weights import quantize_weight
 
 __all__ = ["DynamicQuantizedLSTM"]
 
-# torch.tanh costs ~7-9x torch.sigmoid per float32 element on x86 in torch 2.13 (about 2 ns vs 0.3 ns, one
-# thread): from this many state elements (batch * hidden) per step on, the gate math computes
-# tanh(x) = 2 sigmoid(2x) - 1, which is faster despite its extra (cheap) ops; below it, the op count
-# dominates and torch.tanh is faster. The two differ by ~1e-7 absolute (2 float32 ulps of 0.5).
+# torch.tanh costs several times torch.sigmoid per float32 element on x86 in torch 2.13
+# (benchmarks/results/design_measurements.md, "LSTM under torch.compile"): from this many state
+# elements (batch * hidden) per step on, the gate math computes tanh(x) = 2 sigmoid(2x) - 1, which
+# is faster despite its extra (cheap) ops; below it, the op count dominates and torch.tanh is
+# faster. The two differ by ~1e-7 absolute (2 float32 ulps of 0.5).
 TANH_VIA_SIGMOID_MIN_ELEMENTS = 4096
 
 # The shape assumed for provider choice when from_float gets no example_shape: batch 1, 64 steps

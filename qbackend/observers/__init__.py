@@ -1,4 +1,4 @@
-"""Observers: calibration statistics -> quantization parameters (issue 3).
+"""Observers: calibration statistics -> quantization parameters.
 
 Every observer has update(x) (returns x), compute_qparams() -> QParams, state_dict() /
 load_state_dict() / from_state_dict(), merge(other) and reset(); the shared policies (NaN/inf,

@@ -29,6 +29,8 @@ ops = torch.ops.qbackend
 
 @dataclass(frozen=True)
 class Provider:
+    """A kernel provider: the functions that prepack and run Linear and Conv2d, and what it can run here."""
+
     name: str
     # (weight int8 [N, K], x_shape hint or None) -> packed
     prepack_linear: Callable

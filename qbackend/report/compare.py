@@ -40,6 +40,8 @@ from ..nn.model import QuantizedModel
 
 @dataclass
 class LayerReport:
+    """One layer's accuracy: SQNR against FP32 at its place, and its own SQNR on FP32 inputs."""
+
     name: str
     kind: str
     provider: str
@@ -49,6 +51,8 @@ class LayerReport:
 
 @dataclass
 class OutputReport:
+    """The output's accuracy against FP32: SQNR, max absolute error, cosine."""
+
     sqnr_db: float
     max_abs_error: float
     cosine: float
@@ -56,6 +60,8 @@ class OutputReport:
 
 @dataclass
 class CompareResult:
+    """What compare returns: the per-layer and output reports, the metric on both models, notes."""
+
     layers: list[LayerReport]
     output: OutputReport
     metric: dict | None = None

@@ -29,6 +29,8 @@ class BudgetWarning(UserWarning):
 
 @dataclass
 class FallbackReport:
+    """What the accuracy-budgeted fallback did: the layers kept in FP32, the metrics, each step."""
+
     kept_fp32: list[str]
     fp32_metric: float
     int8_metric: float

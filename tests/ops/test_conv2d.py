@@ -1,8 +1,8 @@
 """Property tests: every provider of the int8 Conv2d agrees with the fp64 reference.
 
 PackedConv2dWeight(w, w_scales, bias, stride, padding, dilation, groups, provider).conv2d(...) for
-the fbgemm and onednn providers, against qbackend.ops.reference.conv2d (exact integer sums in
-fp64, padding with real zeros, exact erf gelu, round half to even), including the fused residual
+the native (where the CPU has VNNI), fbgemm and onednn providers, against
+qbackend.ops.reference.conv2d (exact integer sums in fp64, padding with real zeros, exact erf gelu, round half to even), including the fused residual
 add (accum) and the routes each provider takes: FBGEMM's depthwise / groupwise / pointwise / im2col
 paths (its depthwise kernel must reroute 8-bit activations) and oneDNN's fused and unfused sums.
 

@@ -1,7 +1,7 @@
 """Property tests: every provider of the int8 Linear agrees with the fp64 reference.
 
 PackedLinearWeight(w, w_scales, bias, provider).linear(...) and .linear_dynamic(...) for the
-fbgemm and onednn providers, against qbackend.ops.reference (exact integer sums in fp64, exact erf
+native (where the CPU has VNNI), fbgemm and onednn providers, against qbackend.ops.reference (exact integer sums in fp64, exact erf
 gelu, round half to even).
 
 Acceptance rule (the same in test_conv2d.py):
