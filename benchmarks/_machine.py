@@ -62,3 +62,26 @@ def git_state() -> str:
     if not head:
         return "not a git checkout"
     return f"git {head}" + (", with uncommitted changes in csrc/qbackend" if dirty else "")
+
+
+def run_lines(threads) -> list[str]:
+    """The header lines every timing report starts with: the CPU, the thread counts, the versions and
+    commit, the date and the load average at the start."""
+    import datetime
+
+    import torch
+
+    return [cpu_line(),
+            f"- threads: {', '.join(map(str, threads))} (`torch.set_num_threads`)",
+            f"- torch {torch.__version__}, qbackend {qbackend.__version__} ({git_state()})",
+            f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start "
+            f"{load_average()} (other processes compete for the {os.cpu_count()} CPUs when this is well above 0)"]
+
+
+def write_report(report: str, out: str | None) -> None:
+    """Print the report; with `out`, also write it there (its folder made if needed)."""
+    print("\n" + report)
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            f.write(report + "\n")

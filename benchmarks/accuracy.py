@@ -50,7 +50,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import qbackend  # noqa: E402
-from _machine import git_commit  # noqa: E402
+from _machine import git_commit, write_report  # noqa: E402
 from peers.torch_ao import torch_ao_dynamic, torch_ao_static  # noqa: E402
 from qbackend.models import MODELS, ModelCase, sentence_embeddings  # noqa: E402
 
@@ -283,10 +283,7 @@ def main(argv=None) -> int:
         print(table(case_rows).split("\n", 2)[2], f"  [{time.perf_counter() - t0:.1f} s]", flush=True)
     report = "\n\n".join(["# INT8 accuracy vs FP32: qbackend, PT2E and torch.ao on the model zoo",
                           header(args.quick, sizes, (load_before, os.getloadavg()[0])), table(rows)])
-    print("\n" + report)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        Path(args.out).write_text(report + "\n")
+    write_report(report, args.out)
     return 0
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import math
 import os
@@ -53,7 +52,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import Timing, fmt_us, measure  # noqa: E402
-from _machine import cpu_line, git_state, load_average  # noqa: E402
+from _machine import load_average, run_lines  # noqa: E402
 from kernels import Report, onednn_reorders  # noqa: E402
 
 import qbackend  # noqa: E402
@@ -654,11 +653,8 @@ def header(rep: Report, threads: list[int], quick: bool, cfg: Settings, specs: l
     rep()
     rep("`python benchmarks/dispatch.py" + (" --quick" if quick else "") + "`")
     rep()
-    rep(cpu_line())
-    rep(f"- threads: {', '.join(map(str, threads))} (`torch.set_num_threads`)")
-    rep(f"- torch {torch.__version__}, qbackend {qbackend.__version__} ({git_state()})")
-    rep(f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start "
-        f"{load_average()} (other processes compete for the {os.cpu_count()} CPUs when this is well above 0)")
+    for line in run_lines(threads):
+        rep(line)
     rep("- models: " + "; ".join(f"{s.name} (batches {', '.join(map(str, s.batches))}; "
                                  + ", ".join(f"{k}={v}" for k, v in s.kwargs.items()) + ")" for s in specs)
         + f"; random-init weights (`qbackend.models`), default QuantConfig, calibrated on "

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import datetime
 import math
 import os
 import sys
@@ -43,8 +42,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import fmt_us, measure  # noqa: E402
 
-import qbackend  # noqa: E402
-from _machine import cpu_line, git_state, load_average  # noqa: E402
+from _machine import load_average, run_lines  # noqa: E402
 from qbackend.ops import PROVIDERS  # noqa: E402
 from qbackend.ops.packed import PackedConv2dWeight, PackedLinearWeight  # noqa: E402
 from qbackend.core.extension import _C  # noqa: E402
@@ -812,11 +810,8 @@ def targets(rep: Report, peers: list[PeerRow]) -> None:
 def header(rep: Report, threads: list[int], quick: bool, cfg: Settings) -> None:
     rep("# qbackend kernel benchmark")
     rep()
-    rep(cpu_line())
-    rep(f"- threads: {', '.join(map(str, threads))} (`torch.set_num_threads`)")
-    rep(f"- torch {torch.__version__}, qbackend {qbackend.__version__} ({git_state()})")
-    rep(f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start "
-        f"{load_average()} (other processes compete for the {os.cpu_count()} CPUs when this is well above 0)")
+    for line in run_lines(threads):
+        rep(line)
     rep(f"- method: {cfg.blocks} blocks of about {cfg.block_s * 1e3:g} ms (at least one call) per candidate after "
         f"warm-up, candidates of a row interleaved round-robin; "
         + (f"a provider/peer pair over {TARGET:.2f} is re-measured with {cfg.confirm_blocks} more blocks; "

@@ -26,9 +26,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import qbackend  # noqa: E402
+from _machine import write_report  # noqa: E402
 from qbackend.observers import HistogramObserver, choose_qparams  # noqa: E402
 from qbackend.ops import dequantize, quantize  # noqa: E402
 
@@ -220,10 +222,7 @@ def main(argv=None) -> int:
         sections += [f"## {threads} thread{'s' if threads > 1 else ''}", header(load_before, os.getloadavg()[0]),
                      table(results), notes(results)]
     report = "\n\n".join(sections)
-    print("\n" + report)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        Path(args.out).write_text(report + "\n")
+    write_report(report, args.out)
     return 0
 
 

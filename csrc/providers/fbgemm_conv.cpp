@@ -24,6 +24,7 @@
 #include "common/opaque_handle.h"
 #include "common/saturation.h"
 #include "runtime/parallel.h"
+#include "providers/registrations.h"
 
 namespace qbackend {
 namespace {
@@ -246,23 +247,10 @@ at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(qbackend, m) {
-  m.def("fbgemm_conv2d_prepack(Tensor weight, int[] stride, int[] padding, int[] dilation, int groups) -> Tensor");
-  m.def(
-      "fbgemm_conv2d(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
-      "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, ScalarType output_dtype, str post_op, Tensor? accum=None, "
-      "float accum_scale=1.0, int accum_zero_point=0) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
-  m.impl("fbgemm_conv2d_prepack", &fbgemm_conv2d_prepack);
-  m.impl("fbgemm_conv2d", &fbgemm_conv2d);
-}
-// An mkldnn tensor argument (e.g. a oneDNN packed weight) dispatches to MkldnnCPU: the same kernels,
-// so the argument checks raise ValueError/TypeError instead of the dispatcher's NotImplementedError.
-TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
-  m.impl("fbgemm_conv2d_prepack", &fbgemm_conv2d_prepack);
-  m.impl("fbgemm_conv2d", &fbgemm_conv2d);
+// The schemas: providers/registrations.cpp.
+void register_fbgemm_conv2d(torch::Library& m) {
+  impl_each(m, "fbgemm_conv2d_prepack", &fbgemm_conv2d_prepack,
+            "fbgemm_conv2d", &fbgemm_conv2d);
 }
 
 }  // namespace qbackend

@@ -24,6 +24,7 @@
 #include "common/opaque_handle.h"
 #include "common/saturation.h"
 #include "runtime/parallel.h"
+#include "providers/registrations.h"
 
 namespace qbackend {
 namespace {
@@ -224,28 +225,11 @@ at::Tensor fbgemm_linear_dynamic(const at::Tensor& x, const at::Tensor& w_packed
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(qbackend, m) {
-  m.def("fbgemm_linear_prepack(Tensor weight) -> Tensor");
-  m.def(
-      "fbgemm_linear(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, "
-      "Tensor? bias, float output_scale, int output_zero_point, ScalarType output_dtype, "
-      "str post_op) -> Tensor");
-  m.def(
-      "fbgemm_linear_dynamic(Tensor x, Tensor w_packed, Tensor w_scales, Tensor? bias, "
-      "bool reduce_range, str post_op) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
-  m.impl("fbgemm_linear_prepack", &fbgemm_linear_prepack);
-  m.impl("fbgemm_linear", &fbgemm_linear);
-  m.impl("fbgemm_linear_dynamic", &fbgemm_linear_dynamic);
-}
-// An mkldnn tensor argument (e.g. a oneDNN packed weight) dispatches to MkldnnCPU: the same kernels,
-// so the argument checks raise ValueError/TypeError instead of the dispatcher's NotImplementedError.
-TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
-  m.impl("fbgemm_linear_prepack", &fbgemm_linear_prepack);
-  m.impl("fbgemm_linear", &fbgemm_linear);
-  m.impl("fbgemm_linear_dynamic", &fbgemm_linear_dynamic);
+// The schemas: providers/registrations.cpp.
+void register_fbgemm_linear(torch::Library& m) {
+  impl_each(m, "fbgemm_linear_prepack", &fbgemm_linear_prepack,
+            "fbgemm_linear", &fbgemm_linear,
+            "fbgemm_linear_dynamic", &fbgemm_linear_dynamic);
 }
 
 }  // namespace qbackend

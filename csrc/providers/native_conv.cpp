@@ -30,6 +30,7 @@
 #include "providers/native_depthwise.h"
 #include "providers/native_gemm.h"
 #include "runtime/parallel.h"
+#include "providers/registrations.h"
 
 namespace qbackend {
 namespace {
@@ -318,28 +319,11 @@ void native_conv2d_add_(const at::Tensor& x, double x_scale, int64_t x_zero_poin
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(qbackend, m) {
-  m.def("native_conv2d_prepack(Tensor weight, int[] stride, int[] padding, int[] dilation, int groups) -> Tensor");
-  m.def(
-      "native_conv2d(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
-      "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, "
-      "ScalarType output_dtype, str post_op, Tensor? accum=None, float accum_scale=1.0, "
-      "int accum_zero_point=0) -> Tensor");
-  m.def(
-      "native_conv2d_add_(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
-      "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, "
-      "ScalarType output_dtype, str post_op, Tensor(a!) accum, float accum_scale, int accum_zero_point) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
-  m.impl("native_conv2d_prepack", &native_conv2d_prepack);
-  m.impl("native_conv2d", &native_conv2d);
-  m.impl("native_conv2d_add_", &native_conv2d_add_);
-}
-TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
-  m.impl("native_conv2d_prepack", &native_conv2d_prepack);
-  m.impl("native_conv2d", &native_conv2d);
-  m.impl("native_conv2d_add_", &native_conv2d_add_);
+// The schemas: providers/registrations.cpp.
+void register_native_conv2d(torch::Library& m) {
+  impl_each(m, "native_conv2d_prepack", &native_conv2d_prepack,
+            "native_conv2d", &native_conv2d,
+            "native_conv2d_add_", &native_conv2d_add_);
 }
 
 }  // namespace qbackend

@@ -14,6 +14,7 @@
 #include "common/checks.h"
 #include "common/epilogue.h"
 #include "providers/native_gemm.h"
+#include "providers/registrations.h"
 
 namespace qbackend {
 namespace {
@@ -104,26 +105,11 @@ at::Tensor native_linear_dynamic(const at::Tensor& x, const at::Tensor& w_packed
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(qbackend, m) {
-  m.def("native_linear_prepack(Tensor weight) -> Tensor");
-  m.def(
-      "native_linear(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, "
-      "Tensor? bias, float output_scale, int output_zero_point, ScalarType output_dtype, "
-      "str post_op) -> Tensor");
-  m.def(
-      "native_linear_dynamic(Tensor x, Tensor w_packed, Tensor w_scales, Tensor? bias, "
-      "bool reduce_range, str post_op) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
-  m.impl("native_linear_prepack", &native_linear_prepack);
-  m.impl("native_linear", &native_linear);
-  m.impl("native_linear_dynamic", &native_linear_dynamic);
-}
-TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
-  m.impl("native_linear_prepack", &native_linear_prepack);
-  m.impl("native_linear", &native_linear);
-  m.impl("native_linear_dynamic", &native_linear_dynamic);
+// The schemas: providers/registrations.cpp.
+void register_native_linear(torch::Library& m) {
+  impl_each(m, "native_linear_prepack", &native_linear_prepack,
+            "native_linear", &native_linear,
+            "native_linear_dynamic", &native_linear_dynamic);
 }
 
 }  // namespace qbackend

@@ -19,6 +19,7 @@
 #include "common/conv_params.h"
 #include "common/epilogue.h"
 #include "common/saturation.h"
+#include "providers/registrations.h"
 
 namespace qbackend {
 namespace {
@@ -198,30 +199,11 @@ void onednn_conv2d_add_(const at::Tensor& x, double x_scale, int64_t x_zero_poin
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(qbackend, m) {
-  m.def(
-      "onednn_conv2d_prepack(Tensor weight, Tensor w_scales, int[] stride, int[] padding, int[] dilation, "
-      "int groups, int[]? x_shape=None, float x_scale=1.0, int x_zero_point=0) -> Tensor");
-  m.def(
-      "onednn_conv2d(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
-      "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, "
-      "ScalarType output_dtype, str post_op, Tensor? accum=None, float accum_scale=1.0, "
-      "int accum_zero_point=0) -> Tensor");
-  m.def(
-      "onednn_conv2d_add_(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, Tensor? bias, "
-      "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, "
-      "ScalarType output_dtype, str post_op, Tensor(a!) accum, float accum_scale, int accum_zero_point) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
-  m.impl("onednn_conv2d_prepack", &onednn_conv2d_prepack);
-  m.impl("onednn_conv2d", &onednn_conv2d);
-  m.impl("onednn_conv2d_add_", &onednn_conv2d_add_);
-}
-TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
-  m.impl("onednn_conv2d_prepack", &onednn_conv2d_prepack);  // so a packed weight gets our TypeError
-  m.impl("onednn_conv2d", &onednn_conv2d);
-  m.impl("onednn_conv2d_add_", &onednn_conv2d_add_);  // dispatched on the (mkldnn) packed weight too
+// The schemas: providers/registrations.cpp.
+void register_onednn_conv2d(torch::Library& m) {
+  impl_each(m, "onednn_conv2d_prepack", &onednn_conv2d_prepack,
+            "onednn_conv2d", &onednn_conv2d,
+            "onednn_conv2d_add_", &onednn_conv2d_add_);
 }
 
 }  // namespace qbackend

@@ -14,6 +14,7 @@
 #include "common/checks.h"
 #include "common/epilogue.h"
 #include "common/saturation.h"
+#include "providers/registrations.h"
 
 namespace qbackend {
 namespace {
@@ -129,27 +130,11 @@ at::Tensor onednn_linear_dynamic(const at::Tensor& x, const at::Tensor& w_packed
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(qbackend, m) {
-  m.def("onednn_linear_prepack(Tensor weight, int[]? x_shape=None) -> Tensor");
-  m.def(
-      "onednn_linear(Tensor x, float x_scale, int x_zero_point, Tensor w_packed, Tensor w_scales, "
-      "Tensor? bias, float output_scale, int output_zero_point, ScalarType output_dtype, "
-      "str post_op) -> Tensor");
-  m.def(
-      "onednn_linear_dynamic(Tensor x, Tensor w_packed, Tensor w_scales, Tensor? bias, "
-      "bool reduce_range, str post_op) -> Tensor");
-}
-
-// The packed weight is an mkldnn tensor, so the ops are keyed on MkldnnCPU as well as CPU.
-TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
-  m.impl("onednn_linear_prepack", &onednn_linear_prepack);
-  m.impl("onednn_linear", &onednn_linear);
-  m.impl("onednn_linear_dynamic", &onednn_linear_dynamic);
-}
-TORCH_LIBRARY_IMPL(qbackend, MkldnnCPU, m) {
-  m.impl("onednn_linear_prepack", &onednn_linear_prepack);  // so a packed weight gets our TypeError
-  m.impl("onednn_linear", &onednn_linear);
-  m.impl("onednn_linear_dynamic", &onednn_linear_dynamic);
+// The schemas: providers/registrations.cpp.
+void register_onednn_linear(torch::Library& m) {
+  impl_each(m, "onednn_linear_prepack", &onednn_linear_prepack,
+            "onednn_linear", &onednn_linear,
+            "onednn_linear_dynamic", &onednn_linear_dynamic);
 }
 
 }  // namespace qbackend

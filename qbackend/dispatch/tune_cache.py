@@ -54,7 +54,7 @@ from typing import Any, Mapping
 import torch
 
 from ..core import isa
-from ..core.version import VERSION
+from ..core.version import VERSION as QBACKEND_VERSION
 from ..ops import registry
 from .cpu import cpu_features
 
@@ -230,7 +230,7 @@ def machine_fingerprint() -> dict:
         "isa_class": f.isa_class,
         "isa_override": isa.requested(),
         "torch": torch.__version__,
-        "qbackend": VERSION,
+        "qbackend": QBACKEND_VERSION,
         "threads": torch.get_num_threads(),
     }
 

@@ -409,3 +409,12 @@ for i in range(100):
             assert p.returncode == 0, err
     entries = json.loads(path.read_text())["machines"][_fp_key(machine_fingerprint())]["entries"]
     assert len(entries) == 200
+
+
+def test_fingerprint_names_the_versions():
+    import torch
+
+    import qbackend
+
+    fp = machine_fingerprint()
+    assert fp["qbackend"] == qbackend.__version__ and fp["torch"] == torch.__version__

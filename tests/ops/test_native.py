@@ -15,7 +15,7 @@ import torch
 
 import qbackend  # noqa: F401
 from qbackend.core.extension import _C
-from qbackend.ops import PackedConv2dWeight, PackedLinearWeight
+from qbackend.ops import PackedConv2dWeight
 from qbackend.ops import reference as R
 from tests.ops.numerics import all_threads
 from tests.subprocess_utils import run_py
