@@ -12,6 +12,7 @@ import torch
 
 import qbackend
 from qbackend.core.records import RECORD_VERSION, ActivationRecord, EmbeddingInfo, LayerRecord
+from qbackend.cli import main as cli_main
 from qbackend.core.routes import FORCED, RULE, BatchRoutes, Route
 
 from . import legacy_models
@@ -62,11 +63,20 @@ def test_convert_builds_typed_records():
     assert all(rows[n]["rule"] == rec.route.rule for n, rec in qmodel.qbackend_layers.items())
 
 
+@pytest.mark.parametrize("how", ["allow_pickle", "upgraded"])
 @pytest.mark.parametrize("kind", sorted(legacy_models.FIXTURES))
-def test_files_saved_before_the_records_still_load(kind):
+def test_files_saved_before_the_records_still_load(kind, how, tmp_path):
+    """Format-1 files (pickled, written before the records existed) load with allow_pickle=True, and
+    after `qbackend upgrade` without it, as the same model."""
+    path = os.path.join(DATA, legacy_models.FIXTURES[kind])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        loaded = qbackend.load(os.path.join(DATA, legacy_models.FIXTURES[kind]))
+        if how == "allow_pickle":
+            with pytest.warns(qbackend.serialization.PickleFileWarning, match="can run code"):
+                loaded = qbackend.load(path, allow_pickle=True)
+        else:
+            assert cli_main(["upgrade", path, str(tmp_path / "new.qb")]) == 0
+            loaded = qbackend.load(tmp_path / "new.qb", classes=[legacy_models])
         fresh, batch = legacy_models.build(kind)
     assert list(loaded.qbackend_layers) == list(fresh.qbackend_layers)
     assert [r["provider"] for r in qbackend.explain(loaded)] == [r["provider"] for r in qbackend.explain(fresh)]

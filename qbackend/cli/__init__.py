@@ -1,8 +1,10 @@
-"""The `qbackend` command line (also `python -m qbackend`): `info`, `explain`, `demo` and `compare`,
+"""The `qbackend` command line (also `python -m qbackend`): `info`, `explain`, `upgrade`, `demo` and `compare`,
 one module per command (each with `add_parser(subparsers)` and `run(args) -> exit code`).
 
     qbackend info                                   # CPU features and the provider each op kind would use
-    qbackend explain model.qb                       # per layer of a saved model: provider and why
+    qbackend info model.qb                          # a saved model's file: versions, CPU, layers (not built)
+    qbackend explain model.qb                       # per layer of a saved model: provider and why here
+    qbackend upgrade old.qb new.qb                  # a format-1 (pickled) model file rewritten as format 2
     qbackend demo [--json FILE]                     # digits CNN: FP32 vs INT8 top-1, latency, size
     qbackend compare examples.digits_case:case [--json FILE] [--plot FILE.png] [--max-drop X]
 
@@ -20,10 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import compare, demo, explain, info
+from . import compare, demo, explain, info, upgrade
 from .common import CliError
 
-COMMANDS = {"info": info, "explain": explain, "demo": demo, "compare": compare}
+COMMANDS = {"info": info, "explain": explain, "upgrade": upgrade, "demo": demo, "compare": compare}
 
 
 def build_parser() -> argparse.ArgumentParser:

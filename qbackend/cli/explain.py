@@ -12,7 +12,7 @@ from ..serialization import load
 def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        qmodel = load(args.path)
+        qmodel = load(args.path, allow_pickle=args.allow_pickle)
     saved = getattr(qmodel, "qbackend_saved_on", None) or {}
     f = cpu_features()
     print(f"{args.path}: saved on {saved.get('model') or '?'} ({saved.get('isa_class', '?')}); "
@@ -27,3 +27,5 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(sub) -> None:
     e = sub.add_parser("explain", help="per layer of a saved model (qbackend.save): op, shapes, provider, why")
     e.add_argument("path", help="a file written by qbackend.save")
+    e.add_argument("--allow-pickle", action="store_true",
+                   help="also read format-1 files, which unpickle a model (can run code from the file)")

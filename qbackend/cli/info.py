@@ -1,5 +1,6 @@
 """`qbackend info`: the probed CPU features, the ISA override, and where representative op
-instances would run here (qbackend.dispatch.route)."""
+instances would run here (qbackend.dispatch.route). `qbackend info FILE`: a saved model's file
+described without building the model (serialization.inspect_file)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,7 @@ from ..core.extension import _C
 from ..core.version import VERSION
 from ..dispatch import cpu_features, fbgemm_isa, route
 from ..observers import default_reduce_range
+from ..serialization import inspect_file
 
 REPRESENTATIVE = {
     "linear": [
@@ -50,7 +52,33 @@ def _bf16_line() -> str:
             f"{'fused (qbackend::attention)' if pays else 'torch SDPA'} (QuantConfig(attention='auto'))")
 
 
+def run_file(path: str) -> int:
+    d = inspect_file(path)
+    saved = d.get("saved_on") or {}
+    print(f"{path}: qbackend model format {d['version']}" + (" (pickled: loads only with allow_pickle=True; "
+          "`qbackend upgrade` rewrites it)" if d["pickled"] else " (safetensors + JSON, loads without running code)"))
+    print(f"written by qbackend {d.get('qbackend_version')} with torch {d.get('torch_version')} on "
+          f"{saved.get('model') or '?'} ({saved.get('vendor') or '?'}, {saved.get('isa_class') or '?'})")
+    if d["tensors"] is not None:
+        print(f"tensors: {d['tensors']} ({d['tensor_bytes']:,} bytes), checksums verified")
+    if d.get("classes"):
+        print(f"classes outside qbackend and torch.nn (pass them to qbackend.load(classes=...)): "
+              f"{', '.join(d['classes'])}")
+    rows = d.get("layers") or []
+    if rows:
+        keys = ["layer", "op", "mode", "shape", "provider"]
+        keys = [k for k in keys if any(k in r for r in rows)]
+        print()
+        print("| " + " | ".join(keys) + " |  (routes as saved; `qbackend explain FILE` routes them for this CPU)")
+        print("|" + "---|" * len(keys))
+        for r in rows:
+            print("| " + " | ".join(str(r.get(k, "")) for k in keys) + " |")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "path", None):
+        return run_file(args.path)
     f = cpu_features()
     seven = default_reduce_range(torch.uint8)
     print(f"qbackend {VERSION}  torch {torch.__version__}  threads {torch.get_num_threads()}")
@@ -77,4 +105,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    sub.add_parser("info", help="probed CPU features, ISA override, and the provider each op kind would use")
+    p = sub.add_parser("info", help="probed CPU features, ISA override, and the provider each op kind would use; "
+                                    "with FILE, a saved model's file (versions, CPU, layers), not built")
+    p.add_argument("path", nargs="?", help="a file written by qbackend.save")
