@@ -1,6 +1,7 @@
 // Conv2d hyper-parameters as the ops receive them (int[] lists), checked once, shared by providers.
 #pragma once
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 
 #include <array>
 
@@ -51,6 +52,7 @@ inline void check_conv_weight(const at::Tensor& weight, int64_t groups) {
   TORCH_CHECK_VALUE(weight.dim() == 4, "weight must be 4-D [out_channels, in_channels/groups, kH, kW], got shape ",
                     weight.sizes());
   TORCH_CHECK_VALUE(weight.numel() > 0, "weight must not be empty, got shape ", weight.sizes());
+  checks::int32_reduction(weight.size(1) * weight.size(2) * weight.size(3), "in_channels/groups x kH x kW");
   TORCH_CHECK_VALUE(weight.size(0) % groups == 0, "out_channels (", weight.size(0),
                     ") must be divisible by groups (", groups, ")");
 }
@@ -88,6 +90,20 @@ inline void check_accum(const std::optional<at::Tensor>& accum, double accum_sca
                     accum->sizes());
   checks::scale(accum_scale, "accum_scale");
   checks::zero_point(accum_zero_point, accum->scalar_type(), "accum_zero_point");
+}
+
+// The in-place residual ops (<provider>_conv2d_add_) write the result into accum while the
+// convolution still reads x, w and bias: accum must share no memory with them.
+inline void check_accum_does_not_alias(const at::Tensor& accum, const at::Tensor& x, const at::Tensor& w_packed,
+                                       const std::optional<at::Tensor>& bias, const char* op) {
+  const auto overlaps = [&](const at::Tensor& t) {
+    return t.defined() && t.layout() == at::kStrided && t.numel() > 0 && accum.numel() > 0 &&
+           at::get_overlap_status(accum, t) != at::MemOverlapStatus::No;
+  };
+  TORCH_CHECK_VALUE(!overlaps(x), op, " writes its result into accum, which shares memory with x (the convolution's "
+                    "input): pass a separate accum tensor (e.g. accum.clone())");
+  TORCH_CHECK_VALUE(!overlaps(w_packed), op, ": accum shares memory with w_packed");
+  TORCH_CHECK_VALUE(!(bias.has_value() && overlaps(*bias)), op, ": accum shares memory with bias");
 }
 
 // The unfused residual epilogue: y (fp32, no post-op yet) + dequantize(accum), then relu.

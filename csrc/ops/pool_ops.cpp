@@ -21,7 +21,9 @@ namespace qbackend::ops {
 namespace {
 
 int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil_mode) {
-  int64_t out = (in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0)) / stride + 1;
+  // floor division, as aten's: a window larger than the padded input gives a negative numerator
+  const int64_t num = in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  int64_t out = (num >= 0 ? num / stride : -((-num + stride - 1) / stride)) + 1;
   if (ceil_mode && (out - 1) * stride >= in + pad) --out;  // the last window must start inside
   return out;
 }

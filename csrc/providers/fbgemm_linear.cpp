@@ -47,6 +47,7 @@ at::Tensor fbgemm_linear_prepack(const at::Tensor& weight) {
   TORCH_CHECK_VALUE(weight.dim() == 2, "weight must be 2-D [out_features, in_features], got shape ",
                     weight.sizes());
   TORCH_CHECK_VALUE(weight.numel() > 0, "weight must not be empty, got shape ", weight.sizes());
+  checks::int32_reduction(weight.size(1), "in_features");
   TORCH_CHECK_VALUE(weight.size(0) < (1 << 30) && weight.size(1) < (1 << 30),
                     "weight is too large for FBGEMM (int32 sizes), got shape ", weight.sizes());
   const at::Tensor w = weight.contiguous();
@@ -185,8 +186,8 @@ at::Tensor fbgemm_linear(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   const float* bp = keep_bias.defined() ? keep_bias.data_ptr<float>() : nullptr;
 
   const bool int_out = checks::is_int8_type(output_dtype);
-  if (int_out && op != checks::PostOp::gelu) {
-    const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);
+  const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);
+  if (int_out && op != checks::PostOp::gelu && rq.fits(w.K, bp)) {
     at::Tensor y = at::empty({M, w.N}, at::kByte);
     if (op == checks::PostOp::relu)
       gemm_u8<true>(xu, M, w, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>());

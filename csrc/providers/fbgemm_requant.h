@@ -3,6 +3,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <vector>
 
 namespace qbackend {
@@ -22,6 +23,20 @@ struct FbgemmRequant {
       act_times_w[n] = xs * ws[n];
       multiplier[n] = act_times_w[n] / os;
     }
+  }
+
+  // Whether FBGEMM's float requantization stays inside int32 for every accumulator a reduction of
+  // length K can give (|x - zp| <= 255, |w| <= 128) plus the bias: float(acc) * multiplier is
+  // converted to int32 before clamping, and a product past int32 comes back as INT32_MIN (0 after
+  // clamping where 255 is right). Callers take their exact float route where it does not fit.
+  bool fits(int64_t K, const float* bias) const {
+    const double acc_max = static_cast<double>(K) * 255.0 * 128.0;
+    for (size_t n = 0; n < multiplier.size(); ++n) {
+      const double b = bias == nullptr ? 0.0 : std::abs(static_cast<double>(bias[n]));
+      const double q = (acc_max + (act_times_w[n] > 0 ? b / act_times_w[n] : 0.0)) * multiplier[n];
+      if (!(q + std::abs(static_cast<double>(zero_point)) < 2.0e9)) return false;
+    }
+    return true;
   }
 };
 

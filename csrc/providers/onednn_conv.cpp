@@ -185,6 +185,7 @@ void onednn_conv2d_add_(const at::Tensor& x, double x_scale, int64_t x_zero_poin
                                int64_t groups, double output_scale, int64_t output_zero_point,
                                at::ScalarType output_dtype, const std::string& post_op, at::Tensor& accum,
                                double accum_scale, int64_t accum_zero_point) {
+  check_accum_does_not_alias(accum, x, w_packed, bias, "onednn_conv2d_add_");
   TORCH_CHECK_VALUE(accum.scalar_type() == output_dtype, "onednn_conv2d_add_ writes the result into accum, so accum "
                     "must have the output dtype (", checks::dtype_name(output_dtype), "), got ",
                     checks::dtype_name(accum.scalar_type()));

@@ -37,6 +37,7 @@ at::Tensor onednn_linear_prepack(const at::Tensor& weight, at::OptionalIntArrayR
   TORCH_CHECK_VALUE(weight.dim() == 2, "weight must be 2-D [out_features, in_features], got shape ",
                     weight.sizes());
   TORCH_CHECK_VALUE(weight.numel() > 0, "weight must not be empty, got shape ", weight.sizes());
+  checks::int32_reduction(weight.size(1), "in_features");
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("onednn::qlinear_prepack", "")
                        .typed<at::Tensor(at::Tensor, std::optional<c10::List<int64_t>>)>();

@@ -72,7 +72,9 @@ def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozens
     if eight_bit_input and (rule is not None or any(runs(p) for p in registry.routed_names(family))):
         raise ValueError(f"no provider multiplies 8-bit activations exactly on this CPU ({cpu.isa_class}); "
                          "use 7-bit activations (the default observers do so on CPUs without VNNI)")
-    raise ValueError(f"no provider can run this {op} here ({dict(shape)})")
+    reasons = "; ".join(f"{name}: {'excluded' if name in exclude else registry.get(family, name).refuses(op, shape)}"
+                        for name in registry.routed_names(family))
+    raise ValueError(f"no provider can run this {op} here ({dict(shape)}): {reasons}")
 
 
 def route(op: str, shape: Mapping, *, eight_bit_input: bool = True, forced: str | None = None,

@@ -28,5 +28,7 @@ def _max_pool2d_fake(x, kernel_size, stride=(), padding=(0,), dilation=(1,), cei
     p, d = _pair(padding, (0, 0)), _pair(dilation, (1, 1))
     oh = pooled_size(x.shape[2], k[0], p[0], s[0], d[0], ceil_mode)
     ow = pooled_size(x.shape[3], k[1], p[1], s[1], d[1], ceil_mode)
+    torch._check_value(oh > 0 and ow > 0, lambda: f"max_pool2d: the output would be empty (input {x.shape[2]}x"
+                       f"{x.shape[3]}, kernel {k[0]}x{k[1]}, stride {s[0]}x{s[1]})")
     return torch.empty((x.shape[0], x.shape[1], oh, ow), dtype=x.dtype, device=x.device,
                        memory_format=torch.channels_last)

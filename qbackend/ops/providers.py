@@ -85,11 +85,26 @@ def _native_refuses(op: str, shape) -> str | None:
     return f"it has no {op}"
 
 
+def int32_reduction_refusal(op: str, shape) -> str | None:
+    """Why no provider runs this op instance: a reduction past 65536 u8 x s8 products can overflow
+    the int32 accumulators every provider uses (None when it fits)."""
+    if op == "linear" and shape.get("k", 0) > 65536:
+        return "in_features > 65536 (int32 accumulation)"
+    if op == "conv2d":
+        kh, kw = shape["kernel"]
+        if shape["c_in"] // max(shape.get("groups", 1), 1) * kh * kw > 65536:
+            return "in_channels/groups x kH x kW > 65536 (int32 accumulation)"
+    return None
+
+
 def _onednn_exact() -> bool:
     return usable_isa() >= Isa.AVX512_VNNI or bool(_C.avx_vnni_usable())
 
 
 def _onednn_refuses(op: str, shape) -> str | None:
+    too_long = int32_reduction_refusal(op, shape)
+    if too_long is not None:
+        return too_long
     if op == "conv2d":
         stride = shape.get("stride", 1)
         sh, sw = (stride, stride) if isinstance(stride, int) else tuple(stride)
@@ -144,6 +159,7 @@ PROVIDERS: dict[str, Provider] = {
             ops.fbgemm_conv2d_prepack(w, stride, padding, dilation, groups),
         conv2d=ops.fbgemm_conv2d,
         exact_8bit=_fbgemm_exact,
+        refuses=int32_reduction_refusal,
     ),
     "onednn": Provider(
         name="onednn",
