@@ -58,8 +58,8 @@ inline void activation(const at::Tensor& x, double x_scale, int64_t x_zero_point
 // Every provider accumulates u8 x s8 products in int32: a reduction of K <= 65536 products
 // (|x - zp| <= 255, |w| <= 128) cannot overflow it; a longer one can, so it is refused.
 inline void int32_reduction(int64_t K, const char* what) {
-  TORCH_CHECK_VALUE(K <= 65536, what, " must be <= 65536: the int8 ops accumulate in int32, which a longer reduction "
-                    "can overflow; got ", K);
+  TORCH_CHECK_VALUE(K <= 65536, what, " <= 65536 is required: the int8 ops accumulate in int32, which a longer "
+                    "reduction can overflow; got ", K);
 }
 
 inline void scale(double s, const char* name) {

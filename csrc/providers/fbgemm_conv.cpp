@@ -222,15 +222,18 @@ at::Tensor fbgemm_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   // fp32 conv of the integers; FBGEMM's im2col GEMM is exact too, but one GEMM per channel, far
   // slower: benchmarks/results/design_measurements.md, "FBGEMM depthwise overflow").
   const bool fast_ok = !w.depthwise || (saturation::fits_7_bits(xu.t) && (!padded || xu.zp <= 127));
-  const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);
-  if (fast_ok && checks::is_int8_type(output_dtype) && op != checks::PostOp::gelu && !has_accum &&
-      rq.fits(w.KH * w.KW * (w.IC / w.p.groups), bp)) {
-    at::Tensor y = at::empty(shape, cl.dtype(at::kByte));
-    if (op == checks::PostOp::relu)
-      conv_u8<true>(w, cp, xu, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>(), pixels);
-    else
-      conv_u8<false>(w, cp, xu, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>(), pixels);
-    return output_dtype == at::kChar ? shift_uint8_to_int8_(y) : y;
+  if (fast_ok && checks::is_int8_type(output_dtype) && op != checks::PostOp::gelu && !has_accum) {
+    const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);
+    if (rq.fits(w.KH * w.KW * (w.IC / w.p.groups), bp)) {
+      at::Tensor y = at::empty(shape, cl.dtype(at::kByte));
+      if (op == checks::PostOp::relu)
+        conv_u8<true>(w, cp, xu, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>(),
+                      pixels);
+      else
+        conv_u8<false>(w, cp, xu, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>(),
+                       pixels);
+      return output_dtype == at::kChar ? shift_uint8_to_int8_(y) : y;
+    }
   }
   at::Tensor y;
   const bool fuse_relu = op == checks::PostOp::relu && !has_accum;

@@ -186,15 +186,17 @@ at::Tensor fbgemm_linear(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   const float* bp = keep_bias.defined() ? keep_bias.data_ptr<float>() : nullptr;
 
   const bool int_out = checks::is_int8_type(output_dtype);
-  const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);
-  if (int_out && op != checks::PostOp::gelu && rq.fits(w.K, bp)) {
-    at::Tensor y = at::empty({M, w.N}, at::kByte);
-    if (op == checks::PostOp::relu)
-      gemm_u8<true>(xu, M, w, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>());
-    else
-      gemm_u8<false>(xu, M, w, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>());
-    if (output_dtype == at::kChar) y = shift_uint8_to_int8_(y);
-    return y.reshape(shape);
+  if (int_out && op != checks::PostOp::gelu) {
+    const FbgemmRequant rq(x_scale, ws, output_scale, output_zero_point, output_dtype);
+    if (rq.fits(w.K, bp)) {
+      at::Tensor y = at::empty({M, w.N}, at::kByte);
+      if (op == checks::PostOp::relu)
+        gemm_u8<true>(xu, M, w, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>());
+      else
+        gemm_u8<false>(xu, M, w, rq.multiplier.data(), rq.act_times_w.data(), rq.zero_point, bp, y.data_ptr<uint8_t>());
+      if (output_dtype == at::kChar) y = shift_uint8_to_int8_(y);
+      return y.reshape(shape);
+    }
   }
   at::Tensor y = linear_f32(xu, M, w, x_scale, ws, bp, op == checks::PostOp::relu);
   if (op == checks::PostOp::gelu) y = at::gelu(y);

@@ -45,7 +45,7 @@ void pack_into(uint8_t* p, const at::Tensor& w2d, int64_t KH, int64_t KW) {
 }
 
 void check_gemm_size(int64_t N, int64_t K, const char* what) {
-  TORCH_CHECK_VALUE(K <= 65536, "the native provider accumulates in int32 and takes ", what, " <= 65536, got ", K);
+  checks::int32_reduction(K, what);
   TORCH_CHECK_VALUE(N < (int64_t(1) << 24), "the native provider takes out_features < 2**24, got ", N);
 }
 

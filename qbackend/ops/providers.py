@@ -62,11 +62,23 @@ def _fbgemm_exact() -> bool:
     return _C.fbgemm_isa() in ("avx512_vnni", "avx512_vnni_ymm")
 
 
+def int32_reduction_refusal(op: str, shape) -> str | None:
+    """Why no provider runs this op instance: a reduction past 65536 u8 x s8 products can overflow
+    the int32 accumulators every provider uses (None when it fits)."""
+    if op == "linear" and shape.get("k", 0) > 65536:
+        return "in_features > 65536 (int32 accumulation)"
+    if op == "conv2d":
+        kh, kw = shape["kernel"]
+        if shape["c_in"] // max(shape.get("groups", 1), 1) * kh * kw > 65536:
+            return "in_channels/groups x kH x kW > 65536 (int32 accumulation)"
+    return None
+
+
 def _native_refuses(op: str, shape) -> str | None:
     if not _C.native_isa():
         return "the native GEMM needs AVX512-VNNI or AVX-VNNI (this CPU or QBACKEND_ISA lacks them)"
     if op == "linear":
-        return None if shape.get("k", 0) <= 65536 else "in_features > 65536 (int32 accumulation)"
+        return int32_reduction_refusal(op, shape)
     if op == "conv2d":
         kh, kw = shape["kernel"]
         if shape["groups"] != 1:
@@ -79,22 +91,8 @@ def _native_refuses(op: str, shape) -> str | None:
             if kh * kw > 512 or kh > 64 or kw > 64 or (kh - 1) * dh + 1 > 256:
                 return "its depthwise kernels take up to 512 taps, 64 per side"
             return None
-        if shape["c_in"] * kh * kw > 65536:
-            return "in_channels x kH x kW > 65536 (int32 accumulation)"
-        return None
+        return int32_reduction_refusal(op, shape)
     return f"it has no {op}"
-
-
-def int32_reduction_refusal(op: str, shape) -> str | None:
-    """Why no provider runs this op instance: a reduction past 65536 u8 x s8 products can overflow
-    the int32 accumulators every provider uses (None when it fits)."""
-    if op == "linear" and shape.get("k", 0) > 65536:
-        return "in_features > 65536 (int32 accumulation)"
-    if op == "conv2d":
-        kh, kw = shape["kernel"]
-        if shape["c_in"] // max(shape.get("groups", 1), 1) * kh * kw > 65536:
-            return "in_channels/groups x kH x kW > 65536 (int32 accumulation)"
-    return None
 
 
 def _onednn_exact() -> bool:
