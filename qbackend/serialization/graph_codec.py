@@ -45,17 +45,17 @@ def _dotted(name, what: str, where: str) -> str:
     return name
 
 
-def _args(value, nodes: dict, encode, where: str):
+def _args(value, encode, where: str):
     """Encode node arguments: Nodes become {"$node": name}; everything else goes to `encode`."""
     if isinstance(value, fx.Node):
         return {"$node": value.name}
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        items = [_args(v, nodes, encode, where) for v in value]
+        items = [_args(v, encode, where) for v in value]
         return items if isinstance(value, list) else {"$tuple": items}
     if isinstance(value, dict):
-        return {"$map": {k: _args(v, nodes, encode, where) for k, v in value.items()}}
+        return {"$map": {k: _args(v, encode, where) for k, v in value.items()}}
     if isinstance(value, slice):
-        return {"$slice": [_args(v, nodes, encode, where) for v in (value.start, value.stop, value.step)]}
+        return {"$slice": [_args(v, encode, where) for v in (value.start, value.stop, value.step)]}
     return encode(value, where)
 
 
@@ -69,8 +69,8 @@ def encode(gm: fx.GraphModule, encode_value, where: str) -> dict:
             target = encode_value(n.target, f"{where} node {n.name}")
         else:
             target = n.target
-        nodes.append([n.name, n.op, target, _args(n.args, {}, encode_value, f"{where} node {n.name}"),
-                      _args(n.kwargs, {}, encode_value, f"{where} node {n.name}")])
+        nodes.append([n.name, n.op, target, _args(n.args, encode_value, f"{where} node {n.name}"),
+                      _args(n.kwargs, encode_value, f"{where} node {n.name}")])
     state = {k: v for k, v in gm.__dict__.items() if k not in _DERIVED and k not in _HOOKS and k != "meta"}
     meta = {}
     for k, v in gm.meta.items():

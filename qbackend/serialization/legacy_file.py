@@ -19,10 +19,11 @@ def is_legacy(data: bytes) -> bool:
     return data[:4] == b"PK\x03\x04"
 
 
-def read_legacy_header(path, error: type[Exception]) -> dict:
-    """The format-1 header, checked; the archive's model bytes are not unpickled."""
+def read_legacy_header(path, data: bytes, error: type[Exception]) -> dict:
+    """The format-1 header of the file's bytes `data`, checked (`path` names it in errors); the
+    archive's model bytes are not unpickled."""
     try:
-        obj = torch.load(path, weights_only=True)
+        obj = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as exc:  # noqa: BLE001  (truncated zip, garbage, a pickle that is not plain data)
         raise error(f"{path}: not a readable qbackend model file (truncated or corrupt?): "
                     f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
@@ -38,9 +39,9 @@ def read_legacy_header(path, error: type[Exception]) -> dict:
     return dict(header, _model=obj["model"])
 
 
-def read_legacy(path, error: type[Exception]) -> QuantizedModel:
-    """The pickled model of a format-1 file (runs the pickle: only for files the caller trusts)."""
-    header = read_legacy_header(path, error)
+def read_legacy(path, data: bytes, error: type[Exception]) -> QuantizedModel:
+    """The pickled model of a format-1 file's bytes (runs the pickle: only for files the caller trusts)."""
+    header = read_legacy_header(path, data, error)
     try:
         qmodel = torch.load(io.BytesIO(header["_model"]), weights_only=False)
     except Exception as exc:  # noqa: BLE001

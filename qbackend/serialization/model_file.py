@@ -168,7 +168,7 @@ def inspect_file(path: str | os.PathLike) -> dict:
     `load` does (a damaged file raises ModelFileError)."""
     data = _read(path)
     if is_legacy(data):
-        header = read_legacy_header(path, ModelFileError)
+        header = read_legacy_header(path, data, ModelFileError)
         return {"format": FORMAT, "version": header.get("version"), "qbackend_version": header.get("qbackend_version"),
                 "torch_version": header.get("torch_version"), "saved_on": header.get("saved_on"),
                 "pickled": True, "layers": None, "tensors": None, "tensor_bytes": None, "classes": None}
@@ -192,7 +192,7 @@ def read_model(path: str | os.PathLike, *, classes=None, allow_pickle: bool = Fa
         warnings.warn(f"qbackend.load: unpickling {path} (model format {LEGACY_VERSION}, allow_pickle=True): this can "
                       "run code from the file; convert it with `qbackend upgrade` to load it safely",
                       PickleFileWarning, stacklevel=3)
-        return read_legacy(path, ModelFileError)
+        return read_legacy(path, data, ModelFileError)
     doc, tensors = _document(path, data)
     needed = doc.get("classes") or []
     if not isinstance(needed, list) or not all(isinstance(n, str) for n in needed):

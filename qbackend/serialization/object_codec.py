@@ -96,8 +96,6 @@ class Encoder:
     def _value(self, obj, where: str):
         if obj is None or isinstance(obj, (bool, str)):
             return obj
-        if type(obj) is int:
-            return obj
         if isinstance(obj, float) and not isinstance(obj, bool):
             if math.isfinite(obj):
                 return float(obj)

@@ -34,13 +34,14 @@ def write(path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> N
     """Write `tensors` (contiguous CPU tensors of DTYPE_NAMES' dtypes) and `metadata` to `path`."""
     header: dict = {"__metadata__": dict(metadata)}
     offset = 0
-    blobs = []
+    blobs = []  # each tensor's bytes, as a view (written without a copy)
     for name, t in tensors.items():
         if t.dtype not in DTYPE_NAMES:
             raise TypeError(f"tensor {name!r}: dtype {t.dtype} cannot be stored")
-        data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
+        data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + data.nbytes]}
+        offset += data.nbytes
         blobs.append(data)
     text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     text += b" " * (-len(text) % 8)  # the data section starts 8-byte aligned
@@ -48,7 +49,7 @@ def write(path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> N
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for data in blobs:
-            f.write(data)
+            f.write(memoryview(data))
 
 
 def _check_entry(name: str, entry) -> tuple[torch.dtype, list[int], int, int]:
