@@ -396,7 +396,8 @@ def donate_dead_residuals(state: ConvertState) -> ConvertState:
     """Let each residual conv write into its int8 residual input when nothing reads that input later:
     the input must be a fresh tensor (made by a quantized layer, a Quantize border or int8 max
     pooling; never a graph input, a view or an output) and every other reader must come before the
-    conv in the graph. Saves one copy of the residual per call (oneDNN's sum post-op)."""
+    conv in the graph, and it must not be the conv's own input (conv(x) + x: the conv would overwrite
+    the x it is still reading). Saves one copy of the residual per call (oneDNN's sum post-op)."""
     gm = state.gm
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     fresh_modules = (QuantizedConv2d, QuantizedLinear, Quantize)
@@ -406,7 +407,9 @@ def donate_dead_residuals(state: ConvertState) -> ConvertState:
         module = gm.get_submodule(node.target)
         if not isinstance(module, QuantizedConv2d) or not module.has_accum:
             continue
-        acc = node.args[1]
+        x, acc = node.args
+        if acc is x:
+            continue
         fresh = (acc.op == "call_module" and isinstance(gm.get_submodule(acc.target), fresh_modules)) or \
             (acc.op == "call_function" and acc.target is ops_ns.max_pool2d.default)
         if fresh and all(order[u] < order[node] for u in acc.users if u is not node):

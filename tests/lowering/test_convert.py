@@ -237,6 +237,30 @@ def test_residual_inputs_are_donated_only_when_dead(residual_cnn):
         assert sqnr(again(x), qa(x)) > 25
 
 
+class _ResidualOfOwnInput(nn.Module):
+    """head(conv(s) + s): the residual is the conv's own input (it must not be written into)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        s = torch.relu(self.stem(x))
+        return self.head(torch.relu(self.conv(s) + s))
+
+
+def test_residual_that_is_the_convs_own_input_is_not_donated():
+    torch.manual_seed(0)
+    model = _ResidualOfOwnInput().eval()
+    q = _quantize(model, lambda s: _images(2, s))
+    assert q.layer("conv").has_accum and not q.layer("conv").accum_donated
+    x = _images(3, 9)
+    with torch.no_grad():
+        assert sqnr(model(x), q(x)) > 25
+
+
 class _ConvFlattenHead(nn.Module):
     """A conv whose float output is flattened (captured as aten.view) beside a float branch."""
 
