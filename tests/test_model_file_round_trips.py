@@ -80,3 +80,41 @@ def test_fallback_model_round_trip(tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(x), q(x))
     assert loaded.qbackend_fallback.kept_fp32 == ["fc2"] and "fc2" not in loaded.qbackend_layers
+
+
+_FRESH_LOAD = """
+import sys, torch, transformers, qbackend
+assert "transformers.modeling_outputs" not in sys.modules
+try:
+    qbackend.load(PATH)
+except qbackend.serialization.ModelFileError as exc:
+    print("REFUSED:", exc)
+q = qbackend.load(PATH, classes=[transformers])
+ids, mask = torch.load(INPUTS)
+torch.save(q(ids, mask).last_hidden_state, OUT)
+"""
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_hugging_face_model_loads_in_a_fresh_process(mode, tmp_path):
+    """A model whose output is a Hugging Face ModelOutput loads in a process that imported only
+    `transformers` (not its modeling_outputs module, which registers the output type with pytree)
+    when the caller trusts that package, and is refused with a message naming it otherwise: the
+    module-swapped model (dynamic) and the graph-captured one (static, whose output spec names the
+    ModelOutput class)."""
+    from .subprocess_utils import run_py
+
+    case = MODELS["bert_base"](**CASES["bert_base"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = qbackend.quantize_dynamic(case.model) if mode == "dynamic" else \
+            qbackend.quantize(case.model, case.example_inputs, case.calibration)
+    path, inputs, out = tmp_path / "m.qb", tmp_path / "x.pt", tmp_path / "y.pt"
+    qbackend.save(q, path)
+    batch = case.evaluation[0]
+    torch.save(tuple(batch), inputs)
+    code = _FRESH_LOAD.replace("PATH", repr(str(path))).replace("INPUTS", repr(str(inputs))).replace("OUT", repr(str(out)))
+    proc = run_py(code, timeout=300, check=True)
+    assert "REFUSED:" in proc.stdout and "classes=" in proc.stdout
+    with torch.no_grad():
+        assert torch.equal(torch.load(out), q(*batch).last_hidden_state)

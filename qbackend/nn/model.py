@@ -20,10 +20,25 @@ from ..core.records import ActivationRecord, LayerRecord
 
 
 class _DumpedSpec:
-    """A pytree spec in its serialized (JSON) form, inside a pickled QuantizedModel."""
+    """A pytree spec in its serialized (JSON) form, inside a saved QuantizedModel, with the classes
+    its nodes name beyond the builtin containers (a Hugging Face ModelOutput, say): a loader
+    resolves those first, and importing a class's module is what registers it with pytree."""
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, classes: tuple = ()):
         self.text = text
+        self.classes = classes
+
+
+def _node_classes(spec: pytree.TreeSpec) -> tuple:
+    """The non-builtin classes of a pytree spec's nodes, each once, in first-seen order."""
+    seen, stack = [], [spec]
+    while stack:
+        node = stack.pop()
+        if isinstance(node.type, type) and node.type.__module__ not in ("builtins", "collections") \
+                and node.type not in seen:
+            seen.append(node.type)
+        stack.extend(reversed(node.children()))
+    return tuple(seen)
 
 
 def _positional_count(in_spec) -> int:
@@ -98,7 +113,7 @@ class QuantizedModel(nn.Module):
             spec = state.get(key)
             if spec is not None:
                 try:
-                    state[key] = _DumpedSpec(pytree.treespec_dumps(spec))
+                    state[key] = _DumpedSpec(pytree.treespec_dumps(spec), _node_classes(spec))
                 except Exception:  # noqa: BLE001  (a custom node without a serialized name: pickle it as is)
                     pass
         return state

@@ -16,8 +16,9 @@ references only these functions:
 * ops: `torch.ops.<ns>.<op>.<overload>` in the `qbackend`, `aten` and `prims` namespaces, except the
   few that read files.
 
-Nothing is imported but qbackend's own modules and what the caller passed: a name in a module that
-is not loaded yet is refused.
+Nothing is imported but qbackend's own modules and the modules of packages the caller passed (a
+trusted module's submodules, e.g. `transformers.modeling_outputs` for `classes=[transformers]`): a
+name in any other module that is not loaded yet is refused.
 """
 from __future__ import annotations
 
@@ -53,11 +54,17 @@ def qualified_name(obj) -> str:
     return f"{obj.__module__}:{obj.__qualname__}"
 
 
-def _import_owned(module: str):
-    """The module object: qbackend's own modules are imported; any other must be loaded already."""
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _import_owned(module: str, trusted: tuple = ()):
+    """The module object: qbackend's own modules and those inside a trusted module's package are
+    imported; any other must be loaded already."""
     if module.split(".")[-1] == "__main__":
         raise NotAllowedError(f"module {module!r} is a program, not a library")
-    if module == "qbackend" or module.startswith("qbackend."):
+    if _within(module, "qbackend") or any(isinstance(t, types.ModuleType) and _within(module, t.__name__)
+                                           for t in trusted):
         return importlib.import_module(module)
     mod = sys.modules.get(module)
     if mod is None:
@@ -65,10 +72,10 @@ def _import_owned(module: str):
     return mod
 
 
-def _lookup(module: str, qualname: str):
+def _lookup(module: str, qualname: str, trusted: tuple = ()):
     if "<" in qualname:
         raise NotAllowedError(f"{module}:{qualname} is a local name")
-    obj = _import_owned(module)
+    obj = _import_owned(module, trusted)
     for part in qualname.split("."):
         if part.startswith("__") and part.endswith("__"):
             raise NotAllowedError(f"{module}:{qualname} names a dunder attribute")
@@ -80,7 +87,7 @@ def _trusted(cls: type, trusted: tuple) -> bool:
     for t in trusted:
         if isinstance(t, type) and cls is t:
             return True
-        if isinstance(t, types.ModuleType) and (cls.__module__ == t.__name__ or cls.__module__.startswith(t.__name__ + ".")):
+        if isinstance(t, types.ModuleType) and _within(cls.__module__, t.__name__):
             return True
     return False
 
@@ -100,7 +107,7 @@ def class_allowed(cls: type, trusted: tuple = ()) -> bool:
 def resolve_class(name: str, trusted: tuple = ()) -> type:
     module, _, qualname = name.partition(":")
     try:
-        cls = _lookup(module, qualname)
+        cls = _lookup(module, qualname, trusted)
     except NotAllowedError:
         raise NotAllowedError(f"the file needs class {name}, which qbackend does not rebuild from data; if you trust "
                               f"it, pass it: qbackend.load(path, classes=[{qualname.split('.')[-1]}] or its module)") \
