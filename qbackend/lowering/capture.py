@@ -10,9 +10,11 @@ from (`nn_module_stack`), which names the quantized layers and resolves per-name
 Choices:
 * every dimension of every tensor input is `Dim.AUTO`, so the captured graph takes other batch
   sizes and sequence lengths (export specialises the ones the model fixes, e.g. channels);
-* `run_decompositions({})` functionalises the graph (relu_ -> relu, add_ -> add) without
-  decomposing anything else, so each value has one producer and no op mutates a value another
-  op reads; batch_norm appears as aten._native_batch_norm_legit_no_training (eval mode);
+* the graph is functional (relu_ -> relu, add_ -> add), so each value has one producer and no op
+  mutates a value another op reads; batch_norm appears as
+  aten._native_batch_norm_legit_no_training (eval mode): `run_decompositions({})` makes it so
+  without decomposing anything else, and functionalize.py does the same by hand, in milliseconds
+  instead of a re-trace, for graphs of the ops it knows (most CNNs);
 * dropout (a no-op in eval; after functionalisation it is an aten.clone) and plain clones (a copy
   of a value nothing mutates) are removed, and dead code (e.g. an unused pooler) with them.
 """
@@ -25,6 +27,7 @@ from torch import fx
 from torch.export import Dim
 from torch.utils._pytree import tree_map
 
+from .functionalize import functionalize
 from .graph_utils import quiet_treespec_deprecation
 
 aten = torch.ops.aten
@@ -49,8 +52,9 @@ def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict 
     try:
         with quiet_treespec_deprecation():
             ep = torch.export.export(model, tuple(example_inputs), kwargs, dynamic_shapes=dynamic, strict=False)
-            ep = ep.run_decompositions({})
             gm = ep.module()
+            if not functionalize(gm):
+                gm = ep.run_decompositions({}).module()
     except Exception as exc:  # noqa: BLE001  (any capture failure leads to the module-swap fallback)
         raise CaptureError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") \
             from exc
