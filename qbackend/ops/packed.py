@@ -20,6 +20,7 @@ import operator
 import torch
 
 from ..core.routes import BatchRoutes
+from ..core.state_version import check_state_version
 from . import conv_geometry
 from .providers import Provider, get_provider
 
@@ -126,10 +127,7 @@ class _Packed:
         return {"format_version": FORMAT_VERSION, **self._state()}
 
     def __setstate__(self, state: dict) -> None:
-        version = state.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"{type(self).__name__} state has format_version {version!r}; this qbackend "
-                             f"reads version {FORMAT_VERSION}")
+        check_state_version(state.get("format_version"), (FORMAT_VERSION,), f"{type(self).__name__} state")
         state = {k: v for k, v in state.items() if k != "format_version"}
         self.__init__(**state)
 
