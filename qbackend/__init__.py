@@ -31,6 +31,7 @@ from .core.extension import _C  # noqa: F401  (loads the extension, applies QBAC
 from .api import PreparedModel, calibrate, convert, prepare, quantize, quantize_dynamic
 from .core.version import VERSION
 from .config import EmbeddingConfig, ObserverSpec, QuantConfig, SmoothQuantConfig
+from .observers.outliers import CalibrationOutlierWarning
 from .dispatch import cpu_features
 from .report import explain
 from .nn.model import QuantizedModel
@@ -40,4 +41,4 @@ from .serialization import load, save
 __version__ = VERSION
 __all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "PreparedModel", "QuantizedModel",
            "QuantConfig", "ObserverSpec", "EmbeddingConfig", "SmoothQuantConfig", "save", "load", "explain", "compare",
-           "cpu_features", "__version__"]
+           "cpu_features", "CalibrationOutlierWarning", "__version__"]

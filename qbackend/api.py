@@ -25,6 +25,7 @@ from .lowering.pipeline import convert_graph, prepare_graph
 from .lowering.graph_utils import positional_inputs
 from .lowering.module_swap import SwappedModel, convert_swapped, swap_modules
 from .lowering.prepare import PreparedGraph
+from .nn.inputs import input_signature
 from .nn.model import QuantizedModel
 from .report.fallback import quantize_within_budget
 
@@ -165,7 +166,9 @@ def convert(prepared: PreparedModel, tune: bool = False, tune_batch_sizes=None, 
         raise TypeError(f"convert takes the model qbackend.prepare returned, got {type(prepared).__name__}")
     if isinstance(prepared._prepared, PreparedGraph):
         (gm, in_spec, out_spec), layers, activations = convert_graph(prepared._prepared, tune=options)
-        return QuantizedModel(gm, layers, activations, in_spec, out_spec, arg_names=gm.meta.get("arg_names"))
+        arg_names = gm.meta.get("arg_names")
+        return QuantizedModel(gm, layers, activations, in_spec, out_spec, arg_names=arg_names,
+                              input_signature=input_signature(gm, arg_names))
     return convert_swapped(prepared._prepared, tune=options)
 
 

@@ -193,9 +193,54 @@ def test_version_is_an_integer(cnn, tmp_path):
     _rewrite(tmp_path / "good.qb", tmp_path / "v.qb", lambda doc: doc.__setitem__("version", "2"))
     with pytest.raises(ModelFileError, match=r"format version must be an integer, the file has '2' \(str\)"):
         qbackend.load(tmp_path / "v.qb")
+    _rewrite(tmp_path / "good.qb", tmp_path / "v.qb", lambda doc: doc.__setitem__("version", True))
+    with pytest.raises(ModelFileError, match=r"format version must be an integer, the file has True \(bool\)"):
+        qbackend.load(tmp_path / "v.qb")
     _rewrite(tmp_path / "good.qb", tmp_path / "v.qb", lambda doc: doc.__setitem__("version", 99))
     with pytest.raises(ModelFileError, match="format version 99 .*reads version 2"):
         qbackend.load(tmp_path / "v.qb")
+
+
+def _set_format_versions(value):
+    """An edit setting every stored state's format_version field (packed weights) to `value`."""
+    def edit(doc):
+        seen = []
+
+        def visit(d):
+            if "format_version" in d:
+                d["format_version"] = value
+                seen.append(d)
+            return False
+
+        _walk(doc["model"], visit)
+        assert seen  # the file stores its packed weights' states with the field
+    return edit
+
+
+@pytest.mark.parametrize("value,shown", [("1", r"'1' \(str\)"), (True, r"True \(bool\)"), (1.0, r"1\.0 \(float\)")])
+def test_format_version_of_a_weight_state_is_an_int(cnn, tmp_path, value, shown):
+    q, _ = cnn
+    qbackend.save(q, tmp_path / "good.qb")
+    _rewrite(tmp_path / "good.qb", tmp_path / "v.qb", _set_format_versions(value))
+    with pytest.raises(ModelFileError, match=rf"state is malformed: its 'format_version' field must be an int, "
+                                             rf"got {shown}") as err:
+        qbackend.load(tmp_path / "v.qb")
+    assert "reads version" not in str(err.value)
+    _rewrite(tmp_path / "good.qb", tmp_path / "v.qb", _set_format_versions(7))
+    with pytest.raises(ModelFileError, match="format_version 7; this qbackend reads version 1"):
+        qbackend.load(tmp_path / "v.qb")
+
+
+@pytest.mark.parametrize("value,shown", [("1", r"'1' \(str\)"), (True, r"True \(bool\)")])
+def test_format1_header_version_is_an_int(tmp_path, value, shown):
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"not": "read"}, buf)
+    header = {"format": "qbackend-model", "version": value, "qbackend_version": "0.1.0"}
+    torch.save({"header": header, "model": buf.getvalue()}, tmp_path / "old.qb")
+    with pytest.raises(ModelFileError, match=rf"format version must be an integer, the file has {shown}"):
+        qbackend.load(tmp_path / "old.qb", allow_pickle=True)
 
 
 def test_other_files_are_clear_errors(tmp_path):
@@ -267,7 +312,7 @@ def fuzz_damaged_files(tmp_path, cases: int, seed: int = 0) -> dict[str, int]:
     counts: dict[str, int] = {}
     for i in range(cases):
         kind, bad = _damaged(data, other, rng)
-        if bad == data or bad == other:  # an undamaged file (a splice before the first differing byte)
+        if bad in (data, other):  # a splice cut before the files' first difference is the other, intact file
             continue
         path = tmp_path / "bad.qb"
         path.write_bytes(bad)

@@ -48,8 +48,14 @@ def test_first_format_dicts_are_read():
     act = ActivationRecord.from_dict({"range": [0.0, 1.0], "dtype": "uint8", "symmetric": False, "qmin": 0,
                                       "qmax": 255, "eps": 1e-8})
     assert act.qmax == 255 and act.smoothquant is None
-    with pytest.raises(ValueError, match="version"):
+    with pytest.raises(ValueError, match="a layer record has version 99; this qbackend reads version"):
         LayerRecord.from_dict({**rec.to_dict(), "version": 99})
+    for bad, shown in (("2", r"'2' \(str\)"), (True, r"True \(bool\)")):
+        with pytest.raises(ValueError, match=rf"a layer record is malformed: its 'version' field must be an int, "
+                                             rf"got {shown}"):
+            LayerRecord.from_dict({**rec.to_dict(), "version": bad})
+        with pytest.raises(ValueError, match=rf"an activation record is malformed: .*got {shown}"):
+            ActivationRecord.from_dict({**act.to_dict(), "version": bad})
 
 
 def test_convert_builds_typed_records():

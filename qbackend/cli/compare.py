@@ -168,6 +168,8 @@ def _print_rich(result, rows: list[dict], title: str) -> None:
     o = result.output
     cols = {"output SQNR (dB)": _fmt_db(o.sqnr_db), "max abs error": f"{o.max_abs_error:.4g}",
             "cosine": f"{o.cosine:.6f}"}
+    if o.nonfinite_fp32 or o.nonfinite_int8:
+        cols.update({"non-finite FP32": str(o.nonfinite_fp32), "non-finite INT8": str(o.nonfinite_int8)})
     if result.metric:
         m = result.metric
         cols.update({"metric FP32": f"{m['fp32']:.4g}", "metric INT8": f"{m['int8']:.4g}",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from .routes import RULE, BatchRoutes, Route
+from .state_version import check_state_version
 
 RECORD_VERSION = 2
 WEIGHT_ONLY_NOTE = "weight-only (FP32 compute)"
@@ -80,8 +81,7 @@ class LayerRecord:
             raise TypeError(f"a layer record must be a dict, got {type(d).__name__}")
         if "version" not in d:
             return _layer_v1(d)
-        if d["version"] != RECORD_VERSION:
-            raise ValueError(f"layer record version {d['version']!r}; this qbackend reads {RECORD_VERSION}")
+        check_state_version(d["version"], (RECORD_VERSION,), "a layer record", "version")
         kw = {f.name: d[f.name] for f in fields(cls) if f.name in d}
         kw["shape"] = _shape(kw.get("shape") or {})
         kw["route"] = None if kw.get("route") is None else _route(kw["route"])
@@ -110,8 +110,7 @@ class ActivationRecord:
     def from_dict(cls, d: dict) -> "ActivationRecord":
         if not isinstance(d, dict):
             raise TypeError(f"an activation record must be a dict, got {type(d).__name__}")
-        if d.get("version", 1) not in (1, RECORD_VERSION):
-            raise ValueError(f"activation record version {d['version']!r}; this qbackend reads {RECORD_VERSION}")
+        check_state_version(d.get("version", 1), (1, RECORD_VERSION), "an activation record", "version")
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 

@@ -28,8 +28,8 @@ Trust: the file is validated on every load. A file that cannot be read or parsed
 structure is wrong (format, version, machines, a section without fingerprint/entries objects),
 is ignored as a whole with one `TuneCacheWarning` naming the file and the problem, and replaced
 by the next `put`. Single entries that are malformed (key not a TuneKey, provider unknown to
-qbackend, times not finite non-negative numbers, provider not among its own times) are dropped,
-with one warning per load. A missing file is an empty cache (no warning).
+qbackend, times not finite positive numbers, provider not among its own times) are dropped,
+with one warning per load naming the file and the entries' keys (tuning measures them again). A missing file is an empty cache (no warning).
 
 Writing: every `put` re-reads the file, merges its current entries (read-modify-write, under an
 advisory lock file `<name>.lock` where the OS has fcntl), sets the new entry and replaces the file
@@ -199,8 +199,9 @@ def _result_problem(result: Any, known: frozenset[str]) -> str | None:
     for p, t in times.items():
         if not isinstance(p, str) or p not in known:
             return f"times_us names unknown provider {p!r}"
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            return f"times_us[{p!r}] = {t!r} is not a finite non-negative number"
+        # positive: tune_route divides by the fastest time, and no kernel call takes no time
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            return f"times_us[{p!r}] = {t!r} is not a finite positive number"
     if provider not in times:
         return f"provider {provider!r} has no time in times_us"
     return None
@@ -391,9 +392,9 @@ class TuneCache:
             self._warn(f"ignoring tune cache {self.path}: {exc}; it will be replaced")
             return
         if dropped:
+            shown = "; ".join(dropped[:3]) + ("; ..." if len(dropped) > 3 else "")
             self._warn(f"tune cache {self.path}: dropped {len(dropped)} invalid entr"
-                       f"{'y' if len(dropped) == 1 else 'ies'} ({dropped[0]}"
-                       f"{', ...' if len(dropped) > 1 else ''})")
+                       f"{'y' if len(dropped) == 1 else 'ies'} ({shown}); tuning measures them again")
 
     def _write(self, text: str) -> None:
         try:

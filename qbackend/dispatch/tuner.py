@@ -163,7 +163,8 @@ def tune(key: TuneKey, builders: Mapping[str, Callable[[], Callable[[], object]]
     if not runnables:
         detail = "; ".join(f"{p}: {why}" for p, why in refused.items()) or "no builders given"
         raise ValueError(f"tune {key}: no provider can run it ({detail})")
-    times = {p: round(t, 3) for p, t in time_candidates(runnables, **{**TUNE_TIMING, **timing}).items()}  # ns: as stored
+    # to the ns, as stored; a call is never faster than that (the cache holds positive times only)
+    times = {p: max(round(t, 3), 0.001) for p, t in time_candidates(runnables, **{**TUNE_TIMING, **timing}).items()}
     best = min(runnables, key=lambda p: times[p])
     result = TuneResult(best, times)
     if cache is not None:

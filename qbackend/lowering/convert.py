@@ -32,6 +32,7 @@ import torch
 from torch import fx
 
 from ..observers import QParams
+from ..observers import outliers
 from ..ops import reference
 from ..nn import QuantizedConv2d, QuantizedLinear
 from ..nn.quant import Dequantize, Quantize
@@ -259,6 +260,20 @@ def qparams_from_observers(state: ConvertState) -> ConvertState:
 def search_smoothing(state: ConvertState) -> ConvertState:
     """SmoothQuant's factors for each candidate value (algorithms/smoothquant.py)."""
     state.smoothed = _search_smoothing(state.prepared, state.qparams, state.value_ids, state.activations)
+    return state
+
+
+def warn_calibration_outliers(state: ConvertState) -> ConvertState:
+    """One CalibrationOutlierWarning naming every activation whose chosen range a few outlying
+    calibration values dominate (observers/outliers.py); values SmoothQuant smoothed are left out
+    (their qparams are the smoothed value's)."""
+    if not state.warn:
+        return state
+    smoothed = {state.prepared.plan.observed[node] for node in state.smoothed}
+    tails = state.prepared.tail_histograms()
+    findings = [f for name, obs in state.prepared.observers().items() if name not in smoothed
+                if (f := outliers.find_outlier_range(obs, tails.get(name))) is not None]
+    outliers.warn_outliers(findings, stacklevel=6)  # the caller of qbackend.convert
     return state
 
 

@@ -31,6 +31,7 @@ PREPARE: tuple[Callable, ...] = (
 CONVERT: tuple[Callable, ...] = (
     convert.qparams_from_observers,  # each observed value's qparams and activation record
     convert.search_smoothing,        # SmoothQuant's factors per candidate value
+    convert.warn_calibration_outliers,  # one warning naming ranges a few outlying values dominate
     convert.copy_graph,              # rewrite a copy (parameters shared)
     convert.apply_smoothing,         # factors into LayerNorms, quantize ops and (later) weights
     convert.attach_hessians,         # GPTQ's H per static Linear

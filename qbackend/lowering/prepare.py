@@ -13,6 +13,7 @@ from torch import fx, nn
 
 from ..config import QuantConfig
 from ..observers import Observer
+from ..observers.outliers import TailHistogram, needs_tail_histogram
 from .capture import capture
 from .embeddings import EmbeddingOp, match_embeddings
 from .graph_utils import record_example_shapes
@@ -28,14 +29,20 @@ HESSIAN_PREFIX = "qbackend_hessian_"
 
 
 class ActivationObserver(nn.Module):
-    """A graph node that feeds a value to an observer and leaves the value alone."""
+    """A graph node that feeds a value to an observer and leaves the value alone. An observer
+    without a histogram (the min/max family) gets a TailHistogram beside it (`tails`), from which
+    convert tells whether its range is dominated by outliers (observers/outliers.py)."""
 
     def __init__(self, observer: Observer):
         super().__init__()
         self.observer = observer
+        self.tails = TailHistogram(name=observer.name) if needs_tail_histogram(observer) else None
 
     def forward(self, x: torch.Tensor) -> None:
-        self.observer.update(x.detach())
+        x = x.detach()
+        self.observer.update(x)
+        if self.tails is not None:
+            self.tails.update(x)
 
     def extra_repr(self) -> str:
         return f"{self.observer.name}: {type(self.observer).__name__}, batches seen: {self.observer.count > 0}"
@@ -57,6 +64,11 @@ class PreparedGraph:
         """Observer name (layer.input / layer.output) -> observer."""
         return {m.observer.name: m.observer for name, m in self.gm.named_children()
                 if isinstance(m, ActivationObserver)}
+
+    def tail_histograms(self) -> dict[str, TailHistogram]:
+        """Observer name -> the TailHistogram beside it, for observers without a histogram."""
+        return {m.observer.name: m.tails for name, m in self.gm.named_children()
+                if isinstance(m, ActivationObserver) and getattr(m, "tails", None) is not None}
 
 
 def _observer_spec_for(plan: Plan, node: fx.Node):

@@ -17,6 +17,7 @@ from torch.utils import _pytree as pytree
 
 from ..core.batches import bind_by_name
 from ..core.records import ActivationRecord, LayerRecord
+from .inputs import check_inputs
 
 
 class _DumpedSpec:
@@ -59,9 +60,10 @@ class QuantizedModel(nn.Module):
     """What qbackend.convert returns: the int8 model, with its layer and activation records."""
 
     def __init__(self, inner: nn.Module, layers: dict[str, LayerRecord], activations: dict[str, ActivationRecord],
-                 in_spec=None, out_spec=None, arg_names=None):
+                 in_spec=None, out_spec=None, arg_names=None, input_signature=None):
         """arg_names: the model's names of the graph's positional inputs (its forward's parameters),
-        by which a call may also pass them as keywords."""
+        by which a call may also pass them as keywords. input_signature: each flat graph input's
+        [name, rank, floating] (nn/inputs.py), checked on every call; None: not checked."""
         super().__init__()
         self.inner = inner
         self.qbackend_layers = layers
@@ -69,6 +71,7 @@ class QuantizedModel(nn.Module):
         self._in_spec, self._out_spec = in_spec, out_spec
         self._arg_names = list(arg_names) if arg_names else []
         self._positional = _positional_count(in_spec)
+        self._input_signature = input_signature
 
     @property
     def graph_module(self):
@@ -86,6 +89,8 @@ class QuantizedModel(nn.Module):
             return self.inner(*args, **kwargs)
         if kwargs or len(args) != self._positional:
             args = self._flatten(args, kwargs)
+        if self._input_signature is not None:
+            check_inputs(self._input_signature, args)
         out = self.inner(*args)
         return pytree.tree_unflatten(list(out), self._out_spec)
 
@@ -128,6 +133,7 @@ class QuantizedModel(nn.Module):
                                          for k, r in state.get("qbackend_activations", {}).items()}
         super().__setstate__(state)
         self.__dict__.setdefault("_arg_names", [])  # models saved before it existed
+        self.__dict__.setdefault("_input_signature", None)  # saved without one: not checked
         self._positional = _positional_count(self._in_spec)
 
     def extra_repr(self) -> str:

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..core.state_version import check_state_version
 from ..ops import observer_ops  # noqa: F401  (registers the observer ops' fake impls)
 from .qparams import F32_EPS, QParams, _check_eps, check_qdtype, choose_qparams, qrange
 
@@ -282,8 +283,7 @@ class Observer(abc.ABC):
                              f"unexpected {sorted(set(state) - want)}")
         if state["kind"] != self.kind:
             raise ValueError(f"state_dict is of a {state['kind']!r}, not of a {self.kind}")
-        if state["version"] != STATE_VERSION:
-            raise ValueError(f"state_dict version {state['version']!r} is not supported (expected {STATE_VERSION})")
+        check_state_version(state["version"], (STATE_VERSION,), "state_dict", "version")
         if not isinstance(state["config"], dict) or not isinstance(state["stats"], dict):
             raise ValueError("state_dict config and stats must be dicts")
         stats = state["stats"]

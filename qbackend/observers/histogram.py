@@ -213,6 +213,22 @@ class _PowerOfTwoHistogram(Observer):
         e = self.bin_edges()
         return e[:-1].clamp(self.min_val, self.max_val), e[1:].clamp(self.min_val, self.max_val)
 
+    def value_at(self, fraction: float) -> float:
+        """The value below which `fraction` (in [0, 1]) of the mass lies, interpolated linearly in
+        its bin (mass uniform over the bin clipped to [min, max])."""
+        if not self.has_data:
+            raise self._no_data_error()
+        counts = self.counts.double()
+        cum = counts.cumsum(0)
+        target = min(max(fraction, 0.0), 1.0) * float(cum[-1])
+        j = int(torch.searchsorted(cum, torch.tensor([target], dtype=torch.float64))[0])
+        j = min(j, self.bins - 1)
+        lower, upper = self.bin_bounds()
+        before = float(cum[j - 1]) if j > 0 else 0.0
+        frac = (target - before) / float(counts[j]) if counts[j] > 0 else 0.0
+        lo, hi = float(lower[j]), float(upper[j])
+        return min(max(lo + frac * (hi - lo), self.min_val), self.max_val)
+
     def _hist_args(self) -> tuple:
         return self.counts, self.log2_width, self.offset, self.min_val, self.max_val
 

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from ..core.extension import _C  # noqa: F401  (loads the .so, which registers the ops)
+from ..core.state_version import check_state_version
 
 ops = torch.ops.qbackend
 QPARAMS_DTYPES = (torch.float16, torch.float32)
@@ -267,9 +268,7 @@ class PackedEmbeddingTable:
                 "provider": self.provider.name}
 
     def __setstate__(self, state: dict) -> None:
-        if state.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"PackedEmbeddingTable state has format_version {state.get('format_version')!r}; "
-                             f"this qbackend reads version {FORMAT_VERSION}")
+        check_state_version(state.get("format_version"), (FORMAT_VERSION,), "PackedEmbeddingTable state")
         provider = state["provider"]
         table = state["table"]
         if get_embedding_provider(provider).refuses_table(qparams_dtype_of(table, state["dim"], state["bits"]),

@@ -15,10 +15,13 @@ from __future__ import annotations
 from typing import Sequence
 
 import copy
+import operator
 
 import torch
 
 from ..core.routes import BatchRoutes
+from ..core.state_version import check_state_version
+from . import conv_geometry
 from .providers import Provider, get_provider
 
 FORMAT_VERSION = 1
@@ -124,10 +127,7 @@ class _Packed:
         return {"format_version": FORMAT_VERSION, **self._state()}
 
     def __setstate__(self, state: dict) -> None:
-        version = state.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"{type(self).__name__} state has format_version {version!r}; this qbackend "
-                             f"reads version {FORMAT_VERSION}")
+        check_state_version(state.get("format_version"), (FORMAT_VERSION,), f"{type(self).__name__} state")
         state = {k: v for k, v in state.items() if k != "format_version"}
         self.__init__(**state)
 
@@ -212,12 +212,13 @@ class PackedConv2dWeight(_Packed):
         the layer will mostly run with (oneDNN chooses its weight format for them). batch_routes:
         by batch size (see the module docstring)."""
         self.weight = _check_weight(weight, 4, "conv2d")
-        self.out_channels = self.weight.shape[0]
-        self.in_channels = self.weight.shape[1] * int(groups)
-        self.kernel_size = tuple(self.weight.shape[2:])
         self.stride, self.padding, self.dilation = (_pair(stride, "stride"), _pair(padding, "padding"),
                                                     _pair(dilation, "dilation"))
-        self.groups = int(groups)
+        self.groups = conv_geometry.check_geometry(self.weight.shape, _as_int(groups, "groups"), self.padding,
+                                                   x_shape)
+        self.out_channels = self.weight.shape[0]
+        self.in_channels = self.weight.shape[1] * self.groups
+        self.kernel_size = tuple(self.weight.shape[2:])
         self.w_scales = _as_scales(w_scales, self.out_channels, "conv2d")
         self.bias = _as_bias(bias, self.out_channels)
         self.x_shape = list(x_shape) if x_shape is not None else None
@@ -242,6 +243,7 @@ class PackedConv2dWeight(_Packed):
                output_zero_point: int = 0, output_dtype: torch.dtype = torch.float32, post_op: str = "none",
                accum: torch.Tensor | None = None, accum_scale: float = 1.0, accum_zero_point: int = 0) -> torch.Tensor:
         """y = post_op(conv(dequant(x), dequant(w)) + bias [+ dequant(accum)]), channels-last output."""
+        conv_geometry.check_input(x, self.weight.shape, self.groups, self.padding)
         provider, packed = self._form(x.shape[0]) if self._forms is not None else (self.provider, self.packed)
         return provider.conv2d(x, x_scale, x_zero_point, packed, self.w_scales, self.bias, self.stride,
                                self.padding, self.dilation, self.groups, output_scale, output_zero_point,
@@ -258,6 +260,7 @@ class PackedConv2dWeight(_Packed):
         if fn is None:
             return self.conv2d(x, x_scale, x_zero_point, output_scale, output_zero_point, output_dtype, post_op,
                                accum, accum_scale, accum_zero_point)
+        conv_geometry.check_input(x, self.weight.shape, self.groups, self.padding)
         fn(x, x_scale, x_zero_point, packed, self.w_scales, self.bias, self.stride, self.padding,
            self.dilation, self.groups, output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
            accum_zero_point)
@@ -267,6 +270,16 @@ class PackedConv2dWeight(_Packed):
         return (f"PackedConv2dWeight({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
                 f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
                 f"provider={self.provider.name!r}{self._routes_repr()})")
+
+
+def _as_int(v, name: str) -> int:
+    """An int (or integer-like: numpy / torch integers); bools and floats are refused."""
+    if isinstance(v, bool):
+        raise ValueError(f"{name} must be an int, got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise ValueError(f"{name} must be an int, got {v!r}") from None
 
 
 def _pair(v, name: str) -> list[int]:

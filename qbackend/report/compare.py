@@ -13,7 +13,9 @@ Per layer: `sqnr_db`, the layer's INT8 output against the FP32 model's value at 
 at that place quantized with the layer's qparams and run through the INT8 layer, against the FP32
 model's value (the error this layer adds, input quantization included; what `ranked()` sorts by,
 most sensitive first). For the final output (every float tensor of the output structure): SQNR,
-max abs error, cosine similarity. With `metric` (a function model -> float, higher is better), both
+max abs error, cosine similarity, and the count of non-finite values (NaN, inf) in each model's
+output: where there is any, SQNR and cosine are NaN and the max abs error NaN or inf (never a
+number computed from the finite values only), and a note says so. With `metric` (a function model -> float, higher is better), both
 models' values and the drop. Models converted through the module-swap fallback are compared per
 module (hooks on the FP32 model's modules of the same names).
 """
@@ -51,11 +53,15 @@ class LayerReport:
 
 @dataclass
 class OutputReport:
-    """The output's accuracy against FP32: SQNR, max absolute error, cosine."""
+    """The output's accuracy against FP32: SQNR, max absolute error, cosine, and the number of
+    non-finite values in the FP32 and in the INT8 output (the metrics are NaN / inf where either
+    is non-zero)."""
 
     sqnr_db: float
     max_abs_error: float
     cosine: float
+    nonfinite_fp32: int = 0
+    nonfinite_int8: int = 0
 
 
 @dataclass
@@ -86,6 +92,8 @@ class CompareResult:
         o = self.output
         lines = [f"Output over {self.batches} batches: SQNR {o.sqnr_db:.2f} dB, max abs error {o.max_abs_error:.4g}, "
                  f"cosine {o.cosine:.6f}"]
+        if o.nonfinite_fp32 or o.nonfinite_int8:
+            lines[0] += f" (non-finite values: FP32 {o.nonfinite_fp32}, INT8 {o.nonfinite_int8})"
         if self.metric:
             m = self.metric
             lines.append(f"Metric: FP32 {m['fp32']:.4f}, INT8 {m['int8']:.4f} (drop {m['drop']:.4f})")
@@ -121,6 +129,8 @@ class _Acc:
     def sqnr(self) -> float | None:
         if self.n == 0:
             return None
+        if not (math.isfinite(self.ref) and math.isfinite(self.err)):
+            return math.nan  # a NaN or inf in either side: no SQNR
         if self.err == 0.0:
             return math.inf
         return 10 * math.log10(max(self.ref, 1e-300) / self.err)
@@ -228,6 +238,7 @@ def compare(fp32_model: nn.Module, qmodel: QuantizedModel, data: Iterable, metri
             notes.append(f"per-layer SQNR unavailable: the FP32 model could not be captured ({exc})")
     acc = {name: (_Acc(), _Acc()) for name in qmodel.qbackend_layers}
     out_acc, max_err, dot, n_ref, n_out = _Acc(), 0.0, 0.0, 0.0, 0.0
+    bad_ref = bad_out = 0  # non-finite values in each model's output
     fp32_values: dict[str, torch.Tensor] = {}
     handles = []
 
@@ -267,7 +278,10 @@ def compare(fp32_model: nn.Module, qmodel: QuantizedModel, data: Iterable, metri
                 r = torch.cat([t.reshape(-1).double() for t in _float_leaves(ref_out)])
                 o = torch.cat([t.reshape(-1).double() for t in _float_leaves(q_out)])
                 out_acc.add(r, o)
-                max_err = max(max_err, float((r - o).abs().max()))
+                bad_ref += int((~torch.isfinite(r)).sum())
+                bad_out += int((~torch.isfinite(o)).sum())
+                batch_err = float((r - o).abs().max()) if r.numel() else 0.0  # torch's max keeps NaN
+                max_err = math.nan if math.isnan(batch_err) or math.isnan(max_err) else max(max_err, batch_err)
                 dot += float((r * o).sum())
                 n_ref += float(r.pow(2).sum())
                 n_out += float(o.pow(2).sum())
@@ -282,7 +296,14 @@ def compare(fp32_model: nn.Module, qmodel: QuantizedModel, data: Iterable, metri
             "fp32 compute" if isinstance(m, (WeightOnlyLinear, WeightOnlyConv2d)) else "mixed")
         layers.append(LayerReport(name, info.kind, provider, acc[name][0].sqnr(), acc[name][1].sqnr()))
     cosine = dot / math.sqrt(max(n_ref * n_out, 1e-300))
-    result = CompareResult(layers, OutputReport(out_acc.sqnr() or 0.0, max_err, cosine), batches=n, notes=notes)
+    if bad_ref or bad_out:
+        cosine = math.nan
+        if math.isfinite(max_err):  # inf against inf at the same place: no error there, but no number either
+            max_err = math.nan
+        notes.append(f"the outputs hold non-finite values ({bad_ref} non-finite values in the FP32 output, "
+                     f"{bad_out} in the INT8 output): SQNR and cosine are NaN, max abs error {max_err}")
+    result = CompareResult(layers, OutputReport(out_acc.sqnr() or 0.0, max_err, cosine, bad_ref, bad_out),
+                           batches=n, notes=notes)
     if metric is not None:
         f, q = float(metric(fp32_model)), float(metric(qmodel))
         result.metric = {"fp32": f, "int8": q, "drop": f - q}

@@ -228,6 +228,12 @@ CORRUPT = {
         {KEY.to_json(): {"provider": "onednn", "times_us": {"onednn": math.nan}}})).encode(),
     "infinite time": json.dumps(_file_with_entries(
         {KEY.to_json(): {"provider": "onednn", "times_us": {"onednn": 1.0, "fbgemm": math.inf}}})).encode(),
+    "zero time": json.dumps(_file_with_entries(
+        {KEY.to_json(): {"provider": "onednn", "times_us": {"onednn": 0.0}}})).encode(),
+    "negative time": json.dumps(_file_with_entries(
+        {KEY.to_json(): {"provider": "onednn", "times_us": {"onednn": 1.0, "fbgemm": -3.0}}})).encode(),
+    "bool time": json.dumps(_file_with_entries(
+        {KEY.to_json(): {"provider": "onednn", "times_us": {"onednn": True}}})).encode(),
     "unknown provider": json.dumps(_file_with_entries(
         {KEY.to_json(): {"provider": "cudnn", "times_us": {"cudnn": 1.0}}})).encode(),
     "provider without a time": json.dumps(_file_with_entries(
@@ -286,6 +292,8 @@ def test_put_rejects_results_the_file_could_not_hold(tmp_path):
         cache.put(KEY, TuneResult("cudnn", {"cudnn": 1.0}))
     with pytest.raises(ValueError, match="finite"):
         cache.put(KEY, TuneResult("onednn", {"onednn": math.inf}))
+    with pytest.raises(ValueError, match="positive"):
+        cache.put(KEY, TuneResult("onednn", {"onednn": 0.0}))
     assert not (tmp_path / "t.json").exists()
 
 
@@ -393,7 +401,7 @@ while not os.path.exists(go):
     time.sleep(0.001)
 for i in range(100):
     cache.put(TuneKey.make("linear", {"m": i, "k": 8, "n": 8}, writer=writer),
-              TuneResult("fbgemm", {"fbgemm": float(i)}))
+              TuneResult("fbgemm", {"fbgemm": float(i + 1)}))
 """
     procs = [subprocess.Popen([sys.executable, "-c", child, str(path), w, str(go)], env=dict(os.environ),
                               stderr=subprocess.PIPE, text=True) for w in ("a", "b")]

@@ -129,3 +129,38 @@ def test_tune_argument_errors(prepared):
         qbackend.convert(p, tune_batch_sizes=[1])
     with pytest.raises(ValueError, match="positive batch sizes"):
         qbackend.convert(p, tune=True, tune_batch_sizes=[0])
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, "fast"])
+def test_corrupt_cached_times_are_ignored_with_a_warning_and_measured_again(tmp_path, bad):
+    import json
+    import warnings
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16)).eval()
+    x = torch.randn(8, 32)
+    p = qbackend.prepare(model, (x,))
+    p(x)
+    path = tmp_path / "tune.json"
+    qbackend.convert(p, tune=True, tune_cache=TuneCache(path))
+    doc = json.loads(path.read_text())
+    (section,) = doc["machines"].values()
+    (key,) = section["entries"]
+    for provider in section["entries"][key]["times_us"]:
+        section["entries"][key]["times_us"][provider] = bad
+    path.write_text(json.dumps(doc))
+    with pytest.warns(tuner.TuneCacheWarning) as record:
+        q = qbackend.convert(p, tune=True, tune_cache=TuneCache(path))
+    messages = [str(w.message) for w in record if issubclass(w.category, tuner.TuneCacheWarning)]
+    assert any(str(path) in m and key in m for m in messages), messages
+    (row,) = qbackend.explain(q).rows
+    assert row["why"].startswith("tuned: batch 8:") and "(cached)" not in row["why"]
+    times = [float(t) for t in re.findall(r"(?:native|fbgemm|onednn) ([0-9.]+) us", row["why"])]
+    assert times and all(t > 0 for t in times)
+    stored = json.loads(path.read_text())["machines"]
+    assert all(t > 0 for s in stored.values() for e in s["entries"].values() for t in e["times_us"].values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tuner.TuneCacheWarning)  # the rewritten file is valid
+        qbackend.convert(p, tune=True, tune_cache=TuneCache(path))
+    with torch.no_grad():
+        assert sqnr(model(x), q(x)) > 30

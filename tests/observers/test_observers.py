@@ -212,7 +212,9 @@ def _mutated(sd, path, value):
 
 HIST_BAD = [
     (("kind",), "MinMaxObserver", "of a 'MinMaxObserver', not of a HistogramObserver"),
-    (("version",), 2, "version 2 is not supported"),
+    (("version",), 2, "state_dict has version 2; this qbackend reads version 1"),
+    (("version",), "1", r"state_dict is malformed: its 'version' field must be an int, got '1' \(str\)"),
+    (("version",), True, r"'version' field must be an int, got True \(bool\)"),
     (("config",), KeyError, "keys must be"),
     (("extra",), 1, "keys must be"),
     (("config", "bins"), 512, "config differs in bins"),

@@ -109,3 +109,53 @@ def test_errors():
         qbackend.compare(case.model, case.model, case.evaluation)
     with pytest.raises(TypeError, match="metric"):
         qbackend.compare(case.model, q, case.evaluation, metric=3)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    from ..lowering.toy_models import MLP
+
+    model = MLP().eval()
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(0))
+    return model, qbackend.quantize(model, (x,), [x]), x
+
+
+def test_clean_batch_has_no_nonfinite_values(mlp):
+    model, q, x = mlp
+    res = qbackend.compare(model, q, [(x,)])
+    o = res.output
+    assert o.nonfinite_fp32 == 0 and o.nonfinite_int8 == 0
+    assert math.isfinite(o.max_abs_error) and o.max_abs_error > 0 and o.sqnr_db > 20
+    assert not any("non-finite" in n for n in res.notes)
+
+
+def test_all_nan_batch_is_reported_not_zero(mlp):
+    model, q, x = mlp
+    nan = torch.full_like(x, math.nan)
+    with torch.no_grad():
+        expected = int((~torch.isfinite(model(nan))).sum())
+    assert expected == nan.shape[0] * 32  # the FP32 output is all NaN
+    res = qbackend.compare(model, q, [(nan,)])
+    o = res.output
+    assert o.nonfinite_fp32 == expected
+    assert math.isnan(o.max_abs_error) and math.isnan(o.sqnr_db) and math.isnan(o.cosine)
+    assert any(f"{expected} non-finite values in the FP32 output" in n for n in res.notes), res.notes
+    md = res.to_markdown()
+    assert "max abs error nan" in md and f"non-finite values: FP32 {expected}" in md
+    d = json.loads(res.to_json())
+    assert d["output"]["nonfinite_fp32"] == expected and d["output"]["max_abs_error"] is None
+
+
+def test_one_inf_in_a_batch_is_reported(mlp):
+    model, q, x = mlp
+    bad = x.clone()
+    bad[3, 5] = math.inf
+    with torch.no_grad():
+        expected_fp32 = int((~torch.isfinite(model(bad))).sum())
+        expected_int8 = int((~torch.isfinite(q(bad))).sum())
+    assert expected_fp32 > 0
+    res = qbackend.compare(model, q, [(x,), (bad,)])  # one clean batch first: the error cannot stay at its value
+    o = res.output
+    assert (o.nonfinite_fp32, o.nonfinite_int8) == (expected_fp32, expected_int8)
+    assert not math.isfinite(o.max_abs_error) and not math.isfinite(o.sqnr_db)
+    assert any("non-finite" in n for n in res.notes)
