@@ -89,19 +89,26 @@ try:
     qbackend.load(PATH)
 except qbackend.serialization.ModelFileError as exc:
     print("REFUSED:", exc)
-q = qbackend.load(PATH, classes=[transformers])
+if MODE == "static":  # the output type's module imported by the caller: no trust needed
+    import transformers.modeling_outputs
+    q = qbackend.load(PATH)
+else:
+    q = qbackend.load(PATH, classes=[transformers])
 ids, mask = torch.load(INPUTS)
 torch.save(q(ids, mask).last_hidden_state, OUT)
+q = qbackend.load(PATH, classes=[transformers])
+torch.save(q(ids, mask).last_hidden_state, OUT + ".trusted")
 """
 
 
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 def test_hugging_face_model_loads_in_a_fresh_process(mode, tmp_path):
     """A model whose output is a Hugging Face ModelOutput loads in a process that imported only
-    `transformers` (not its modeling_outputs module, which registers the output type with pytree)
-    when the caller trusts that package, and is refused with a message naming it otherwise: the
-    module-swapped model (dynamic) and the graph-captured one (static, whose output spec names the
-    ModelOutput class)."""
+    `transformers` (not its modeling_outputs module, which registers the output type with pytree):
+    refused with a message saying what to import or trust; loaded when the caller trusts the
+    package (classes=[transformers], which imports its modules). The graph-captured model (static)
+    names the ModelOutput only as its output's container, which needs no trust once imported; the
+    module-swapped one (dynamic) is made of transformers' classes, which do."""
     from .subprocess_utils import run_py
 
     case = MODELS["bert_base"](**CASES["bert_base"])
@@ -113,8 +120,13 @@ def test_hugging_face_model_loads_in_a_fresh_process(mode, tmp_path):
     qbackend.save(q, path)
     batch = case.evaluation[0]
     torch.save(tuple(batch), inputs)
-    code = _FRESH_LOAD.replace("PATH", repr(str(path))).replace("INPUTS", repr(str(inputs))).replace("OUT", repr(str(out)))
+    code = (_FRESH_LOAD.replace("PATH", repr(str(path))).replace("INPUTS", repr(str(inputs)))
+            .replace("OUT", repr(str(out))).replace("MODE", repr(mode)))
     proc = run_py(code, timeout=300, check=True)
-    assert "REFUSED:" in proc.stdout and "classes=" in proc.stdout
+    refusal = proc.stdout.split("REFUSED:")[1]
+    assert "classes=[transformers]" in refusal
+    if mode == "static":
+        assert "import transformers.modeling_outputs" in refusal
     with torch.no_grad():
-        assert torch.equal(torch.load(out), q(*batch).last_hidden_state)
+        expect = q(*batch).last_hidden_state
+    assert torch.equal(torch.load(out), expect) and torch.equal(torch.load(str(out) + ".trusted"), expect)

@@ -10,6 +10,10 @@ references only these functions:
   (`torch.nn.modules.`), and the classes the caller trusts (`qbackend.load(path, classes=[...])`:
   classes, or modules whose classes all count, e.g. `transformers` for a module-swapped Hugging Face
   model);
+* pytree node classes (a Hugging Face ModelOutput, registered with torch's pytree by its library
+  on import) as the node types of a model's input and output specs, without the caller's trust:
+  naming one builds nothing from the file; its module must be loaded already (or be inside a
+  trusted package, which imports it);
 * functions: pure tensor functions of torch (`torch`, `torch.nn.functional`, `torch._C._nn`, ...),
   `operator`, `math`, and a few builtins, none of the names that read or write files, load code or
   compile;
@@ -29,6 +33,7 @@ import types
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 
 class NotAllowedError(ValueError):
@@ -142,6 +147,29 @@ def function_name(fn) -> str:
     if op is not None:
         return op
     return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def pytree_node_class(cls) -> bool:
+    """Whether `cls` is registered with torch's pytree as a container type."""
+    return isinstance(cls, type) and cls in pytree.SUPPORTED_NODES
+
+
+def resolve_node_class(name: str, trusted: tuple = ()) -> type:
+    """The class a stored pytree spec names as a node type (see the module docstring)."""
+    module, _, qualname = name.partition(":")
+    try:
+        cls = _lookup(module, qualname, trusted)
+    except NotAllowedError:
+        package = module.split(".")[0]
+        raise NotAllowedError(f"the model's inputs or outputs are built as {name}, whose module is not loaded: "
+                              f"import {module} before loading, or trust its package: qbackend.load(path, "
+                              f"classes=[{package}])") from None
+    except (ImportError, AttributeError) as exc:
+        raise NotAllowedError(f"the file names class {name}, which does not exist here ({exc})") from None
+    if not isinstance(cls, type) or qualified_name(cls) != name or not (pytree_node_class(cls)
+                                                                         or class_allowed(cls, trusted)):
+        raise NotAllowedError(f"the file names {name} as a pytree container, which it is not here")
+    return cls
 
 
 def resolve_function(name: str):

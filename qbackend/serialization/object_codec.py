@@ -26,8 +26,8 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from . import graph_codec
-from .allowlist import (NotAllowedError, class_allowed, function_allowed, function_name, qualified_name,
-                        resolve_class, resolve_function)
+from .allowlist import (NotAllowedError, class_allowed, function_allowed, function_name, pytree_node_class,
+                        qualified_name, resolve_class, resolve_function, resolve_node_class)
 
 
 class CodecError(ValueError):
@@ -143,6 +143,8 @@ class Encoder:
             return {"$treespec": pytree.treespec_dumps(obj)}
         if isinstance(obj, enum.Enum):
             return {"$enum": self._class_name(type(obj), where), "name": obj.name}
+        if pytree_node_class(obj):
+            return {"$node_class": qualified_name(obj)}
         if isinstance(obj, type):
             return {"$class": self._class_name(obj, where)}
         if isinstance(obj, _FUNCTION_TYPES):
@@ -296,6 +298,10 @@ class Decoder:
             return cls[value["name"]]
         if tag == "$class":
             return self._class(body, where)
+        if tag == "$node_class":
+            if not isinstance(body, str):
+                raise CodecError(f"{where}: class name {body!r}")
+            return resolve_node_class(body, self.trusted)
         if tag == "$function":
             if not isinstance(body, str):
                 raise CodecError(f"{where}: $function {body!r}")
