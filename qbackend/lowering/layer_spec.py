@@ -36,8 +36,7 @@ class LayerSpec:
             return {"m": rows(xs), "k": ws[1], "n": ws[0], "gelu": int(self.post_op == "gelu")}
         g = self.geometry
         return {"n": xs[0], "c_in": xs[1], "c_out": ws[0], "h": xs[2], "w": xs[3], "kernel": tuple(ws[2:]),
-                "stride": tuple(g["stride"]), "padding": tuple(g["padding"]), "dilation": tuple(g["dilation"]),
-                "groups": g["groups"],
+                "stride": tuple(g["stride"]), "padding": tuple(g["padding"]), "groups": g["groups"],
                 "int8_residual": int(self.residual == "int8")}
 
 

@@ -100,43 +100,17 @@ def _onednn_exact() -> bool:
     return usable_isa() >= Isa.AVX512_VNNI or bool(_C.avx_vnni_usable())
 
 
-def _pair_of(v, default: int) -> tuple[int, int]:
-    if v is None:
-        return default, default
-    return (int(v), int(v)) if isinstance(v, int) else (int(tuple(v)[0]), int(tuple(v)[-1]))
-
-
-def onednn_conv_geometry_refusal(kernel, padding, dilation) -> str | None:
-    """Why oneDNN cannot run a conv of this geometry (None when it can): padding past "same"
-    padding (more than ceil((kernel - 1) * dilation / 2) on a side, e.g. any padding of a 1x1
-    conv, or 3 on a 3x3) gives wrong values with a nonzero input zero point and segfaults with
-    stride >= 2 where output columns see only padding. Also read when packing (prepack raises)."""
-    for k, p, d in zip(_pair_of(kernel, 1), _pair_of(padding, 0), _pair_of(dilation, 1)):
-        if p > ((k - 1) * d + 1) // 2:
-            return ("its convs with padding past 'same' padding (ceil((kernel - 1) * dilation / 2) a side) compute "
-                    "wrong values or crash")
-    return None
-
-
 def _onednn_refuses(op: str, shape) -> str | None:
     too_long = int32_reduction_refusal(op, shape)
     if too_long is not None:
         return too_long
     if op == "conv2d":
-        sh, sw = _pair_of(shape.get("stride", 1), 1)
+        stride = shape.get("stride", 1)
+        sh, sw = (stride, stride) if isinstance(stride, int) else tuple(stride)
         if shape["groups"] == shape["c_in"] and shape["c_out"] > shape["c_in"] and sh != sw:
             return "its depthwise convs with a channel multiplier and unequal strides compute wrong values"
-        # records without dilation: 1 (a dilated conv is then judged by its undilated kernel, stricter)
-        return onednn_conv_geometry_refusal(shape["kernel"], shape.get("padding", 0), shape.get("dilation", 1))
+        return None
     return None if op == "linear" else f"it has no {op}"
-
-
-def _onednn_prepack_conv2d(w, s, stride, padding, dilation, groups, x_shape=None, x_qparams=None):
-    why = onednn_conv_geometry_refusal(tuple(w.shape[2:]), padding, dilation)
-    if why is not None:
-        raise ValueError(f"onednn cannot run this conv2d (kernel {tuple(w.shape[2:])}, padding {tuple(padding)}, "
-                         f"dilation {tuple(dilation)}): {why}")
-    return ops.onednn_conv2d_prepack(w, s, stride, padding, dilation, groups, x_shape, *(x_qparams or (1.0, 0)))
 
 
 def _ref_float(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -246,7 +220,8 @@ PROVIDERS: dict[str, Provider] = {
         prepack_linear=lambda w, x_shape=None: ops.onednn_linear_prepack(w, x_shape),
         linear=ops.onednn_linear,
         linear_dynamic=ops.onednn_linear_dynamic,
-        prepack_conv2d=_onednn_prepack_conv2d,
+        prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None, x_qparams=None:
+            ops.onednn_conv2d_prepack(w, s, stride, padding, dilation, groups, x_shape, *(x_qparams or (1.0, 0))),
         conv2d=ops.onednn_conv2d,
         exact_8bit=_onednn_exact,
         conv2d_add_=ops.onednn_conv2d_add_,

@@ -2,11 +2,11 @@
 exact provider or answered with a clear error, by the geometry that showed it:
 
 * oneDNN convs with padding past "same" padding: a 1x1 conv with padding (0, 2) and stride (1, 3)
-  on a 1-wide input with zero point 0 segfaults (every output column sees only padding); a
-  depthwise 3x3 with padding 3 and a dense 5x5 with padding (3, 2) are wrong with a nonzero zero
-  point; under QBACKEND_ISA=avx2 a 1x1 conv with padding and zero point 255 is 27% off. oneDNN
-  refuses them (routing and prepack); the router picks an exact provider, through the public API
-  too.
+  on a 1-wide input with zero point 0 segfaulted (every output column sees only padding); a
+  depthwise 3x3 with padding 3 and a dense 5x5 with padding (3, 2) were wrong with a nonzero zero
+  point. The onednn provider writes such padding out and runs unpadded: exact, on every ISA. Where
+  oneDNN saturates 8-bit products (QBACKEND_ISA=avx2), a padded conv with a zero point above 127
+  (a 1x1 with padding and zero point 255 was 27% off) is a ValueError naming x_zero_point.
 * The reference provider checks its arguments like the others, and runs linear_dynamic on 0 rows.
 * A one-row rowwise embedding table with an odd dim (its row stride odd) reads its scale and bias.
 * linear_dynamic(reduce_range=False) where the provider saturates 8-bit products raises also on an
@@ -26,69 +26,59 @@ from torch import nn
 
 import qbackend
 from qbackend.core.extension import _C
-from qbackend.dispatch import route
 from qbackend.ops import PROVIDERS, PackedConv2dWeight, PackedLinearWeight
 from qbackend.ops import reference as R
 from qbackend.ops.embedding import PackedEmbeddingTable, dequantize_rowwise, quantize_rowwise
 
 ops = torch.ops.qbackend
 
-# (name, c_in, c_out, groups, kernel, h, w, stride, padding, x_zp)
+# (name, c_in, c_out, groups, kernel, h, w, stride, padding, dilation, x_zp)
 OVER_PADDED = [
-    ("1x1 pad (0,2) stride (1,3) on width 1 (segfault)", 5, 13, 1, (1, 1), 6, 1, (1, 3), (0, 2), 0),
-    ("1x1 pad (1,1) stride (1,3) on 2x2 (segfault)", 34, 30, 1, (1, 1), 2, 2, (1, 3), (1, 1), 0),
-    ("depthwise 3x3 pad 3", 12, 12, 12, (3, 3), 8, 7, (1, 1), (3, 3), 255),
-    ("depthwise x3 3x3 pad (3,0)", 12, 36, 12, (3, 3), 8, 7, (1, 1), (3, 0), 255),
-    ("dense 5x5 pad (3,2)", 8, 8, 1, (5, 5), 9, 9, (1, 1), (3, 2), 100),
-    ("1x1 pad 1 zp 255", 8, 16, 1, (1, 1), 6, 6, (1, 1), (1, 1), 255),
+    ("1x1 pad (0,2) stride (1,3) on width 1 (segfaulted)", 5, 13, 1, (1, 1), 6, 1, (1, 3), (0, 2), (1, 3), 0),
+    ("1x1 pad (1,1) stride (1,3) on 2x2 (segfaulted)", 34, 30, 1, (1, 1), 2, 2, (1, 3), (1, 1), (1, 3), 0),
+    ("1x1 pad (4,3) stride 2 on 6x1 (segfaulted)", 11, 33, 1, (1, 1), 6, 1, (2, 2), (4, 3), (1, 3), 0),
+    ("depthwise 3x3 pad 3", 12, 12, 12, (3, 3), 8, 7, (1, 1), (3, 3), (1, 1), 100),
+    ("depthwise x3 3x3 pad (3,0)", 12, 36, 12, (3, 3), 8, 7, (1, 1), (3, 0), (1, 1), 255),
+    ("dense 5x5 pad (3,2)", 8, 8, 1, (5, 5), 9, 9, (1, 1), (3, 2), (1, 1), 100),
+    ("dense 3x3 dilation (2,3) pad (4,3) stride (1,2)", 17, 39, 1, (3, 3), 7, 6, (1, 2), (4, 3), (2, 3), 207),
+    ("1x1 pad 1 zp 255", 8, 16, 1, (1, 1), 6, 6, (1, 1), (1, 1), (1, 1), 255),
 ]
 
 
-def _shape(c_in, c_out, groups, kernel, h, w, stride, padding, x_zp):
-    return {"n": 1, "c_in": c_in, "c_out": c_out, "h": h, "w": w, "kernel": kernel, "stride": stride,
-            "padding": padding, "dilation": (1, 1), "groups": groups, "int8_residual": 0, "x_zp": x_zp}
-
-
-@pytest.mark.parametrize("name,c_in,c_out,groups,kernel,h,w,stride,padding,x_zp", OVER_PADDED,
+@pytest.mark.parametrize("name,c_in,c_out,groups,kernel,h,w,stride,padding,dilation,x_zp", OVER_PADDED,
                          ids=[c[0] for c in OVER_PADDED])
-def test_onednn_refuses_padding_past_same_and_the_route_is_exact(name, c_in, c_out, groups, kernel, h, w, stride,
-                                                                 padding, x_zp):
-    shape = _shape(c_in, c_out, groups, kernel, h, w, stride, padding, x_zp)
-    assert "padding past 'same'" in PROVIDERS["onednn"].refuses("conv2d", shape)
+def test_onednn_conv_padded_past_same_is_exact(name, c_in, c_out, groups, kernel, h, w, stride, padding, dilation,
+                                               x_zp):
     g = torch.Generator().manual_seed(7)
     wq = torch.randint(-127, 128, (c_out, c_in // groups, *kernel), dtype=torch.int8, generator=g)
     ws = torch.full((c_out,), 1e-2)
-    with pytest.raises(ValueError, match="padding"):
-        PackedConv2dWeight(wq, ws, None, stride, padding, (1, 1), groups, "onednn")
-    r = route("conv2d", shape, eight_bit_input=False)
-    assert r.provider != "onednn"
-    hi = 255 if PROVIDERS[r.provider].exact_8bit() else 127
-    x = torch.randint(0, hi + 1, (1, c_in, h, w), dtype=torch.uint8, generator=g)
-    x = x.contiguous(memory_format=torch.channels_last)
-    zp = min(x_zp, hi)
-    pw = PackedConv2dWeight(wq, ws, None, stride, padding, (1, 1), groups, r.provider)
-    y = pw.conv2d(x, 0.05, zp, 1.0, 0, torch.float32)
-    ref = R.conv2d_fp64(x, 0.05, zp, wq, ws, None, stride, padding, (1, 1), groups)
-    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+    pw = PackedConv2dWeight(wq, ws, None, stride, padding, dilation, groups, "onednn")
+    exact = PROVIDERS["onednn"].exact_8bit()
+    x = torch.randint(0, 256 if exact else 128, (2, c_in, h, w), dtype=torch.uint8, generator=g)
+    for layout in (torch.channels_last, torch.contiguous_format):
+        xl = x.contiguous(memory_format=layout)
+        for zp in sorted({0, x_zp, 127}):
+            if not exact and zp > 127:
+                with pytest.raises(ValueError, match="x_zero_point"):
+                    pw.conv2d(xl, 0.05, zp, 1.0, 0, torch.float32)
+                continue
+            y = pw.conv2d(xl, 0.05, zp, 1.0, 0, torch.float32)
+            ref = R.conv2d_fp64(xl, 0.05, zp, wq, ws, None, stride, padding, dilation, groups)
+            torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4)
+            yq = pw.conv2d(xl, 0.05, zp, 0.5, 3, torch.uint8)
+            assert (yq.int() - R.quantize(ref, 0.5, 3, torch.uint8).int()).abs().max() <= 1
 
 
-def test_onednn_keeps_same_padded_convs():
-    for kernel, padding, dilation in (((3, 3), (1, 1), 1), ((5, 5), (2, 2), 1), ((3, 3), (2, 2), (2, 2)),
-                                      ((4, 4), (2, 2), 1), ((1, 1), (0, 0), 1), ((7, 7), (3, 3), 1)):
-        shape = dict(_shape(16, 16, 1, kernel, 8, 8, (1, 1), padding, 3), dilation=dilation)
-        assert PROVIDERS["onednn"].refuses("conv2d", shape) is None, (kernel, padding, dilation)
-
-
-def test_over_padded_conv_through_the_public_api_is_exact():
+def test_over_padded_conv_through_the_public_api_is_accurate():
     model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=3), nn.ReLU(), nn.Conv2d(8, 8, 1, padding=1)).eval()
     x = torch.randn(2, 4, 6, 6) + 1.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        q = qbackend.quantize(model, (x,), [(x,)])
-    assert all(r.route.provider != "onednn" for r in q.qbackend_layers.values())
-    with torch.no_grad():
-        ref, y = model(x), q(x)
-    assert 10 * torch.log10(ref.pow(2).sum() / (ref - y).pow(2).sum()) > 25
+    for provider in (None, "onednn"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q = qbackend.quantize(model, (x,), [(x,)], config=qbackend.QuantConfig(provider=provider))
+        with torch.no_grad():
+            ref, y = model(x), q(x)
+        assert 10 * torch.log10(ref.pow(2).sum() / (ref - y).pow(2).sum()) > 25, provider
 
 
 def test_reference_provider_checks_its_arguments():
