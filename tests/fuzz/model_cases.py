@@ -12,7 +12,7 @@ three ways:
 Classes (`CLASSES`): "cnn" (1-4 convs of kernel 1/3/5, stride 1/2, dense / depthwise / grouped,
 BatchNorm, ReLU, residual adds, max pooling, then a Linear head), "mlp" (1-4 Linears with ReLU /
 GELU, optionally a residual), "encoder" (1-2 transformer blocks: LayerNorm, attention through
-scaled_dot_product_attention, GELU feed-forward, residuals). Inputs are drawn with a per-model
+scaled_dot_product_attention, GELU feed-forward, residuals; one block in three of four models). Inputs are drawn with a per-model
 scale and offset so that zero points land anywhere in the range.
 """
 from __future__ import annotations
@@ -122,7 +122,7 @@ class RandomEncoder(nn.Module):
     def __init__(self, rng: random.Random, d: int, classes: int):
         super().__init__()
         heads = rng.choice([1, 2, 4])
-        self.blocks = nn.ModuleList(_Block(d, heads, rng.choice([2, 4]) * d) for _ in range(rng.randint(1, 2)))
+        self.blocks = nn.ModuleList(_Block(d, heads, rng.choice([2, 4]) * d) for _ in range(rng.choice([1, 1, 1, 2])))
         self.head = nn.Linear(d, classes)
 
     def forward(self, x):
