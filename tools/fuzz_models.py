@@ -3,6 +3,7 @@
 is checked).
 
     python tools/fuzz_models.py --models 1000 --seed 0 --compile-every 50
+    QBACKEND_PROVIDER=reference python tools/fuzz_models.py --seeds 55,67   # fp64 kernels: is it the kernels?
 
 Model i has seed S + i (its class rotates cnn, mlp, encoder). Models run in child processes, a
 batch each; a child that dies has its model counted as crashed. Prints per class the count, the
@@ -39,29 +40,9 @@ def worker(start: int, end: int, compile_every: int) -> None:
         print("R " + json.dumps(rec), flush=True)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compile-every", type=int, default=0, help="torch.compile every N-th model (0: never)")
-    ap.add_argument("--batch", type=int, default=50, help="models per child process")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--end", type=int, default=0, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        worker(args.start, args.end, args.compile_every)
-        return 0
-
-    import torch
-
-    from tests.fuzz.model_cases import FLOORS
-    recs, crashes = [], []
-    t0 = time.time()
-    first, last = args.seed, args.seed + args.models
-    start = first
-    while start < last:
-        end = min(last, start + args.batch)
+def run_span(args, start: int, end: int, recs: list, crashes: list) -> None:
+    """Runs models [start, end) in child processes, restarting after a crash."""
+    while start < end:
         cmd = [sys.executable, __file__, "--worker", "--start", str(start), "--end", str(end),
                "--compile-every", str(args.compile_every)]
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -84,7 +65,36 @@ def main() -> int:
             start = crashed + 1
         else:
             start = end
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile-every", type=int, default=0, help="torch.compile every N-th model (0: never)")
+    ap.add_argument("--batch", type=int, default=50, help="models per child process")
+    ap.add_argument("--seeds", default="", help="comma-separated model seeds to run instead of a range")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--end", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.start, args.end, args.compile_every)
+        return 0
+
+    import torch
+
+    from tests.fuzz.model_cases import FLOORS
+    recs, crashes = [], []
+    t0 = time.time()
+    first, last = args.seed, args.seed + args.models
+    spans = [(int(v), int(v) + 1) for v in args.seeds.split(",")] if args.seeds else \
+        [(a, min(last, a + args.batch)) for a in range(first, last, args.batch)]
+    for start, end in spans:
+        run_span(args, start, end, recs, crashes)
     elapsed = time.time() - t0
+    if args.seeds:
+        first, last = min(s for s, _ in spans), max(e for _, e in spans)
     print(f"{len(recs)} models (seeds {first}..{last - 1}) in {elapsed:.0f} s; torch {torch.__version__}, "
           f"QBACKEND_ISA={os.environ.get('QBACKEND_ISA', '')!r}")
     by_class = collections.defaultdict(list)
