@@ -40,7 +40,7 @@ def worker(start: int, end: int, compile_every: int) -> None:
         print("R " + json.dumps(rec), flush=True)
 
 
-def run_span(args, start: int, end: int, recs: list, crashes: list) -> None:
+def run_span(args, start: int, end: int, recs: list, crashes: list, out=None) -> None:
     """Runs models [start, end) in child processes, restarting after a crash."""
     while start < end:
         cmd = [sys.executable, __file__, "--worker", "--start", str(start), "--end", str(end),
@@ -54,6 +54,9 @@ def run_span(args, start: int, end: int, recs: list, crashes: list) -> None:
             elif line.startswith("R "):
                 rec = json.loads(line[2:])
                 recs.append(rec)
+                if out is not None:
+                    out.write(json.dumps(rec) + "\n")
+                    out.flush()
                 if rec["failures"]:
                     print(f"FAIL {json.dumps(rec)}", flush=True)
                 current, done = None, rec["seed"] + 1
@@ -61,6 +64,9 @@ def run_span(args, start: int, end: int, recs: list, crashes: list) -> None:
         if rc != 0 or current is not None:
             crashed = current if current is not None else done
             crashes.append((crashed, rc))
+            if out is not None:
+                out.write(json.dumps({"seed": crashed, "crashed": rc}) + "\n")
+                out.flush()
             print(f"CRASH model {crashed} (exit {rc})", flush=True)
             start = crashed + 1
         else:
@@ -74,6 +80,8 @@ def main() -> int:
     ap.add_argument("--compile-every", type=int, default=0, help="torch.compile every N-th model (0: never)")
     ap.add_argument("--batch", type=int, default=50, help="models per child process")
     ap.add_argument("--seeds", default="", help="comma-separated model seeds to run instead of a range")
+    ap.add_argument("--out", default="", help="append each model's record to this JSON-lines file")
+    ap.add_argument("--summarize", nargs="*", default=None, help="only print the summary of these JSON-lines files")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--end", type=int, default=0, help=argparse.SUPPRESS)
@@ -87,16 +95,22 @@ def main() -> int:
     from tests.fuzz.model_cases import FLOORS
     recs, crashes = [], []
     t0 = time.time()
-    first, last = args.seed, args.seed + args.models
-    spans = [(int(v), int(v) + 1) for v in args.seeds.split(",")] if args.seeds else \
-        [(a, min(last, a + args.batch)) for a in range(first, last, args.batch)]
-    for start, end in spans:
-        run_span(args, start, end, recs, crashes)
-    elapsed = time.time() - t0
-    if args.seeds:
-        first, last = min(s for s, _ in spans), max(e for _, e in spans)
-    print(f"{len(recs)} models (seeds {first}..{last - 1}) in {elapsed:.0f} s; torch {torch.__version__}, "
-          f"QBACKEND_ISA={os.environ.get('QBACKEND_ISA', '')!r}")
+    if args.summarize is not None:
+        for path in args.summarize:
+            for line in open(path):
+                r = json.loads(line)
+                (crashes.append((r["seed"], r["crashed"])) if "crashed" in r else recs.append(r))
+        print(f"{len(recs)} models from {', '.join(args.summarize)}; torch {torch.__version__}")
+    else:
+        first, last = args.seed, args.seed + args.models
+        spans = [(int(v), int(v) + 1) for v in args.seeds.split(",")] if args.seeds else \
+            [(a, min(last, a + args.batch)) for a in range(first, last, args.batch)]
+        out = open(args.out, "a") if args.out else None
+        for start, end in spans:
+            run_span(args, start, end, recs, crashes, out)
+        elapsed = time.time() - t0
+        print(f"{len(recs)} models (seeds {', '.join(f'{a}..{b - 1}' for a, b in spans[:1] + spans[-1:])}) in "
+              f"{elapsed:.0f} s; torch {torch.__version__}, QBACKEND_ISA={os.environ.get('QBACKEND_ISA', '')!r}")
     by_class = collections.defaultdict(list)
     for r in recs:
         by_class[r["class"]].append(r)
