@@ -87,9 +87,14 @@ at::Tensor max_pool2d(const at::Tensor& x_in, at::IntArrayRef kernel_size, at::I
   TORCH_CHECK_VALUE(p[0] >= 0 && p[1] >= 0 && p[0] <= k[0] / 2 && p[1] <= k[1] / 2,
                     "padding must be non-negative and at most half the kernel size");
   const int64_t N = x_in.size(0), C = x_in.size(1), H = x_in.size(2), W = x_in.size(3);
+  // aten's rule: only the batch may be empty
+  TORCH_CHECK_VALUE(C > 0 && H > 0 && W > 0, "x must have non-empty channel and spatial dimensions (only the "
+                    "batch may be 0), got shape ", x_in.sizes());
   const int64_t OH = pooled_size(H, k[0], p[0], s[0], d[0], ceil_mode);
   const int64_t OW = pooled_size(W, k[1], p[1], s[1], d[1], ceil_mode);
-  TORCH_CHECK_VALUE(OH > 0 && OW > 0, "max_pool2d: the output would be empty (input ", H, "x", W, ")");
+  TORCH_CHECK_VALUE(OH > 0 && OW > 0, "max_pool2d: the output would be empty: kernel_size ", k[0], "x", k[1],
+                    " (dilation ", d[0], "x", d[1], ") is larger than the input ", H, "x", W, " plus padding ", p[0],
+                    "x", p[1]);
   // A window over padding only has no integer maximum (aten's float pooling gives -inf there).
   TORCH_CHECK_VALUE(every_window_has_input(H, OH, k[0], s[0], p[0], d[0]) &&
                         every_window_has_input(W, OW, k[1], s[1], p[1], d[1]),

@@ -210,11 +210,11 @@ at::Tensor fbgemm_linear_dynamic(const at::Tensor& x, const at::Tensor& w_packed
   const FbgemmLinearWeight& w = check_common(x, w_packed, w_scales, bias);
   const checks::PostOp op = checks::post_op(post_op);
   const auto shape = out_shape(x, w.N);
-  const int64_t M = w.K > 0 ? x.numel() / w.K : 0;
-  if (M == 0) return at::empty(shape, at::kFloat);
   TORCH_CHECK_VALUE(reduce_range || saturation::fbgemm_has_vnni(),
                     "reduce_range must be True on this CPU (or QBACKEND_ISA): without VNNI, FBGEMM saturates "
                     "8-bit u8 x s8 products");
+  const int64_t M = w.K > 0 ? x.numel() / w.K : 0;
+  if (M == 0) return at::empty(shape, at::kFloat);
   const at::Tensor x2 = x.reshape({M, w.K}).contiguous();
   const DynamicQParams qp = choose_dynamic_qparams(x2, reduce_range, "x");
   const U8Input xu{quantize_u8(x2, qp.scale, qp.zero_point), qp.zero_point};

@@ -110,7 +110,14 @@ at::Tensor conv2d_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point
   const auto cl = at::TensorOptions().memory_format(at::MemoryFormat::ChannelsLast);
   if (N == 0 || x.size(2) == 0 || x.size(3) == 0) return at::empty(shape, cl.dtype(output_dtype));
 
-  if (!saturation::onednn_has_vnni()) saturation::require_7bit(x, "oneDNN");
+  if (!saturation::onednn_has_vnni()) {
+    saturation::require_7bit(x, "oneDNN");
+    // the padding holds the zero point, and is multiplied like x
+    TORCH_CHECK_VALUE((p.padding[0] == 0 && p.padding[1] == 0) || x_zero_point <= 127,
+                      "x_zero_point must be at most 127 for a padded conv on this CPU (or QBACKEND_ISA): without "
+                      "VNNI oneDNN saturates the products of the padding, which holds the zero point; got ",
+                      x_zero_point);
+  }
   // torch's oneDNN conv takes uint8 activations only: int8 ones are shifted by +128 (exact).
   at::Tensor xc = x.contiguous(at::MemoryFormat::ChannelsLast);
   if (xc.scalar_type() == at::kChar) {
@@ -119,11 +126,16 @@ at::Tensor conv2d_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point
   }
   // oneDNN 3.12 gets the zero-point compensation wrong at the padded border of a depthwise conv
   // whose kernel is 1 along a padded dimension (kernel 1x3 with padding (1, 0); tests/ops/test_conv2d.py,
-  // benchmarks/results/design_measurements.md, "oneDNN conv weight format"). Such convs get their padding written out (filled with the
+  // benchmarks/results/design_measurements.md, "oneDNN conv weight format"), and of convs padded past
+  // "same" padding (more than ceil((k - 1) * dilation / 2) a side: wrong values with a nonzero zero
+  // point, a segfault with zero point 0 where stride >= 2 output columns see only padding;
+  // tests/ops/test_fuzz_findings.py). Such convs get their padding written out (filled with the
   // zero point, i.e. real zeros) and run unpadded. Rare in real models; exact; costs one copy.
   std::array<int64_t, 2> padding_used = p.padding;
   const bool unit_kernel_padded = (KH == 1 && p.padding[0] > 0) || (KW == 1 && p.padding[1] > 0);
-  if (unit_kernel_padded && x_zero_point != 0) {
+  const bool past_same = p.padding[0] > ((KH - 1) * p.dilation[0] + 1) / 2 ||
+                         p.padding[1] > ((KW - 1) * p.dilation[1] + 1) / 2;
+  if ((unit_kernel_padded && x_zero_point != 0) || past_same) {
     xc = at::constant_pad_nd(xc, {p.padding[1], p.padding[1], p.padding[0], p.padding[0]}, x_zero_point)
              .contiguous(at::MemoryFormat::ChannelsLast);
     padding_used = {0, 0};

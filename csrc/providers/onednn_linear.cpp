@@ -115,11 +115,11 @@ at::Tensor onednn_linear_dynamic(const at::Tensor& x, const at::Tensor& w_packed
   const auto [N, K] = check_weight(x, w_packed, w_scales, bias);
   const checks::PostOp op = checks::post_op(post_op);
   const auto shape = out_shape(x, N);
-  const int64_t M = x.numel() / K;
-  if (M == 0) return at::empty(shape, at::kFloat);
   TORCH_CHECK_VALUE(reduce_range || saturation::onednn_has_vnni(),
                     "reduce_range must be True on this CPU (or QBACKEND_ISA): without VNNI, oneDNN saturates "
                     "8-bit u8 x s8 products");
+  const int64_t M = x.numel() / K;
+  if (M == 0) return at::empty(shape, at::kFloat);
   const at::Tensor x2 = x.reshape({M, K}).contiguous();
   const DynamicQParams qp = choose_dynamic_qparams(x2, reduce_range, "x");
   const std::optional<at::Tensor> b =

@@ -87,7 +87,9 @@ def _table_parts(table: torch.Tensor, dim: int, bits: int):
     if qp_bytes not in (4, 8):
         raise ValueError(f"table rows of {table.shape[1]} bytes do not hold {nb} data bytes plus a scale and bias")
     qp_dtype = torch.float16 if qp_bytes == 4 else torch.float32
-    qp = table[:, :qp_bytes].contiguous().view(qp_dtype)
+    # a fresh dense copy: .contiguous() keeps a one-row slice's row stride (rows x 1 counts as
+    # contiguous), which view() rejects when the row length is odd
+    qp = table[:, :qp_bytes].clone(memory_format=torch.contiguous_format).reshape(-1).view(qp_dtype).reshape(-1, 2)
     return table[:, qp_bytes:], qp[:, 0], qp[:, 1], qp_dtype
 
 

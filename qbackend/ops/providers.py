@@ -13,6 +13,7 @@ hold the decision and the provider's packed form.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -99,6 +100,22 @@ def _onednn_exact() -> bool:
     return usable_isa() >= Isa.AVX512_VNNI or bool(_C.avx_vnni_usable())
 
 
+def _one_strided_output_line(shape) -> bool:
+    """Whether a conv's output is one column wide with stride >= 2 along the width, or one row high
+    with stride >= 2 along the height (the shape's example input size; dilation 1 where the shape
+    has none)."""
+    for i, size in enumerate(("h", "w")):
+        stride, pad, dil, k = (_pair(shape.get(key, dflt))[i] for key, dflt in
+                               (("stride", 1), ("padding", 0), ("dilation", 1), ("kernel", 1)))
+        if stride >= 2 and (int(shape[size]) + 2 * pad - dil * (k - 1) - 1) // stride + 1 == 1:
+            return True
+    return False
+
+
+def _pair(v) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(tuple(v)[0]), int(tuple(v)[-1]))
+
+
 def _onednn_refuses(op: str, shape) -> str | None:
     too_long = int32_reduction_refusal(op, shape)
     if too_long is not None:
@@ -108,6 +125,9 @@ def _onednn_refuses(op: str, shape) -> str | None:
         sh, sw = (stride, stride) if isinstance(stride, int) else tuple(stride)
         if shape["groups"] == shape["c_in"] and shape["c_out"] > shape["c_in"] and sh != sw:
             return "its depthwise convs with a channel multiplier and unequal strides compute wrong values"
+        if shape["groups"] == shape["c_in"] and _one_strided_output_line(shape):
+            return ("its depthwise (or one-channel) convs with one output column (row) and a stride >= 2 across it "
+                    "compute wrong values")
         return None
     return None if op == "linear" else f"it has no {op}"
 
@@ -116,12 +136,60 @@ def _ref_float(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return y if dtype in reference.QRANGE else y.to(dtype)
 
 
+_REF_OUT_DTYPES = (torch.uint8, torch.int8, torch.float32, torch.bfloat16)
+
+
+def _ref_check_scale(s, name: str) -> None:
+    f = reference.f32(float(s)) if math.isfinite(float(s)) else float(s)
+    if not (math.isfinite(float(s)) and float(s) > 0 and f > 0 and math.isfinite(1.0 / f)):
+        raise ValueError(f"{name} must be a finite positive number representable as a float32 scale, got {s!r}")
+
+
+def _ref_check_int8(t, zp, name: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype not in reference.QRANGE:
+        got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{name} must have dtype uint8 or int8 (a quantized activation), got {got}")
+    lo, hi = reference.QRANGE[t.dtype]
+    if not lo <= int(zp) <= hi:
+        raise ValueError(f"{name}_zero_point must be in [{lo}, {hi}] for {t.dtype}, got {zp}")
+
+
+def _ref_checks(x, x_scale, x_zp, out_scale, out_zp, out_dtype, post_op) -> None:
+    """The argument checks every provider makes (checks.h), for the reference provider's ops."""
+    _ref_check_int8(x, x_zp, "x")
+    _ref_check_scale(x_scale, "x_scale")
+    if out_dtype not in _REF_OUT_DTYPES:
+        raise TypeError(f"output_dtype must be uint8, int8, float32 or bfloat16, got {out_dtype}")
+    if out_dtype in reference.QRANGE:
+        _ref_check_scale(out_scale, "output_scale")
+        lo, hi = reference.QRANGE[out_dtype]
+        if not lo <= int(out_zp) <= hi:
+            raise ValueError(f"output_zero_point must be in [{lo}, {hi}] for {out_dtype}, got {out_zp}")
+    if post_op not in ("none", "relu", "gelu"):
+        raise ValueError(f"post_op must be 'none', 'relu' or 'gelu', got {post_op!r}")
+
+
+def _ref_check_features(x, packed) -> None:
+    if x.dim() < 1 or x.shape[-1] != packed.shape[1]:
+        raise ValueError(f"x must have in_features = {packed.shape[1]} in its last dimension, got shape "
+                         f"{tuple(x.shape)}")
+
+
 def _ref_linear(x, x_scale, x_zp, packed, w_scales, bias, out_scale, out_zp, out_dtype, post_op):
+    _ref_checks(x, x_scale, x_zp, out_scale, out_zp, out_dtype, post_op)
+    _ref_check_features(x, packed)
     y = reference.linear(x, x_scale, x_zp, packed, w_scales, bias, out_scale, out_zp, out_dtype, post_op)
     return _ref_float(y, out_dtype)
 
 
 def _ref_linear_dynamic(x, packed, w_scales, bias, reduce_range, post_op):
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+        raise TypeError(f"x must have dtype torch.float32, got {x.dtype if isinstance(x, torch.Tensor) else type(x)}")
+    _ref_check_features(x, packed)
+    if post_op not in ("none", "relu", "gelu"):
+        raise ValueError(f"post_op must be 'none', 'relu' or 'gelu', got {post_op!r}")
+    if x.numel() == 0:  # no rows: no range to quantize over
+        return x.new_empty((*x.shape[:-1], packed.shape[0]))
     scale, zp = reference.choose_dynamic_qparams(x, reduce_range)
     xq = reference.quantize(x, scale, zp, torch.uint8)
     return reference.linear(xq, scale, zp, packed, w_scales, bias, post_op=post_op).float()
@@ -129,6 +197,13 @@ def _ref_linear_dynamic(x, packed, w_scales, bias, reduce_range, post_op):
 
 def _ref_conv2d(x, x_scale, x_zp, packed, w_scales, bias, stride, padding, dilation, groups, out_scale, out_zp,
                 out_dtype, post_op, accum=None, accum_scale=1.0, accum_zp=0):
+    _ref_checks(x, x_scale, x_zp, out_scale, out_zp, out_dtype, post_op)
+    if x.dim() != 4 or x.shape[1] != packed.shape[1] * groups:
+        raise ValueError(f"x must be 4-D [N, C, H, W] with C = in_channels = {packed.shape[1] * groups}, got shape "
+                         f"{tuple(x.shape)}")
+    if accum is not None:
+        _ref_check_int8(accum, accum_zp, "accum")
+        _ref_check_scale(accum_scale, "accum_scale")
     y = reference.conv2d(x, x_scale, x_zp, packed, w_scales, bias, stride, padding, dilation, groups, out_scale,
                          out_zp, out_dtype, post_op, accum, accum_scale, accum_zp)
     return _ref_float(y, out_dtype).contiguous(memory_format=torch.channels_last)
