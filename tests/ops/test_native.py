@@ -343,6 +343,15 @@ dw = {"n": 1, "c_in": 8, "c_out": 8, "h": 8, "w": 8, "kernel": (3, 3), "stride":
 out = {"isa": _C.native_isa(), "refuses": native.refuses("linear", {"m": 1, "k": 8, "n": 8}),
        "dw": native.refuses("conv2d", dw), "exact": native.exact_8bit(), "seven": default_reduce_range(torch.uint8),
        "route": route("linear", {"m": 1, "k": 8, "n": 8}, eight_bit_input=True, forced="native").provider}
+lin = {"m": 32, "k": 768, "n": 768}
+conv = dict(dw, c_in=16, c_out=32, groups=1)
+out["routes"] = [route("linear", lin).provider, route("linear", lin, eight_bit_input=False).provider,
+                 route("conv2d", conv).provider, route("conv2d", dict(dw, n=2)).provider]
+try:
+    route("conv2d", dict(conv, c_out=16, groups=4))
+    out["grouped"] = None
+except ValueError as e:
+    out["grouped"] = str(e)
 w = torch.randint(-128, 128, (5, 300), dtype=torch.int8)
 x = torch.full((3, 300), 255, dtype=torch.uint8)
 y = ops.native_linear(x, 1.0, 0, ops.native_linear_prepack(w), torch.ones(5), None, 1.0, 0, torch.float32, "none")
@@ -351,9 +360,13 @@ print(json.dumps(out))
 '''
     proc = run_py(code, env={"QBACKEND_ISA": "avx2"}, check=True)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["isa"] == "avx2" and out["refuses"] is None and out["exact"]
+    assert out["isa"] == "avx2" and out["refuses"] is None and out["exact"] and not out["seven"]
     assert out["route"] == "native" and out["exact_sums"]
     assert "AVX512-VNNI" in out["dw"]
+    # 8-bit inputs take the exact routes (the rule's 7-bit FBGEMM row applies to 7-bit ones), depthwise
+    # convs oneDNN's exact kernel; a grouped conv has none: a clear error naming the fix.
+    assert out["routes"] == ["native", "fbgemm", "native", "onednn"]
+    assert "reduce_range=True" in out["grouped"]
 
 
 def test_refused_without_avx2():

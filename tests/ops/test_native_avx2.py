@@ -13,7 +13,7 @@ import torch
 import qbackend  # noqa: F401
 from qbackend.core.extension import _C
 from qbackend.ops import PackedConv2dWeight, reference
-from qbackend.ops.providers import PROVIDERS
+from qbackend.ops.providers import PROVIDERS, exact_8bit_activations
 from tests.ops.numerics import all_threads
 
 ops = torch.ops.qbackend
@@ -52,7 +52,7 @@ def assert_exact(y, x, zp, w, what=""):
 def test_is_the_native_choice_without_vnni():
     if int(_C.usable_isa()) == 1 and not _C.avx_vnni_usable():  # AVX2 (or AVX512) without VNNI
         assert _C.native_isa() == "avx2"
-        assert PROVIDERS["native"].exact_8bit()
+        assert PROVIDERS["native"].exact_8bit() and exact_8bit_activations()
     else:
         assert _C.native_isa() != "avx2"
 
