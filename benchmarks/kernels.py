@@ -15,6 +15,9 @@ Prints markdown tables (and writes them to FILE with --out):
      depthwise layers also with 7-bit activations (FBGEMM's depthwise kernel is exact only there).
   3. Per-call overhead of the wrappers on tiny layers, and `qbackend::quantize_per_tensor`.
   4. Targets: the worst provider/peer ratio of each pair (target <= 1.10).
+  5. Under QBACKEND_ISA=avx2 (or --only avx2_exact there): the native AVX2 GEMM on full 8-bit
+     activations against FBGEMM's and oneDNN's 7-bit routes, Linear and a few convs, with each
+     route's SQNR against fp64 math (the evidence of the NO_VNNI rows of qbackend/dispatch/rules.py).
 
 Times are microseconds per call, "min / median" over blocks of repeated calls, the candidates of
 a row interleaved round-robin (benchmarks/_timing.py). Ratios use the minima. Nothing is
@@ -88,7 +91,7 @@ FULL = Settings(blocks=15, block_s=0.005, warmup_s=0.03, min_warmup=2, confirm_b
 QUICK = Settings(blocks=5, block_s=0.002, warmup_s=0.005, min_warmup=1, confirm_blocks=0, retries=0)
 
 LINEAR_KN = [(768, 768), (768, 3072), (3072, 768), (4096, 4096)]
-NATIVE_ISA = _C.native_isa()  # the ISA of qbackend's own GEMM here: "amx", "avx512_vnni" or ""
+NATIVE_ISA = _C.native_isa()  # the ISA of qbackend's own GEMM here: "amx", "avx512_vnni", "avx2_vnni", "avx2" or ""
 NATIVE = bool(NATIVE_ISA)
 PROVIDER_COLUMNS = (("native",) if NATIVE else ()) + ("fbgemm", "onednn")
 PEAK_SHAPE = (2048, 4096, 4096)  # M, K, N of the native GEMM's throughput row
@@ -806,6 +809,123 @@ def targets(rep: Report, peers: list[PeerRow]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# 5. exact 8-bit activations without VNNI (run under QBACKEND_ISA=avx2)
+
+AVX2_LINEAR_KN = [(256, 256), (512, 1000), (768, 768), (768, 3072), (3072, 768), (2048, 1000)]
+AVX2_LINEAR_M = [1, 4, 32, 128]
+AVX2_CONV = ["r50 stem 7x7/2", "r50 s1 3x3 64", "r50 s3 1x1 1024->256", "r50 s4 3x3 512", "mv2 pw 96->24 @56",
+             "mv2 pw 576->160 @7", "mv2 dw 144 @56", "mv2 dw 576 @14"]
+# The two activation grids of the same float range [-6.4, 6.35]: 8 bits (the native route) and 7 bits
+# (the only input FBGEMM and oneDNN multiply exactly without VNNI).
+GRID8, GRID7 = (0.05, 128, 255), (0.1, 64, 127)
+
+
+def sqnr_db(y: torch.Tensor, ref: torch.Tensor) -> float:
+    err = float(((y.double() - ref) ** 2).mean())
+    return 10 * math.log10(float((ref ** 2).mean()) / err) if err > 0 else float("inf")
+
+
+def _grid(x_f: torch.Tensor, grid) -> torch.Tensor:
+    scale, zp, qmax = grid
+    return torch.clamp(torch.round(x_f / scale) + zp, 0, qmax).to(torch.uint8)
+
+
+def bench_avx2_exact(rep: Report, cfg: Settings, threads: list[int], quick: bool) -> None:
+    """The native AVX2 GEMM on 8-bit activations against FBGEMM's and oneDNN's 7-bit routes: time
+    (uint8 output) and SQNR of the fp32 output against fp64 math on the float input and weight."""
+    if _C.native_isa() != "avx2" or X_BITS != 7:
+        rep("## Exact 8-bit activations without VNNI")
+        rep()
+        rep(f"Skipped: run under QBACKEND_ISA=avx2 (here the native GEMM is `{_C.native_isa()}`).")
+        rep()
+        return
+    rep("## Exact 8-bit activations without VNNI")
+    rep()
+    rep("Under QBACKEND_ISA=avx2: `native` is qbackend's AVX2 GEMM (int16 products, vpmaddwd) on 8-bit activations "
+        f"(scale {GRID8[0]}, zero point {GRID8[1]}); `fbgemm` and `onednn` run the same float input on the 7-bit grid "
+        f"(scale {GRID7[0]}, zero point {GRID7[1]}), the only one they multiply exactly here. Times in us (min / "
+        "median), uint8 output. 7b/8b = the faster 7-bit route's time / native's (< 1: the 7-bit route is faster). "
+        "SQNR: dB of the fp32 output against fp64 math on the float input (uniform over the grids' range) and the "
+        "dequantized weight; the difference is the cost of the 7-bit input.")
+    rep()
+    header_l = ["K x N", "M", "native 8-bit", "fbgemm 7-bit", "onednn 7-bit", "7b/8b", "SQNR 8-bit", "SQNR 7-bit",
+                "winner"]
+    rows: dict[int, list] = {n: [] for n in threads}
+    kn = AVX2_LINEAR_KN[2:4] if quick else AVX2_LINEAR_KN
+    for K, N in kn:
+        w = torch.randint(-127, 128, (N, K), dtype=torch.int8)
+        ws, b = weight_scales(N, K), torch.empty(N).uniform_(-1, 1)
+        pws = {p: PackedLinearWeight(w, ws, b, provider=p, x_shape=[128, K]) for p in ("native", "fbgemm", "onednn")}
+        for M in AVX2_LINEAR_M:
+            x_f = torch.empty(M, K).uniform_(-6.4, 6.35)
+            x8, x7 = _grid(x_f, GRID8), _grid(x_f, GRID7)
+            ref = torch.nn.functional.linear(x_f.double(), w.double() * ws.double()[:, None], b.double())
+            f32 = torch.float32
+            q8 = sqnr_db(pws["native"].linear(x8, GRID8[0], GRID8[1], 1.0, 0, f32), ref)
+            q7 = sqnr_db(pws["fbgemm"].linear(x7, GRID7[0], GRID7[1], 1.0, 0, f32), ref)
+            cands = {
+                "native": lambda: pws["native"].linear(x8, GRID8[0], GRID8[1], OUT_SCALE, OUT_ZP, torch.uint8),
+                "fbgemm": lambda: pws["fbgemm"].linear(x7, GRID7[0], GRID7[1], OUT_SCALE, OUT_ZP, torch.uint8),
+                "onednn": lambda: pws["onednn"].linear(x7, GRID7[0], GRID7[1], OUT_SCALE, OUT_ZP, torch.uint8),
+            }
+            for n in threads:
+                torch.set_num_threads(n)
+                t = cfg.run(cands)
+                m = {k_: v.min_us for k_, v in t.items()}
+                fast7 = min(m["fbgemm"], m["onednn"])
+                rows[n].append([f"{K}x{N}", str(M), str(t["native"]), str(t["fbgemm"]), str(t["onednn"]),
+                                fr(fast7 / m["native"]), f"{q8:.1f}", f"{q7:.1f}", min(m, key=m.get)])
+                progress(f"avx2 linear {n}t {K}x{N} M={M}: " + ", ".join(f"{k_} {fmt_us(v)}" for k_, v in m.items()))
+    for n in threads:
+        rep(f"### Linear, {tn(n)}")
+        rep()
+        rep.table(header_l, rows[n])
+
+    header_c = ["layer", "N", "C->OC", "HxW", "k/s/g", "native 8-bit", "onednn 8-bit", "fbgemm 7-bit",
+                "onednn 7-bit", "7b/8b", "SQNR 8-bit", "SQNR 7-bit", "winner"]
+    rows = {n: [] for n in threads}
+    cl = torch.channels_last
+    layers = [l for l in CONV_LAYERS if l[0] in (AVX2_CONV[1:3] + AVX2_CONV[6:7] if quick else AVX2_CONV)]
+    for layer in layers:
+        name, C, OC, H, W, k, stride, pad, groups = layer
+        depthwise = groups == C == OC
+        w = torch.randint(-127, 128, (OC, C // groups, k, k), dtype=torch.int8)
+        ws, b = weight_scales(OC, C // groups * k * k), torch.empty(OC).uniform_(-1, 1)
+        geo = dict(stride=(stride, stride), padding=(pad, pad), dilation=(1, 1), groups=groups)
+        x_f = torch.empty(1, C, H, W).uniform_(-6.4, 6.35).contiguous(memory_format=cl)
+        x8, x7 = _grid(x_f, GRID8), _grid(x_f, GRID7)
+        ref = torch.nn.functional.conv2d(x_f.double(), w.double() * ws.double()[:, None, None, None], b.double(),
+                                         stride, pad, 1, groups)
+        # 8-bit: the native GEMM (dense convs) or oneDNN's depthwise kernel (exact at 8 bits here).
+        p8 = "onednn" if depthwise else "native"
+        pw8 = PackedConv2dWeight(w, ws, b, provider=p8, x_shape=list(x8.shape), x_qparams=GRID8[:2], **geo)
+        pw7 = {p: PackedConv2dWeight(w, ws, b, provider=p, x_shape=list(x7.shape), x_qparams=GRID7[:2], **geo)
+               for p in ("fbgemm", "onednn")}
+        f32 = torch.float32
+        q8 = sqnr_db(pw8.conv2d(x8, GRID8[0], GRID8[1], 1.0, 0, f32), ref)
+        q7 = sqnr_db(pw7["onednn"].conv2d(x7, GRID7[0], GRID7[1], 1.0, 0, f32), ref)
+        cands = {
+            p8: lambda: pw8.conv2d(x8, GRID8[0], GRID8[1], OUT_SCALE, OUT_ZP, torch.uint8),
+            "fbgemm_7": lambda: pw7["fbgemm"].conv2d(x7, GRID7[0], GRID7[1], OUT_SCALE, OUT_ZP, torch.uint8),
+            "onednn_7": lambda: pw7["onednn"].conv2d(x7, GRID7[0], GRID7[1], OUT_SCALE, OUT_ZP, torch.uint8),
+        }
+        for n in threads:
+            torch.set_num_threads(n)
+            t = cfg.run(cands)
+            m = {k_: v.min_us for k_, v in t.items()}
+            fast7 = min(m["fbgemm_7"], m["onednn_7"])
+            rows[n].append([name, "1", f"{C}->{OC}", f"{H}x{W}", f"{k}/{stride}/{groups}",
+                            str(t["native"]) if "native" in t else "refuses", str(t["onednn"]) if "onednn" in t else "saturates",
+                            str(t["fbgemm_7"]), str(t["onednn_7"]), fr(fast7 / m[p8]), f"{q8:.1f}", f"{q7:.1f}",
+                            min(m, key=m.get)])
+            progress(f"avx2 conv {n}t {name}: " + ", ".join(f"{k_} {fmt_us(v)}" for k_, v in m.items()))
+    for n in threads:
+        rep(f"### Conv2d, channels-last, batch 1, {tn(n)}")
+        rep()
+        rep.table(header_c, rows[n])
+
+
+# ---------------------------------------------------------------------------------------------
 
 def header(rep: Report, threads: list[int], quick: bool, cfg: Settings) -> None:
     rep("# qbackend kernel benchmark")
@@ -834,7 +954,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2 (default 1)")
     ap.add_argument("--quick", action="store_true", help="a few shapes and iterations (CI smoke test, < 60 s)")
-    ap.add_argument("--only", choices=["linear", "conv"], help="run one section only")
+    ap.add_argument("--only", choices=["linear", "conv", "avx2_exact"],
+                    help="run one section only (avx2_exact: the native AVX2 GEMM on 8-bit activations against the "
+                    "libraries' 7-bit routes; run it under QBACKEND_ISA=avx2)")
     ap.add_argument("--out", help="also write the markdown to this file")
     ap.add_argument("--batch16", choices=["all", "subset"], default="all",
                     help="conv layers measured at batch 16 (default all)")
@@ -854,8 +976,11 @@ def main(argv=None) -> int:
                 bench_linear(rep, cfg, threads, args.quick, peers)
             if args.only in (None, "conv"):
                 bench_conv(rep, cfg, threads, args.quick, args.batch16, peers)
-            bench_overhead(rep, cfg, threads, args.only)
-            targets(rep, peers)
+            if args.only == "avx2_exact" or (args.only is None and NATIVE_ISA == "avx2"):
+                bench_avx2_exact(rep, cfg, threads, args.quick)
+            if args.only != "avx2_exact":
+                bench_overhead(rep, cfg, threads, args.only)
+                targets(rep, peers)
     finally:
         torch.set_num_threads(old_threads)
         torch.backends.quantized.engine = old_engine

@@ -76,7 +76,7 @@ int64_t fbgemm_packed_b_size(int64_t K, int64_t N) {
 int64_t native_packed_size(int64_t N, int64_t K) { return qbackend::native::packed_bytes(N, K); }
 
 // The native GEMM's ISA on this CPU (and QBACKEND_ISA cap), or "" where it has none.
-// ("amx", "avx512_vnni", "avx2_vnni", or the kernel a test chose with set_native_kernel).
+// ("amx", "avx512_vnni", "avx2_vnni", "avx2", or the kernel a test chose with set_native_kernel).
 std::string native_isa() { return qbackend::native::available() ? qbackend::native::gemm_kernels().name : ""; }
 
 // Peak int8 rate of the native GEMM's instruction on `threads` threads: each runs `iters`
@@ -173,7 +173,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("native_isa", &native_isa, "the native GEMM's instruction set here, or '' where it has none");
   m.def("set_native_kernel", &qbackend::native::set_kernel_override, py::arg("name"),
         "tests: run the native GEMM on the named kernel (amx, amx_emulated: the AMX kernel over emulated tiles, "
-        "avx512_vnni, avx2_vnni, avx2_vnni_evex: the AVX-VNNI kernel's code on EVEX), '' = this CPU's choice");
+        "avx512_vnni, avx2_vnni, avx2_vnni_evex: the AVX-VNNI kernel's code on EVEX, avx2: int16 products), '' = "
+        "this CPU's choice");
   m.def("native_amx_self_check", &qbackend::kernels::gemm_amx_self_check, py::arg("emulated"),
         "compares the AMX kernel (or the emulated one) with the VNNI kernel and exact sums: '' or the difference");
   m.def("native_peak_ops", &native_peak_ops, "int8 ops/s of a dot-product loop on `threads` threads",

@@ -1,5 +1,6 @@
 """qbackend.save / load: round trips, bad files, routes decided again on the loading machine (an
-8-bit model loaded on an AVX2-only CPU is requantized to 7 bits), explain, provider overrides."""
+8-bit model loaded on an AVX2-only CPU keeps its 8-bit activations on the native AVX2 GEMM), explain,
+provider overrides."""
 from __future__ import annotations
 
 import json
@@ -106,16 +107,48 @@ def test_load_on_another_isa(cnn, tmp_path, isa):
 
     for info, provider in zip(q.qbackend_layers.values(), res["providers"]):
         expect = rules.choose(info.kind, isa, info.shape).provider
-        if isa == "avx2" or provider != expect:  # avx512_vnni: exactness may force the other one; never on avx2
+        if isa == "avx2" and provider != expect:  # 8-bit inputs: the exact route where the rule's saturates
+            assert provider == "native", (info, provider, expect)
+        elif provider != expect:  # avx512_vnni: exactness may force the other one
             assert provider == expect, (info, provider, expect)
     with torch.no_grad():
         ref = model(x)
+    # 8-bit activations stay 8-bit on both: under avx2 the native AVX2 GEMM runs the convs and
+    # Linear exactly (same sums; the epilogue's float rounding may differ by an LSB).
+    assert res["requantized"] == 0 and not res["warned"]
     if isa == "avx2":
-        assert res["requantized"] > 0 and res["x_zp_max"] <= 127 and res["warned"]
-        assert sqnr(ref, y) > 20 and sqnr(q(x), y) > 20
+        assert "native" in res["providers"]
+        assert sqnr(q(x), y) > 40 and sqnr(ref, y) > sqnr(ref, q(x)) - 0.5
     else:
-        assert res["requantized"] == 0
         assert torch.equal(y, q(x))
+
+
+def test_load_under_avx2_requantizes_only_inputs_without_an_exact_route(tmp_path):
+    """A grouped conv with 4 channels per group has no exact 8-bit route without VNNI (FBGEMM and
+    oneDNN saturate, the native GEMM runs groups 1): loading under QBACKEND_ISA=avx2 requantizes that
+    conv's input alone to 7 bits; the dense convs around it keep 8 bits on the native GEMM."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, padding=1, groups=2), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, padding=1)).eval()
+    q = qbackend.quantize(model, (_img(2, 0),), [_img(4, s) for s in range(1, 4)])
+    path, xin, yout = tmp_path / "g.qb", tmp_path / "x.pt", tmp_path / "y.pt"
+    qbackend.save(q, path)
+    x = _img(3, 21)
+    torch.save(x, xin)
+    code = _CHILD.replace("sys.argv[1]", repr(str(path))).replace("sys.argv[2]", repr(str(xin))) \
+        .replace("sys.argv[3]", repr(str(yout)))
+    code += "print(json.dumps({'values': q.qbackend_rebind['requantized'], 'x_values': [m.x_value for m in mods], " \
+            "'x_qmax': [q.qbackend_activations[m.x_value].qmax for m in mods]}))\n"
+    proc = run_py(code, env={"QBACKEND_ISA": "avx2"}, timeout=300, check=True)
+    lines = proc.stdout.strip().splitlines()
+    res, extra = json.loads(lines[-2]), json.loads(lines[-1])
+    assert extra["values"] == [extra["x_values"][1]] and res["warned"]
+    assert extra["x_qmax"][0] == 255 and extra["x_qmax"][1] == 127 and extra["x_qmax"][2] == 255
+    assert res["providers"][0] == res["providers"][2] == "native" and res["providers"][1] != "native"
+    with torch.no_grad():
+        ref = model(x)
+    assert sqnr(ref, torch.load(yout)) > sqnr(ref, q(x)) - 6
 
 
 def test_explain_and_cli(cnn, tmp_path, capsys):

@@ -22,6 +22,11 @@ inline bool fbgemm_has_vnni() {
 
 inline bool onednn_has_vnni() { return cpu::has(cpu::Isa::Avx512Vnni) || cpu::avx_vnni_usable(); }
 
+// oneDNN's depthwise convs (groups = in = out channels) do not pair products in int16: without VNNI
+// (ONEDNN_MAX_CPU_ISA=AVX2) they are as exact at 8 bits as with it (tests/ops/test_conv2d.py checks
+// it against the fp64 reference under QBACKEND_ISA=avx2). Its dense and grouped convs saturate.
+inline bool onednn_exact_8bit(bool depthwise) { return onednn_has_vnni() || depthwise; }
+
 // True when every byte of the dense uint8 tensor is <= 127 (one pass, vectorized: SSE2 pmaxub is
 // the baseline; ATen's uint8 max reduction is far slower: design_measurements.md, "7-bit check").
 inline bool fits_7_bits(const at::Tensor& x_u8) {

@@ -62,7 +62,7 @@ using GemmFn = void (*)(const GemmArgs&, int64_t m_begin, int64_t m_end, int64_t
                         int64_t panel_end);
 
 struct GemmKernels {
-  const char* name;  // "amx", "avx512_vnni", "avx2_vnni", "amx_emulated"
+  const char* name;  // "amx", "avx512_vnni", "avx2_vnni", "avx2", "amx_emulated"
   GemmFn gemm;
   int64_t row_tile;  // rows of the kernel's tile: a split of the rows over threads keeps to multiples
   // Runs `iters` iterations of a loop of independent u8 x s8 dot products on this thread and
@@ -74,6 +74,9 @@ struct GemmKernels {
 const GemmKernels& gemm_kernels_avx512_vnni();
 // Defined in gemm_avx2_vnni.cpp; call only when qbackend::cpu::avx_vnni_usable().
 const GemmKernels& gemm_kernels_avx2_vnni();
+// Defined in gemm_avx2.cpp: AVX2 without VNNI, products widened to int16 (vpmaddwd), exact at 8 bits;
+// call only when qbackend::cpu::has(qbackend::cpu::Isa::Avx2).
+const GemmKernels& gemm_kernels_avx2();
 // Defined in gemm_avx2_vnni_evex.cpp: the AVX-VNNI kernel's code on the EVEX form of the instruction,
 // for testing it where the CPU has AVX512-VNNI but no AVX-VNNI; call only when has(Isa::Avx512Vnni).
 const GemmKernels& gemm_kernels_avx2_vnni_evex();

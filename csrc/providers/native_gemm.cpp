@@ -134,16 +134,17 @@ bool amx_verified() {
 
 }  // namespace
 
-bool available() { return cpu::has(cpu::Isa::Avx512Vnni) || cpu::avx_vnni_usable(); }
+bool available() { return cpu::has(cpu::Isa::Avx2); }
 
 const kernels::GemmKernels& gemm_kernels() {
   TORCH_CHECK_VALUE(available(),
-                    "the native int8 GEMM needs AVX512-VNNI or AVX-VNNI, which this CPU (or QBACKEND_ISA) does not "
-                    "offer; use the fbgemm or onednn provider");
+                    "the native int8 GEMM needs AVX2, which this CPU (or QBACKEND_ISA) does not offer; use the "
+                    "fbgemm or onednn provider");
   if (const auto* k = g_override.load(std::memory_order_relaxed)) return *k;
-  if (!cpu::has(cpu::Isa::Avx512Vnni)) return kernels::gemm_kernels_avx2_vnni();
   if (cpu::has(cpu::Isa::Amx) && amx_verified()) return kernels::gemm_kernels_amx();
-  return kernels::gemm_kernels_avx512_vnni();
+  if (cpu::has(cpu::Isa::Avx512Vnni)) return kernels::gemm_kernels_avx512_vnni();
+  if (cpu::avx_vnni_usable()) return kernels::gemm_kernels_avx2_vnni();
+  return kernels::gemm_kernels_avx2();
 }
 
 void set_kernel_override(const std::string& name) {
@@ -153,6 +154,7 @@ void set_kernel_override(const std::string& name) {
   else if (name == "amx_emulated" && cpu::has(Isa::Avx512Vnni)) k = &kernels::gemm_kernels_amx_emulated();
   else if (name == "avx512_vnni" && cpu::has(Isa::Avx512Vnni)) k = &kernels::gemm_kernels_avx512_vnni();
   else if (name == "avx2_vnni" && cpu::avx_vnni_usable()) k = &kernels::gemm_kernels_avx2_vnni();
+  else if (name == "avx2" && cpu::has(Isa::Avx2)) k = &kernels::gemm_kernels_avx2();
   else if (name == "avx2_vnni_evex" && cpu::has(Isa::Avx512Vnni)) k = &kernels::gemm_kernels_avx2_vnni_evex();
   else TORCH_CHECK_VALUE(name.empty(), "no native kernel '", name, "' runs on this CPU (or under QBACKEND_ISA)");
   g_override.store(k, std::memory_order_relaxed);

@@ -38,14 +38,14 @@ at::Tensor pack_conv(const at::Tensor& weight);
 PackedView unpack(const at::Tensor& packed, const char* name);
 // The same for a conv weight (3-D, or the 1-D 1x1 weights of earlier versions).
 PackedView unpack_conv(const at::Tensor& packed, const char* name);
-// Whether this CPU (and QBACKEND_ISA cap) has a native kernel: AVX512-VNNI, or AVX-VNNI.
+// Whether this CPU (and QBACKEND_ISA cap) has a native kernel: AVX2 and up.
 bool available();
 // The kernels for this CPU (and QBACKEND_ISA cap): AMX where the CPU and OS have AMX-INT8 and the
-// AMX kernel passed its self-check, else AVX512-VNNI, else AVX-VNNI (256-bit); raises ValueError
-// where there are none.
+// AMX kernel passed its self-check, else AVX512-VNNI, else AVX-VNNI (256-bit), else AVX2 (int16
+// products, exact); raises ValueError where there are none.
 const kernels::GemmKernels& gemm_kernels();
 // Tests: run every native GEMM on the named kernel ("amx", "amx_emulated", "avx512_vnni", "avx2_vnni",
-// "avx2_vnni_evex"), or "" for this CPU's choice; a ValueError if the CPU cannot run it.
+// "avx2_vnni_evex", "avx2"), or "" for this CPU's choice; a ValueError if the CPU cannot run it.
 void set_kernel_override(const std::string& name);
 // Runs g over all rows and columns, on one thread below the size where a second one pays off.
 void run(const kernels::GemmArgs& g);

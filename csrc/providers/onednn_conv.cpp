@@ -110,7 +110,8 @@ at::Tensor conv2d_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point
   const auto cl = at::TensorOptions().memory_format(at::MemoryFormat::ChannelsLast);
   if (N == 0 || x.size(2) == 0 || x.size(3) == 0) return at::empty(shape, cl.dtype(output_dtype));
 
-  if (!saturation::onednn_has_vnni()) {
+  const bool depthwise = w_packed.size(1) == 1 && OC == groups && groups > 1;
+  if (!saturation::onednn_exact_8bit(depthwise)) {
     saturation::require_7bit(x, "oneDNN");
     // the padding holds the zero point, and is multiplied like x
     TORCH_CHECK_VALUE((p.padding[0] == 0 && p.padding[1] == 0) || x_zero_point <= 127,

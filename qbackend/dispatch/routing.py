@@ -58,7 +58,7 @@ def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozens
         return name not in exclude and registry.get(family, name).refuses(op, shape) is None
 
     def exact(name: str) -> bool:
-        return not eight_bit_input or registry.get(family, name).exact_8bit()
+        return not eight_bit_input or registry.get(family, name).exact_8bit(op, shape)
 
     rule: Rule | None = choose(op, cpu.isa_class, _cpu_facts(op, shape, cpu), usable=runs, missing_ok=True)
     if rule is not None and exact(rule.provider):
@@ -71,10 +71,19 @@ def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozens
                                       f"activations on this CPU; {other} is exact", rule=rule.condition)
     if eight_bit_input and (rule is not None or any(runs(p) for p in registry.routed_names(family))):
         raise ValueError(f"no provider multiplies 8-bit activations exactly on this CPU ({cpu.isa_class}); "
-                         "use 7-bit activations (the default observers do so on CPUs without VNNI)")
+                         f"for this {op} ({dict(shape)}); use 7-bit activations (reduce_range=True in the "
+                         "activation observers)")
     reasons = "; ".join(f"{name}: {'excluded' if name in exclude else registry.get(family, name).refuses(op, shape)}"
                         for name in registry.routed_names(family))
     raise ValueError(f"no provider can run this {op} here ({dict(shape)}): {reasons}")
+
+
+def exact_route_exists(op: str, shape: Mapping) -> bool:
+    """Whether some routed provider runs this op instance with full-range 8-bit activations
+    exactly on this CPU (else its input needs 7 bits: serialization's rebind requantizes it)."""
+    family = registry.family_of(op)
+    return any(registry.get(family, p).refuses(op, shape) is None and registry.get(family, p).exact_8bit(op, shape)
+               for p in registry.routed_names(family))
 
 
 def route(op: str, shape: Mapping, *, eight_bit_input: bool = True, forced: str | None = None,
@@ -98,7 +107,7 @@ def route(op: str, shape: Mapping, *, eight_bit_input: bool = True, forced: str 
         provider = registry.get(family, forced)
         refusal = provider.refuses(op, shape)
         if refusal is None:
-            if eight_bit_input and not provider.exact_8bit():
+            if eight_bit_input and not provider.exact_8bit(op, shape):
                 raise ValueError(f"provider {forced!r} (forced) saturates 8-bit activations on this CPU; calibrate "
                                  "with 7-bit activations (reduce_range=True) or force another provider")
             return Route(forced, FORCED, f"forced ({source})")
@@ -109,7 +118,7 @@ def route(op: str, shape: Mapping, *, eight_bit_input: bool = True, forced: str 
     chosen = _rule_route(op, shape, eight_bit_input, exclude, cpu, prefix)
     if tune is not None:
         candidates = [p for p in registry.routed_names(family) if p not in exclude
-                      and (not eight_bit_input or registry.get(family, p).exact_8bit())
+                      and (not eight_bit_input or registry.get(family, p).exact_8bit(op, shape))
                       and registry.get(family, p).refuses(op, shape) is None]
         if len(candidates) < 2:
             return chosen

@@ -35,6 +35,10 @@ c_in, c_out, groups, kernel, stride = Var("c_in"), Var("c_out"), Var("groups"), 
 oh, ow, h, w, kh, kw = Var("oh"), Var("ow"), Var("h"), Var("w"), Var("kh"), Var("kw")
 int8_residual, bf16_products_pay = Flag("int8_residual"), Flag("bf16_products_pay")
 
+# Without VNNI: how much faster a library's 7-bit route must be to win over the exact 8-bit native
+# GEMM (see the NO_VNNI rows).
+X_7BIT = 1.5
+
 ONE_BY_ONE = (kernel == (1, 1)) & (groups == 1)
 DEPTHWISE = (groups == c_in) & (c_in == c_out) & (c_in > 1)
 OUT_PIXELS = n * oh * ow
@@ -87,8 +91,22 @@ RULES: tuple[Rule, ...] = (
          "xeon_amx/kernels_linear_avx2_vnni.md#Linear, uint8 -> uint8"),
     Rule("linear", AVX2_VNNI, "onednn", "without the native provider: oneDNN uses AVX-VNNI, FBGEMM does not",
          "xeon_amx/kernels_linear_avx2_vnni.md#Linear, uint8 -> uint8"),
-    Rule("linear", NO_VNNI, "fbgemm", "without VNNI, FBGEMM is 3-7x oneDNN at M <= 4 and level from M = 256 "
-         "(measured under QBACKEND_ISA=avx2)", "xeon_amx/kernels_linear_avx2.md#Linear, uint8 -> uint8"),
+    # Without VNNI the libraries are exact only on 7-bit activations, the native AVX2 GEMM on 8-bit
+    # ones. 8-bit inputs always take an exact route (routing's correctness step); for 7-bit inputs
+    # (dynamic Linears, reduce_range=True) a library row wins only where its 7-bit route is more than
+    # X_7BIT times the exact one: a 7-bit input costs 6 dB of the layer's SQNR (48 -> 42 dB on every
+    # row of the evidence), which we give up only for a speed-up well beyond this shared machine's
+    # run-to-run spread (medians up to 2x the minima there).
+    Rule("linear", NO_VNNI, "fbgemm", f"7-bit activations: FBGEMM's 7-bit GEMM is more than {X_7BIT}x the exact "
+         "native AVX2 GEMM from M = 32 (1.5-3.9x) and above 768 x 768 from M = 4 (1.8-1.9x); 8-bit activations "
+         "take the native GEMM", "xeon_icelake/kernels_avx2_exact.md#Linear, 1 thread",
+         (m >= 32) | ((m >= 4) & (k * n > Num(768 * 768, "768*768")))),
+    Rule("linear", NO_VNNI, "native", f"qbackend's AVX2 GEMM (int16 products): exact on 8-bit activations, within "
+         f"{X_7BIT}x of FBGEMM's 7-bit route at M = 1 (0.9-1.5x) and on layers up to 768 x 768 at M = 4",
+         "xeon_icelake/kernels_avx2_exact.md#Linear, 1 thread"),
+    Rule("linear", NO_VNNI, "fbgemm", "without the native provider: without VNNI, FBGEMM is 3-7x oneDNN at M <= 4 "
+         "and level from M = 256 (measured under QBACKEND_ISA=avx2)",
+         "xeon_amx/kernels_linear_avx2.md#Linear, uint8 -> uint8"),
     # ---- conv2d ------------------------------------------------------------------------------
     Rule("conv2d", ALL, "fbgemm", "FBGEMM's groupwise kernel wins grouped convs with <= 8 channels per group "
          "(ResNeXt g=32 @56: 2.3x oneDNN)", "first_machine.md#Conv",
@@ -122,6 +140,10 @@ RULES: tuple[Rule, ...] = (
     Rule("conv2d", VNNI, "fbgemm", "without the native provider: small dense convs sit at oneDNN's per-call floor; "
          "FBGEMM is 1.25-1.7x faster on ResNet-18's 8x8 convs", "xeon_amx/dispatch_quick_avx512_vnni.md#Summary",
          (groups == 1) & (OUT_VALUES <= 16384) & (c_in * c_out * kh * kw <= 1_200_000)),
+    Rule("conv2d", NO_VNNI, "onednn", "7-bit activations: the libraries' 7-bit convs are 1.2-2.3x the exact native AVX2 "
+         "GEMM (FBGEMM or oneDNN fastest by shape; oneDNN kept); 8-bit activations take the native GEMM or oneDNN's "
+         "depthwise kernel, both exact", "xeon_icelake/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, "
+         "1 thread", groups == 1),
     Rule("conv2d", ALL, "onednn", "oneDNN wins dense, stem and depthwise convs (1.1-8x); FBGEMM's depthwise kernel "
          "also loses precision on 8-bit activations", "kernels.md#Conv2d, channels-last uint8 -> uint8"),
     # ---- embedding_bag (and plain embedding lookups: bags of one) -------------------------------

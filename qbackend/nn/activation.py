@@ -20,7 +20,7 @@ def check_qparams(scale, zero_point, dtype: torch.dtype, what: str) -> tuple[flo
 
 def uses_8_bits(dtype: torch.dtype, qmax: int | None) -> bool:
     """Whether activations of this dtype with this largest level use the full 8-bit range, not the
-    7-bit one that CPUs without VNNI need (int8 always; uint8 above 127; qmax None: the dtype's)."""
+    7-bit one that the libraries need without VNNI (int8 always; uint8 above 127; qmax None: the dtype's)."""
     return dtype == torch.int8 or qmax is None or qmax > 127
 
 

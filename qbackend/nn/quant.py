@@ -1,8 +1,8 @@
 """Quantize / Dequantize as modules: the borders of the int8 regions of a converted model.
 
 Each names the activation value whose qparams it uses (`value`, a key of the model's activation
-table), so a loaded model can be requantized for another CPU (7-bit activations where the CPU
-has no VNNI) by updating modules, not graph constants.
+table), so a loaded model can be requantized for another CPU (7-bit activations where it has no
+exact route for 8-bit ones) by updating modules, not graph constants.
 """
 from __future__ import annotations
 

@@ -16,10 +16,11 @@ The rule (float64 arithmetic, then the scale rounded to float32, the precision t
   1.0 (any scale represents 0 exactly; 1.0 is the neutral choice) and the zero point the one above
   (qmin for asymmetric, which maps 0 to qmin).
 
-`reduce_range` is the 7-bit uint8 range [0, 127]: CPUs without VNNI multiply u8 x s8 with 16-bit
-saturation (csrc/common/saturation.h), so their activations must stay below 128. The default for
-uint8 activations is therefore `reduce_range = not qbackend.cpu_features().has_vnni`
-(`default_reduce_range`). It does not apply to int8.
+`reduce_range` is the 7-bit uint8 range [0, 127]: without VNNI, FBGEMM and oneDNN multiply u8 x s8
+with 16-bit saturation (csrc/common/saturation.h), so activations for them must stay below 128.
+The default for uint8 activations is 7-bit only where no provider multiplies 8-bit ones exactly
+(`default_reduce_range`: ops.providers.exact_8bit_activations; the native GEMM does on every AVX2
+CPU). It does not apply to int8.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dispatch.cpu import cpu_features
+from ..ops.providers import exact_8bit_activations
 
 __all__ = ["QParams", "choose_qparams", "default_reduce_range", "qrange", "F32_EPS"]
 
@@ -49,10 +50,11 @@ def check_qdtype(dtype, what: str = "dtype") -> torch.dtype:
 
 
 def default_reduce_range(dtype: torch.dtype) -> bool:
-    """7-bit activations where the CPU (or QBACKEND_ISA) lacks VNNI; never for int8."""
+    """7-bit activations where no provider multiplies 8-bit ones exactly on this CPU (or under
+    QBACKEND_ISA): CPUs without AVX2; never for int8."""
     if dtype != torch.uint8:
         return False
-    return not cpu_features().has_vnni
+    return not exact_8bit_activations()
 
 
 def qrange(dtype: torch.dtype, reduce_range: bool | None = None, qmin: int | None = None,

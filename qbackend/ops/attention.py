@@ -30,7 +30,7 @@ class AttentionProvider:
     def refuses(self, op: str, shape) -> str | None:
         return None if op == "attention" else f"it has no {op}"
 
-    def exact_8bit(self) -> bool:
+    def exact_8bit(self, op: str | None = None, shape=None) -> bool:
         return True  # float inputs
 
 

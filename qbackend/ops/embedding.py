@@ -132,7 +132,7 @@ class EmbeddingProvider:
         qparams = torch.float16 if shape.get("fp16_qparams", 1) else torch.float32
         return self.refuses_table(qparams, shape["bits"], shape["dim"], 0 if shape.get("padding_idx", 0) else -1)
 
-    def exact_8bit(self) -> bool:
+    def exact_8bit(self, op: str | None = None, shape=None) -> bool:
         return True  # weight-only: the activations stay float
 
 

@@ -2,8 +2,9 @@
 Linear and Conv2d, with one signature for all of them.
 
   native     qbackend's own int8 GEMM (csrc/kernels/gemm_*, torch.ops.qbackend.native_*): Linear and
-             convs with groups 1 (a KxK conv as a GEMM over gathered taps), on CPUs with AVX512-VNNI
-             (AMX where present) or AVX-VNNI; depthwise convs (one filter per channel) with AVX512-VNNI
+             convs with groups 1 (a KxK conv as a GEMM over gathered taps), on every AVX2 CPU (AMX,
+             AVX512-VNNI or AVX-VNNI where present; plain AVX2 with int16 products, exact at 8 bits);
+             depthwise convs (one filter per channel) with AVX512-VNNI
   fbgemm     FBGEMM's C++ API through csrc (torch.ops.qbackend.fbgemm_*)
   onednn     oneDNN through torch's plain-tensor onednn ops (torch.ops.qbackend.onednn_*)
   reference  plain PyTorch fp64 math (qbackend.ops.reference): slow, exact, always available
@@ -46,8 +47,10 @@ class Provider:
     # (x, x_scale, x_zp, packed, w_scales, bias, stride, padding, dilation, groups, out_scale, out_zp,
     #  out_dtype, post_op, accum, accum_scale, accum_zp) -> y
     conv2d: Callable
-    # Whether this provider multiplies 8-bit activations exactly on this CPU (else 7-bit only).
-    exact_8bit: Callable[[], bool]
+    # (op=None, shape=None) -> whether this provider multiplies full-range 8-bit activations exactly
+    # on this CPU (else 7-bit only): for that op instance (op and shape key as `refuses`), or for
+    # every op instance it runs when called without them.
+    exact_8bit: Callable[..., bool]
     # conv2d with a residual the caller gives up: the result written into accum (same arguments,
     # accum required, returns nothing), or None (the provider has no such form: conv2d is used).
     conv2d_add_: Callable | None = None
@@ -59,8 +62,13 @@ class Provider:
     routed: bool = True
 
 
-def _fbgemm_exact() -> bool:
+def _fbgemm_exact(op: str | None = None, shape=None) -> bool:
     return _C.fbgemm_isa() in ("avx512_vnni", "avx512_vnni_ymm")
+
+
+def _is_depthwise(shape) -> bool:
+    """One filter per channel (groups = in = out channels > 1): the convs of oneDNN's depthwise kernels."""
+    return shape["groups"] == shape["c_in"] == shape["c_out"] > 1
 
 
 def int32_reduction_refusal(op: str, shape) -> str | None:
@@ -77,13 +85,13 @@ def int32_reduction_refusal(op: str, shape) -> str | None:
 
 def _native_refuses(op: str, shape) -> str | None:
     if not _C.native_isa():
-        return "the native GEMM needs AVX512-VNNI or AVX-VNNI (this CPU or QBACKEND_ISA lacks them)"
+        return "the native GEMM needs AVX2 (this CPU or QBACKEND_ISA lacks it)"
     if op == "linear":
         return int32_reduction_refusal(op, shape)
     if op == "conv2d":
         kh, kw = shape["kernel"]
         if shape["groups"] != 1:
-            if not (shape["groups"] == shape["c_in"] == shape["c_out"]):
+            if not _is_depthwise(shape):
                 return "it runs convolutions with groups 1, or depthwise ones (groups = in = out channels)"
             if usable_isa() < Isa.AVX512_VNNI:
                 return "its depthwise conv needs AVX512-VNNI (this CPU or QBACKEND_ISA lacks it)"
@@ -96,8 +104,23 @@ def _native_refuses(op: str, shape) -> str | None:
     return f"it has no {op}"
 
 
-def _onednn_exact() -> bool:
-    return usable_isa() >= Isa.AVX512_VNNI or bool(_C.avx_vnni_usable())
+def _onednn_exact(op: str | None = None, shape=None) -> bool:
+    """VNNI (AVX512-VNNI or AVX-VNNI): exact. Without it oneDNN pairs products in int16 (vpmaddubsw)
+    in its GEMM, dense and grouped convs, but not in its depthwise convs: those are exact at 8 bits
+    on every ISA (tests/ops/test_conv2d.py checks them against the fp64 reference under
+    QBACKEND_ISA=avx2; the op refuses 8-bit activations on the others, csrc/common/saturation.h)."""
+    if usable_isa() >= Isa.AVX512_VNNI or bool(_C.avx_vnni_usable()):
+        return True
+    return op == "conv2d" and shape is not None and _is_depthwise(shape)
+
+
+def exact_8bit_activations() -> bool:
+    """Whether full-range uint8 activations have an exact route here for Linear, dense convs and
+    depthwise convs: the native GEMM (every AVX2 CPU: int16 products without VNNI) with oneDNN's or
+    the native depthwise conv, or VNNI for the libraries. False: 7-bit activations
+    (observers.default_reduce_range). Grouped convs with several channels per group have no exact
+    route without VNNI: routing them with 8-bit activations raises (use reduce_range=True)."""
+    return bool(_C.native_isa()) or _onednn_exact()
 
 
 def _one_strided_output_line(shape) -> bool:
@@ -218,8 +241,9 @@ PROVIDERS: dict[str, Provider] = {
         prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None, x_qparams=None:
             ops.native_conv2d_prepack(w, stride, padding, dilation, groups),
         conv2d=ops.native_conv2d,
-        # u8 x s8 with vpdpbusd: exact wherever it runs (it refuses CPUs without VNNI).
-        exact_8bit=lambda: bool(_C.native_isa()),
+        # u8 x s8 with vpdpbusd / tdpbusd, or int16 products (vpmaddwd) on AVX2 without VNNI: exact
+        # wherever it runs (it refuses CPUs without AVX2).
+        exact_8bit=lambda op=None, shape=None: bool(_C.native_isa()),
         conv2d_add_=ops.native_conv2d_add_,
         refuses=_native_refuses,
     ),
@@ -253,7 +277,7 @@ PROVIDERS: dict[str, Provider] = {
         linear_dynamic=_ref_linear_dynamic,
         prepack_conv2d=lambda w, s, stride, padding, dilation, groups, x_shape=None, x_qparams=None: w,
         conv2d=_ref_conv2d,
-        exact_8bit=lambda: True,
+        exact_8bit=lambda op=None, shape=None: True,
         routed=False,
     ),
 }

@@ -12,7 +12,8 @@ Each family's table lives beside its implementations; adding a provider is addin
 
 Every record has `name`, `routed` (a candidate of the rule table's fallbacks and of tune mode),
 `refuses(op, shape) -> str | None` (why it cannot run that op instance on this CPU) and
-`exact_8bit()` (whether it multiplies full-range 8-bit activations exactly here).
+`exact_8bit(op=None, shape=None)` (whether it multiplies full-range 8-bit activations exactly here:
+for that op instance, or for all it runs).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ Loading never runs code from the file. It checks, before building anything: the 
 checksum, and that every class the model needs is one loading may rebuild (allowlist.py). Any
 violation is a `ModelFileError` naming what is wrong. Then it rebuilds the modules from their
 state (every weight is repacked) and rebinds the model to this machine (rebind.py: 7-bit
-activations where the CPU has no VNNI, every layer routed again).
+activations only where no provider multiplies 8-bit ones exactly here, every layer routed again).
 
 Format 1 files (qbackend before format 2: a torch.save archive with a pickled model) load only
 with `allow_pickle=True`, which warns: unpickling can run code. `qbackend upgrade OLD NEW` (or

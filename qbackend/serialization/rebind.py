@@ -2,10 +2,12 @@
 QBACKEND_ISA): activations requantized where the CPU needs 7-bit ones, and every layer routed
 again by this machine's rules.
 
-* Activations: a model converted on a CPU with VNNI uses the full uint8 range; CPUs without VNNI
-  saturate u8 x s8 products, so there each uint8 value's qparams are recomputed for [0, 127]
-  from the float range saved with the model (`qbackend_activations`, the observer's chosen range;
-  the range was chosen for 256 levels, the 7-bit model uses it with 128). Every activation
+* Activations: a model converted where 8-bit activations are exact keeps them wherever this CPU
+  has an exact route too (the native GEMM on every AVX2 CPU, oneDNN's depthwise convs). Where it
+  has none (no AVX2: every uint8 value; a grouped conv without VNNI: that conv's input), the
+  value's qparams are recomputed for [0, 127] from the float range saved with the model
+  (`qbackend_activations`, the observer's chosen range; the range was chosen for 256 levels, the
+  7-bit model uses it with 128). Every activation
   border (nn._activation.ActivationBorder: Quantize, Dequantize, the fused attention and LayerNorm)
   and quantized layer reading or writing the value is updated.
 * Routes: each static / dynamic layer goes through qbackend.dispatch.route with its recorded
@@ -20,7 +22,7 @@ import warnings
 import torch
 
 from ..core.routes import BatchRoutes
-from ..dispatch import route
+from ..dispatch import exact_route_exists, route
 from ..ops.embedding import get_embedding_provider
 from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear
 from ..nn.activation import ActivationBorder, StaticQParamsMixin, uses_8_bits
@@ -32,13 +34,14 @@ class RequantizedWarning(UserWarning):
     """A loaded model's 8-bit activations were requantized to 7 bits for this CPU."""
 
 
-def requantize_activations(qmodel, seven_bit: bool) -> list[str]:
-    """Make every uint8 activation 7-bit (seven_bit=True) where it is 8-bit; returns the values changed."""
+def requantize_activations(qmodel, seven_bit: bool, only=None) -> list[str]:
+    """Make every uint8 activation (or those named in `only`) 7-bit (seven_bit=True) where it is
+    8-bit; returns the values changed."""
     if not seven_bit:
         return []
     new = {}
     for name, rec in qmodel.qbackend_activations.items():
-        if rec.dtype != "uint8" or rec.qmax <= 127:
+        if rec.dtype != "uint8" or rec.qmax <= 127 or (only is not None and name not in only):
             continue
         lo, hi = rec.range
         new[name] = choose_qparams(lo, hi, torch.uint8, rec.symmetric, rec.qmin, 127, reduce_range=False, eps=rec.eps)
@@ -121,12 +124,25 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
     return changed
 
 
+def inexact_inputs(qmodel) -> set[str]:
+    """The 8-bit input values of static layers that no provider runs exactly on this CPU."""
+    out = set()
+    for name, info in qmodel.qbackend_layers.items():
+        m = qmodel.layer(name)
+        if isinstance(m, (QuantizedLinear, QuantizedConv2d)) and is_8bit_input(m, qmodel.qbackend_activations) \
+                and not exact_route_exists(info.kind, info.shape):
+            out.add(m.x_value)
+    return out
+
+
 def rebind(qmodel) -> dict:
-    """Requantize (if this CPU needs 7-bit activations) and re-route; returns what changed."""
-    seven = default_reduce_range(torch.uint8)
-    values = requantize_activations(qmodel, seven)
+    """Requantize (where this CPU needs 7-bit activations) and re-route; returns what changed."""
+    if default_reduce_range(torch.uint8):
+        values = requantize_activations(qmodel, True)
+    else:
+        values = requantize_activations(qmodel, True, only=inexact_inputs(qmodel))
     if values:
-        warnings.warn(f"qbackend: this model has 8-bit activations but this CPU (or QBACKEND_ISA) has no VNNI; "
-                      f"{len(values)} activation values were requantized to 7 bits from their saved ranges",
-                      RequantizedWarning, stacklevel=3)
+        warnings.warn(f"qbackend: this model has 8-bit activations but this CPU (or QBACKEND_ISA) multiplies "
+                      f"them exactly only with 7 bits for some layers; {len(values)} activation values were "
+                      "requantized to 7 bits from their saved ranges", RequantizedWarning, stacklevel=3)
     return {"requantized": values, "rerouted": reroute(qmodel)}

@@ -91,6 +91,19 @@ def test_native_rows():
     assert rules.choose("conv2d", vnni, dict(thin, n=32, c_out=24)).provider == "native"
 
 
+@pytest.mark.parametrize("isa_class", ["avx2", "avx512"])
+def test_no_vnni_rows_prefer_the_exact_gemm_within_x_7bit(isa_class):
+    """Without VNNI: native (exact on 8-bit activations) unless FBGEMM's 7-bit route is more than
+    X_7BIT faster (M >= 32, or above 768 x 768 from M = 4); 8-bit inputs always run exactly (routing)."""
+    assert rules.X_7BIT == 1.5
+    assert rules.choose("linear", isa_class, {"m": 1, "k": 3072, "n": 768}).provider == "native"
+    assert rules.choose("linear", isa_class, {"m": 4, "k": 768, "n": 768}).provider == "native"
+    assert rules.choose("linear", isa_class, {"m": 4, "k": 768, "n": 3072}).provider == "fbgemm"
+    assert rules.choose("linear", isa_class, {"m": 32, "k": 256, "n": 256}).provider == "fbgemm"
+    assert rules.choose("linear", isa_class, {"m": 1, "k": 768, "n": 768}, usable=NO_NATIVE).provider == "fbgemm"
+    assert rules.choose("conv2d", isa_class, CONV).provider == "onednn"
+
+
 def test_router_skips_the_native_provider_where_it_cannot_run():
     from qbackend.dispatch import route
     from qbackend.dispatch.cpu import cpu_features

@@ -109,12 +109,14 @@ def test_qparams_equality():
         a.scale = 2.0  # frozen
 
 
-def test_default_reduce_range_follows_vnni():
-    from qbackend import cpu_features
+def test_default_reduce_range_follows_the_exact_routes():
+    """8 bits wherever the native GEMM runs (every AVX2 CPU: exact int16 products without VNNI)."""
+    from qbackend.core.extension import _C
 
-    assert default_reduce_range(torch.uint8) == (not cpu_features().has_vnni)
+    exact = bool(_C.native_isa())
+    assert default_reduce_range(torch.uint8) == (not exact)
     assert default_reduce_range(torch.int8) is False
-    assert qrange(torch.uint8, None) == (0, 127 if not cpu_features().has_vnni else 255)
+    assert qrange(torch.uint8, None) == (0, 255 if exact else 127)
     assert qrange(torch.uint8, None, qmax=200) == (0, 200)  # explicit bounds win over the default
 
 

@@ -22,7 +22,9 @@ from tests.subprocess_utils import run_py
 
 ops = torch.ops.qbackend
 pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not _C.native_isa(), reason="the native GEMM needs AVX512-VNNI")]
+              pytest.mark.skipif(not _C.native_isa(), reason="the native GEMM needs AVX2")]
+# The native depthwise kernel needs AVX512-VNNI (level 3); the GEMM runs from AVX2.
+DEPTHWISE_KERNEL = pytest.mark.skipif(int(_C.usable_isa()) < 3, reason="the native depthwise conv needs AVX512-VNNI")
 
 
 def exact_sums(x: torch.Tensor, x_zp: int, w: torch.Tensor) -> torch.Tensor:
@@ -232,6 +234,7 @@ def test_conv_packed_weights_are_checked():
     (2, 96, 40, 40, (3, 3), (1, 1), (1, 1), (1, 1)),     # rows split over the threads, the row ring reused
     (1, 3, 5, 6, (3, 3), (3, 2), (0, 0), (1, 1)),        # unpadded, output pixels fewer than a block
 ])
+@DEPTHWISE_KERNEL
 def test_depthwise_conv_sums_exactly(geometry, x_dtype, zp):
     """Depthwise convs (groups = channels) accumulate (x - zp) * w in fp32 from integers (exact below
     2**24): with unit scales and fp32 output the result is the exact integer conv (int64 reference)."""
@@ -251,6 +254,7 @@ def test_depthwise_conv_sums_exactly(geometry, x_dtype, zp):
     assert torch.equal(y.to(torch.int64), exact)
 
 
+@DEPTHWISE_KERNEL
 def test_depthwise_conv_epilogue_and_residual_in_place():
     g = torch.Generator().manual_seed(9)
     c = 40
@@ -323,12 +327,55 @@ def test_peak_loop_measures_something():
     assert _C.native_peak_ops(20000, 1) > 1e9
 
 
-def test_refused_without_avx512_vnni():
-    """Under QBACKEND_ISA=avx2 the ops raise a ValueError naming the ISA, the provider refuses every
-    op, and a forced route falls back to the rules."""
+def test_runs_exactly_without_vnni():
+    """Under QBACKEND_ISA=avx2 the native GEMM is the AVX2 kernel: it runs Linear and dense convs on
+    full-range 8-bit activations exactly (the observers keep 8 bits), a forced route keeps it, and
+    only its depthwise kernel (AVX512-VNNI) refuses."""
     code = r'''
 import json, torch, qbackend
 from qbackend.core.extension import _C
+from qbackend.ops.providers import PROVIDERS
+from qbackend.dispatch import route
+from qbackend.observers import default_reduce_range
+ops = torch.ops.qbackend
+native = PROVIDERS["native"]
+dw = {"n": 1, "c_in": 8, "c_out": 8, "h": 8, "w": 8, "kernel": (3, 3), "stride": 1, "groups": 8}
+out = {"isa": _C.native_isa(), "refuses": native.refuses("linear", {"m": 1, "k": 8, "n": 8}),
+       "dw": native.refuses("conv2d", dw), "exact": native.exact_8bit(), "seven": default_reduce_range(torch.uint8),
+       "route": route("linear", {"m": 1, "k": 8, "n": 8}, eight_bit_input=True, forced="native").provider}
+lin = {"m": 32, "k": 768, "n": 768}
+conv = dict(dw, c_in=16, c_out=32, groups=1)
+out["routes"] = [route("linear", lin).provider, route("linear", lin, eight_bit_input=False).provider,
+                 route("conv2d", conv).provider, route("conv2d", dict(dw, n=2)).provider]
+try:
+    route("conv2d", dict(conv, c_out=16, groups=4))
+    out["grouped"] = None
+except ValueError as e:
+    out["grouped"] = str(e)
+w = torch.randint(-128, 128, (5, 300), dtype=torch.int8)
+x = torch.full((3, 300), 255, dtype=torch.uint8)
+y = ops.native_linear(x, 1.0, 0, ops.native_linear_prepack(w), torch.ones(5), None, 1.0, 0, torch.float32, "none")
+out["exact_sums"] = torch.equal(y, (x.double() @ w.double().t()).float())
+print(json.dumps(out))
+'''
+    proc = run_py(code, env={"QBACKEND_ISA": "avx2"}, check=True)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["isa"] == "avx2" and out["refuses"] is None and out["exact"] and not out["seven"]
+    assert out["route"] == "native" and out["exact_sums"]
+    assert "AVX512-VNNI" in out["dw"]
+    # 8-bit inputs take the exact routes (the rule's 7-bit FBGEMM row applies to 7-bit ones), depthwise
+    # convs oneDNN's exact kernel; a grouped conv has none: a clear error naming the fix.
+    assert out["routes"] == ["native", "fbgemm", "native", "onednn"]
+    assert "reduce_range=True" in out["grouped"]
+
+
+def test_refused_without_avx2():
+    """Below AVX2 (the cap set directly: QBACKEND_ISA has no lower level) the ops raise a ValueError
+    naming the ISA, the provider refuses every op, and a forced route falls back to the rules."""
+    code = r'''
+import json, torch, qbackend
+from qbackend.core.extension import _C
+_C.set_isa_cap(0, False)
 from qbackend.ops.providers import PROVIDERS
 from qbackend.dispatch import route
 ops = torch.ops.qbackend
@@ -342,12 +389,12 @@ except ValueError as e:
 out["route"] = route("linear", {"m": 1, "k": 8, "n": 8}, eight_bit_input=False, forced="native").provider
 print(json.dumps(out))
 '''
-    proc = run_py(code, env={"QBACKEND_ISA": "avx2"}, check=True)
+    proc = run_py(code, check=True)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["isa"] == ""
-    assert "AVX512-VNNI" in out["refuses"]
-    assert out["error"] is not None and "AVX512-VNNI" in out["error"]
-    assert out["route"] == "fbgemm"
+    assert "AVX2" in out["refuses"]
+    assert out["error"] is not None and "AVX2" in out["error"]
+    assert out["route"] in ("fbgemm", "onednn")
 
 
 def test_gelu_epilogue_over_its_whole_range():

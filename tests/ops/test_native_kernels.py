@@ -1,5 +1,6 @@
 """The native provider's other kernels, selected with `_C.set_native_kernel`: the AMX kernel
-(csrc/kernels/gemm_amx.cpp) and the 256-bit AVX-VNNI kernel (gemm_avx2_vnni*.cpp).
+(csrc/kernels/gemm_amx.cpp), the 256-bit AVX-VNNI kernel (gemm_avx2_vnni*.cpp) and the AVX2 kernel
+without VNNI (gemm_avx2.cpp, int16 products; its own fp64 tests: test_native_avx2.py).
 
 The CPU running the tests may have neither AMX nor AVX-VNNI, so each is run in a form this CPU
 can execute:
@@ -12,6 +13,8 @@ can execute:
     kernel, never a wrong result.
   * avx2_vnni where the CPU has AVX-VNNI, else avx2_vnni_evex: the same source compiled on the
     EVEX form of the same instruction (AVX512-VNNI + VL).
+  * avx2: runs on every AVX2 CPU (under QBACKEND_ISA=avx2 the only one here: the AVX512 kernel the
+    others are compared with is then the provider's choice, the avx2 kernel itself).
 Each is held to the references of the AVX512 kernel (test_native.py): exact int32 sums against
 int64, outputs byte-equal to the AVX512 kernel's for every epilogue (GELU within 2 ulp: the
 256-bit kernel divides where the AVX512 one refines a reciprocal), and test_linear.py's property
@@ -35,11 +38,13 @@ from tests.ops.test_native import exact_sums, native_sums
 
 ops = torch.ops.qbackend
 pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not _C.native_isa(), reason="the native GEMM needs AVX512-VNNI")]
+              pytest.mark.skipif(not _C.native_isa(), reason="the native GEMM needs AVX2")]
 
 
 AVX2_VNNI = "avx2_vnni" if _C.avx_vnni_usable() else "avx2_vnni_evex"
-KERNELS = ["amx_emulated", AVX2_VNNI]
+# The emulated AMX kernel and the EVEX build need AVX512-VNNI (level 3); AVX-VNNI and AVX2 run below it.
+KERNELS = [k for k in ["amx_emulated", AVX2_VNNI, "avx2"]
+           if int(_C.usable_isa()) >= 3 or k == "avx2" or (k == "avx2_vnni" and _C.avx_vnni_usable())]
 
 
 @contextlib.contextmanager
@@ -61,7 +66,7 @@ def test_switch_selects_the_kernel_and_back(kernel):
     before = _C.native_isa()
     with native_kernel(kernel):
         pass
-    assert _C.native_isa() == before != kernel
+    assert _C.native_isa() == before
 
 
 def test_a_kernel_the_cpu_cannot_run_is_refused():
@@ -70,9 +75,10 @@ def test_a_kernel_the_cpu_cannot_run_is_refused():
     for name in names + ["sse"]:
         with pytest.raises(ValueError, match="no native kernel"):
             _C.set_native_kernel(name)
-    assert _C.native_isa() in ("amx", "avx512_vnni", "avx2_vnni")
+    assert _C.native_isa() in ("amx", "avx512_vnni", "avx2_vnni", "avx2")
 
 
+@pytest.mark.skipif(int(_C.usable_isa()) < 3, reason="the emulated AMX kernel needs AVX512-VNNI")
 def test_self_check_passes_on_the_emulated_kernel():
     assert _C.native_amx_self_check(emulated=True) == ""
 
