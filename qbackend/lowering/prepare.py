@@ -5,6 +5,7 @@ PrepareState and hands it on; the result (`PreparedGraph`) runs the model in FP3
 activation ranges as calibration batches go through it."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
@@ -19,7 +20,8 @@ from .embeddings import EmbeddingOp, match_embeddings
 from .graph_utils import record_example_shapes
 from .fold import fold_batchnorm, get_attr_value
 from .patterns import QuantizableOp, match
-from .plan import Plan, make_plan
+from .plan import Plan, make_plan, root
+from ..dispatch.routing import exact_route_exists
 from ..algorithms.gptq import MAX_FEATURES, HessianStats
 from ..algorithms.smoothquant import ChannelStats, resolve
 from .smoothquant import STATS_PREFIX, SmoothGroup, find_groups, fold_kind
@@ -186,11 +188,28 @@ def smoothing_groups(state: PrepareState) -> PrepareState:
 
 
 def insert_observers(state: PrepareState) -> PrepareState:
-    """An observer (the op's config's activation observer) on every value the plan observes."""
+    """An observer (the op's config's activation observer) on every value the plan observes; 7-bit
+    (reduce_range) where a layer reading the value has no provider that multiplies full-range 8-bit
+    activations exactly on this CPU (a grouped conv without VNNI), unless its config says otherwise."""
+    seven_bit = _seven_bit_values(state)
     for i, (node, name) in enumerate(state.plan.observed.items()):
         spec = _observer_spec_for(state.plan, node)
+        if node in seven_bit and "reduce_range" not in spec.kwargs:
+            spec = dataclasses.replace(spec, kwargs={**spec.kwargs, "reduce_range": True})
         _record_after(state.gm, node, f"{OBSERVER_PREFIX}{i}", ActivationObserver(spec.create(name)))
     return state
+
+
+def _seven_bit_values(state: PrepareState) -> set:
+    """The observed values (roots) a static layer reads as its input where no routed provider runs
+    that layer exactly on 8-bit activations here (dispatch.exact_route_exists)."""
+    values = set()
+    for op in state.plan.ops:
+        if op.config.mode != "static":
+            continue
+        if not exact_route_exists(op.kind, op.layer_spec(state.gm).shape_key()):
+            values.add(root(op.x, state.plan.static_outputs))
+    return values
 
 
 def insert_channel_stats(state: PrepareState) -> PrepareState:

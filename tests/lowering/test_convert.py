@@ -292,3 +292,34 @@ def test_views_of_channels_last_outputs_run():
         with torch.no_grad():
             assert sqnr(model(*batch(n, 9)), q(*batch(n, 9))) > 12  # the cat shares one range
     assert not any(node.target is torch.ops.aten.view.default for node in q.graph_module.graph.nodes)
+
+
+_GROUPED_WITHOUT_VNNI = '''
+import json, warnings, torch, qbackend
+from torch import nn
+torch.manual_seed(0)
+m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1, groups=4), nn.ReLU(),
+                  nn.Conv2d(16, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 4)).eval()
+xs = [torch.randn(2, 3, 8, 8) for _ in range(4)]
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    q = qbackend.quantize(m, (xs[0],), [(x,) for x in xs])
+with torch.no_grad():
+    x = torch.randn(3, 3, 8, 8)
+    ref, y = m(x), q(x)
+print(json.dumps({"sqnr": float(10 * torch.log10(ref.pow(2).sum() / (ref - y).pow(2).sum())),
+                  "qmax": {k: v.qmax for k, v in q.qbackend_activations.items()}}))
+'''
+
+
+def test_grouped_conv_without_vnni_takes_seven_bits_on_its_input_alone():
+    """Without VNNI no provider multiplies a grouped conv's (several channels per group) 8-bit
+    inputs exactly: its input is observed on 7 bits, every other value keeps 8."""
+    import json
+
+    from ..subprocess_utils import run_py
+
+    proc = run_py(_GROUPED_WITHOUT_VNNI, env={"QBACKEND_ISA": "avx2"}, timeout=300, check=True)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["qmax"] == {"0.input": 255, "0.output": 127, "2.output": 255, "4.output": 255}
+    assert out["sqnr"] > 25
