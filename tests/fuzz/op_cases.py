@@ -36,7 +36,7 @@ from qbackend.ops import PROVIDERS, PackedConv2dWeight, PackedLinearWeight
 from qbackend.ops import reference as R
 from qbackend.ops.embedding import PackedEmbeddingTable, quantize_rowwise
 
-from tests.ops.numerics import assert_rule, error_metrics, output_scale_for
+from tests.ops.numerics import assert_rule, error_metrics, dynamic_reference_input, output_scale_for, weights
 
 ops = torch.ops.qbackend
 
@@ -108,15 +108,6 @@ def _activations(shape, dtype, zp, mode, g):
     else:
         v = torch.randint(lo, hi + 1, shape, generator=g)
     return v.to(dtype)
-
-
-def _weights(shape, mode, g):
-    if mode == "ends":
-        return torch.where(torch.rand(shape, generator=g) < 0.5, -127, 127).to(torch.int8)
-    w = torch.randint(-127, 128, shape, generator=g)
-    if mode == "sparse":
-        w = torch.where(torch.rand(shape, generator=g) < 0.8, 0, w)
-    return w.to(torch.int8)
 
 
 def _log_uniform(g, n, lo, hi):
@@ -213,7 +204,7 @@ def _run_linear(c):
     g = _gen(c)
     k, n = c["k"], c["n"]
     x_shape = (*c["lead"], c["m"], k)
-    w = _weights((n, k), c["w_mode"], g)
+    w = weights((n, k), c["w_mode"], g)
     ws = _log_uniform(g, n, c["w_scale_lo"], min(1.0, c["w_scale_lo"] * 1000))
     bias = None if c["bias"] is None else torch.randn(n, generator=g) * c["bias"]
     if c["family"] == "linear_dynamic":
@@ -252,18 +243,10 @@ def _dynamic_x(c, shape, g):
 
 
 def _dynamic_reference_input(x, reduce_range):
-    """(q, scale, zp): the reference's dynamic qparams and quantize, taking the fp32 division's code
-    at an exact .5 tie that fp32 rounds the other way (the 1 LSB the quantize contract allows)."""
-    scale, zp = R.choose_dynamic_qparams(x, reduce_range)
-    q = R.quantize(x, scale, zp, torch.uint8)
-    q32 = (torch.round(x.float() / torch.tensor(scale, dtype=torch.float32)) + zp).clamp(0, 255).to(torch.uint8)
-    diff = q.long() != q32.long()
-    if diff.any():
-        v = x.double()[diff] / scale
-        if not ((q.long() - q32.long()).abs().max() <= 1 and
-                ((v - v.floor() - 0.5).abs() <= 1e-6 * v.abs() + 1e-12).all()):
-            raise Wrong("the fp32 quantize of x differs from the reference away from a tie")
-    return torch.where(diff, q32, q), scale, zp
+    try:
+        return dynamic_reference_input(x, reduce_range)
+    except AssertionError:
+        raise Wrong("the fp32 quantize of x differs from the reference away from a tie") from None
 
 
 def _run_linear_dynamic(c, g, x_shape, w, ws, bias):
@@ -356,7 +339,7 @@ def _run_conv(c):
     g = _gen(c)
     x_dtype = DTYPES[c["x_dtype"]]
     kh, kw = c["kernel"]
-    w = _weights((c["c_out"], c["c_in"] // c["groups"], kh, kw), c["w_mode"], g)
+    w = weights((c["c_out"], c["c_in"] // c["groups"], kh, kw), c["w_mode"], g)
     ws = _log_uniform(g, c["c_out"], c["w_scale_lo"], min(1.0, c["w_scale_lo"] * 1000))
     bias = None if c["bias"] is None else torch.randn(c["c_out"], generator=g) * c["bias"]
     x = _layout(_activations((c["n"], c["c_in"], c["h"], c["w"]), x_dtype, c["x_zp"], c["x_mode"], g), c["layout"])

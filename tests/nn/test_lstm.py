@@ -42,6 +42,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from qbackend.nn.lstm import DynamicQuantizedLSTM
 from qbackend.observers import MinMaxObserver, PerChannelMinMaxObserver
 from qbackend.ops import reference as R
+from tests.ops.numerics import dynamic_reference_input
 from tests.subprocess_utils import json_lines, run_py
 
 ATOL = 4e-6
@@ -79,20 +80,6 @@ def trunc_lstm(lstm: nn.LSTM, layers: int) -> nn.LSTM:
 
 # ----------------------------------------------------------------------------- the fp64 reference
 
-def quantize_dynamic(x: torch.Tensor, reduce_range: bool):
-    """(q, scale, zp) of x [rows, k] under the kernels' dynamic rule (reference.choose_dynamic_qparams /
-    quantize), taking the kernels' float32 division where x / scale is an exact .5 tie that fp32
-    rounds the other way (as tests/ops/test_linear.py does)."""
-    scale, zp = R.choose_dynamic_qparams(x, reduce_range)
-    q = R.quantize(x, scale, zp, torch.uint8)
-    q32 = (torch.round(x.float() / torch.tensor(scale, dtype=torch.float32)) + zp).clamp(0, 255).to(torch.uint8)
-    diff = q.long() != q32.long()
-    if diff.any():
-        v = x.double()[diff] / scale
-        assert (q.long() - q32.long()).abs().max() <= 1 and ((v - v.floor() - 0.5).abs() <= 1e-6 * v.abs() + 1e-12).all()
-    return torch.where(diff, q32, q), scale, zp
-
-
 def ref_direction(gx: torch.Tensor, w_hh: torch.Tensor, s_hh: torch.Tensor, h_module: torch.Tensor,
                   h0: torch.Tensor | None, c0: torch.Tensor | None, reverse: bool, reduce_range: bool):
     """fp64 LSTM recurrence of one direction. gx: [T, B, 4H] fp64 input projection (bias included);
@@ -104,7 +91,7 @@ def ref_direction(gx: torch.Tensor, w_hh: torch.Tensor, s_hh: torch.Tensor, h_mo
     h_prev = torch.zeros(batch, hid) if h0 is None else h0
     hs = torch.empty(steps, batch, hid, dtype=torch.float64)
     for t in order:
-        q, s, z = quantize_dynamic(h_prev, reduce_range)
+        q, s, z = dynamic_reference_input(h_prev, reduce_range)
         gates = gx[t] + R.linear_fp64(q, s, z, w_hh, s_hh, None)
         i, f, g, o = gates.chunk(4, 1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
@@ -145,7 +132,7 @@ def check_against_reference(lstm: nn.LSTM, x: torch.Tensor, hx=None, provider=No
         xin = time_major(layer_in, bf, batched)
         steps, batch = xin.shape[:2]
         wi = q.w_ih[layer]
-        xq, xs, xz = quantize_dynamic(xin.reshape(steps * batch, -1), not wi.exact_8bit)
+        xq, xs, xz = dynamic_reference_input(xin.reshape(steps * batch, -1), not wi.exact_8bit)
         for di in range(d):
             rows = slice(di * 4 * hid, (di + 1) * 4 * hid)
             sfx = f"_l{layer}" + ("_reverse" if di else "")

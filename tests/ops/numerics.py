@@ -121,3 +121,18 @@ def output_scale_for(y64, span):
     structured inputs (x and w at their range ends) on exact rounding ties by construction."""
     amax = float(y64.abs().max()) if y64.numel() else 1.0
     return R.f32(max(amax, 1e-3) / span * 1.0731)
+
+
+def dynamic_reference_input(x, reduce_range):
+    """(q, scale, zp): reference.quantize with the reference's dynamic qparams, taking the fp32
+    division's code where x / scale is an exact .5 tie that fp32 rounds the other way (the 1 LSB
+    the quantize contract allows); AssertionError where they differ off a tie."""
+    scale, zp = R.choose_dynamic_qparams(x, reduce_range)
+    q = R.quantize(x, scale, zp, torch.uint8)
+    q32 = (torch.round(x.float() / torch.tensor(scale, dtype=torch.float32)) + zp).clamp(0, 255).to(torch.uint8)
+    diff = q.long() != q32.long()
+    if diff.any():
+        v = x.double()[diff] / scale
+        assert ((q.long() - q32.long()).abs().max() <= 1 and
+                ((v - v.floor() - 0.5).abs() <= 1e-6 * v.abs() + 1e-12).all()), "quantize differs off a tie"
+    return torch.where(diff, q32, q), scale, zp

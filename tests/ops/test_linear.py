@@ -52,7 +52,7 @@ from subprocess_utils import json_lines  # noqa: E402
 
 from tests.ops.numerics import (FAST, HSET, OUT_DTYPES, POST_OPS, activations, all_threads,
                                   assert_rule, error_metrics, exact_8bit, log_uniform,
-                                  output_scale_for, weights, zero_points)
+                                  dynamic_reference_input, output_scale_for, weights, zero_points)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SLOW_HSET = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -214,20 +214,6 @@ def test_reference_provider_is_reference_linear():
 
 
 # ----------------------------------------------------------------------------- dynamic linear
-
-def dynamic_reference_input(x, reduce_range):
-    """(q, scale, zp): reference.quantize with the reference's dynamic qparams, taking the fp32
-    division's code where x / scale is an exact .5 tie that fp32 rounds the other way."""
-    scale, zp = R.choose_dynamic_qparams(x, reduce_range)
-    q = R.quantize(x, scale, zp, torch.uint8)
-    q32 = (torch.round(x.float() / torch.tensor(scale, dtype=torch.float32)) + zp).clamp(0, 255).to(torch.uint8)
-    diff = q.long() != q32.long()
-    if diff.any():
-        v = x.double()[diff] / scale
-        assert ((q.long() - q32.long()).abs().max() <= 1 and
-                ((v - v.floor() - 0.5).abs() <= 1e-6 * v.abs() + 1e-12).all()), "quantize differs off a tie"
-    return torch.where(diff, q32, q), scale, zp
-
 
 @pytest.mark.parametrize("provider", FAST)
 @HSET
