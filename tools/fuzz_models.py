@@ -17,13 +17,13 @@ import collections
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tools.child_runs import run_in_children  # noqa: E402
 
 
 def worker(start: int, end: int, compile_every: int) -> None:
@@ -42,35 +42,22 @@ def worker(start: int, end: int, compile_every: int) -> None:
 
 def run_span(args, start: int, end: int, recs: list, crashes: list, out=None) -> None:
     """Runs models [start, end) in child processes, restarting after a crash."""
-    while start < end:
-        cmd = [sys.executable, __file__, "--worker", "--start", str(start), "--end", str(end),
-               "--compile-every", str(args.compile_every)]
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
-        current, done = None, start
-        for line in proc.stdout:
-            if line.startswith("S "):
-                current = int(line[2:])
-            elif line.startswith("R "):
-                rec = json.loads(line[2:])
-                recs.append(rec)
-                if out is not None:
-                    out.write(json.dumps(rec) + "\n")
-                    out.flush()
-                if rec["failures"]:
-                    print(f"FAIL {json.dumps(rec)}", flush=True)
-                current, done = None, rec["seed"] + 1
-        rc = proc.wait()
-        if rc != 0 or current is not None:
-            crashed = current if current is not None else done
-            crashes.append((crashed, rc))
-            if out is not None:
-                out.write(json.dumps({"seed": crashed, "crashed": rc}) + "\n")
-                out.flush()
-            print(f"CRASH model {crashed} (exit {rc})", flush=True)
-            start = crashed + 1
-        else:
-            start = end
+    def on_result(rec):
+        recs.append(rec)
+        if out is not None:
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+        if rec["failures"]:
+            print(f"FAIL {json.dumps(rec)}", flush=True)
+
+    def on_crash(seed, rc, _err):
+        crashes.append((seed, rc))
+        if out is not None:
+            out.write(json.dumps({"seed": seed, "crashed": rc}) + "\n")
+            out.flush()
+        print(f"CRASH model {seed} (exit {rc})", flush=True)
+
+    run_in_children(__file__, start, end, ["--compile-every", str(args.compile_every)], "seed", on_result, on_crash)
 
 
 def main() -> int:

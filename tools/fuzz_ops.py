@@ -19,13 +19,13 @@ import argparse
 import collections
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tools.child_runs import run_in_children  # noqa: E402
 
 
 def pairs(families=None, providers=None):
@@ -60,29 +60,12 @@ def worker(seed: int, start: int, end: int, rotation) -> None:
 
 def run_batch(args, start: int, end: int, on_result, on_crash) -> None:
     """Runs [start, end) in child processes, restarting after each crash."""
-    while start < end:
-        cmd = [sys.executable, __file__, "--worker", "--seed", str(args.seed), "--start", str(start), "--end", str(end)]
-        if args.families:
-            cmd += ["--families", args.families]
-        if args.providers:
-            cmd += ["--providers", args.providers]
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-        current, done = None, start
-        for line in proc.stdout:
-            if line.startswith("S "):
-                current = int(line[2:])
-            elif line.startswith("R "):
-                r = json.loads(line[2:])
-                on_result(r)
-                current, done = None, r["i"] + 1
-        err = proc.stderr.read()
-        rc = proc.wait()
-        if rc == 0 and current is None:
-            return
-        crashed = current if current is not None else done
-        on_crash(crashed, rc, err)
-        start = crashed + 1
+    extra = ["--seed", str(args.seed)]
+    if args.families:
+        extra += ["--families", args.families]
+    if args.providers:
+        extra += ["--providers", args.providers]
+    run_in_children(__file__, start, end, extra, "i", on_result, on_crash)
 
 
 def main() -> int:
