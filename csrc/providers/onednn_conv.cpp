@@ -141,6 +141,21 @@ at::Tensor conv2d_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point
              .contiguous(at::MemoryFormat::ChannelsLast);
     padding_used = {0, 0};
   }
+  // oneDNN 3.12 computes wrong values for depthwise (and one-channel) convs whose output is one
+  // column (row) with a stride >= 2 across it (1 channel, 9x6 input, kernel 5x5, stride (1, 3):
+  // tests/ops/test_fuzz_findings.py). Such convs run on the input widened by one stride of
+  // zero-point columns (rows): a second output column (row) appears and the first is unchanged;
+  // the first is kept and the epilogue runs on fp32 (rare in real models; exact).
+  const bool per_channel = groups == x.size(1);
+  const bool one_col = per_channel && o[1] == 1 && p.stride[1] >= 2;
+  const bool one_row = per_channel && o[0] == 1 && p.stride[0] >= 2;
+  if (one_col || one_row) {
+    xc = at::constant_pad_nd(xc, {padding_used[1], padding_used[1] + (one_col ? p.stride[1] : 0), padding_used[0],
+                                  padding_used[0] + (one_row ? p.stride[0] : 0)},
+                             x_zero_point)
+             .contiguous(at::MemoryFormat::ChannelsLast);
+    padding_used = {0, 0};
+  }
   const at::Tensor w_zp = at::zeros({OC}, at::kLong);
   const std::optional<at::Tensor> b =
       bias.has_value() && bias->defined() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
@@ -151,7 +166,7 @@ at::Tensor conv2d_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point
 
   const bool has_accum = accum.has_value() && accum->defined();
 
-  const bool fusable = op != checks::PostOp::gelu;
+  const bool fusable = op != checks::PostOp::gelu && !one_col && !one_row;
   if (fusable && has_accum && accum->scalar_type() == output_dtype) {
     static auto bin = c10::Dispatcher::singleton()
                           .findSchemaOrThrow("onednn::qconv2d_pointwise", "binary")
@@ -171,10 +186,13 @@ at::Tensor conv2d_impl(const at::Tensor& x, double x_scale, int64_t x_zero_point
                    int_out ? output_scale : 1.0, int_out ? output_zero_point : 0, dt, post_op_name(op),
                    ScalarList(), "");
   }
-  // gelu, or a residual add whose dtype differs from the output's: fp32 conv, the rest unfused.
+  // gelu, a residual add whose dtype differs from the output's, or a widened input: fp32 conv, the
+  // rest unfused.
   at::Tensor y = pw.call(xc, x_scale, x_zero_point, w_packed, w_scales.contiguous(), w_zp, b, s, pd, dl, groups,
                          1.0, 0, at::kFloat, "none", ScalarList(), "");
+  if (one_col || one_row) y = y.narrow(2, 0, o[0]).narrow(3, 0, o[1]).contiguous(at::MemoryFormat::ChannelsLast);
   if (has_accum) y = add_accum(y, *accum, accum_scale, accum_zero_point, op == checks::PostOp::relu);
+  else if (op == checks::PostOp::relu) y = at::relu(y);
   if (op == checks::PostOp::gelu) y = at::gelu(y);
   return finish_from_float(y, output_scale, output_zero_point, output_dtype);
 }

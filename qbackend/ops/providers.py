@@ -123,18 +123,6 @@ def exact_8bit_activations() -> bool:
     return bool(_C.native_isa()) or _onednn_exact()
 
 
-def _one_strided_output_line(shape) -> bool:
-    """Whether a conv's output is one column wide with stride >= 2 along the width, or one row high
-    with stride >= 2 along the height (the shape's example input size; dilation 1 where the shape
-    has none)."""
-    for i, size in enumerate(("h", "w")):
-        stride, pad, dil, k = (_pair(shape.get(key, dflt))[i] for key, dflt in
-                               (("stride", 1), ("padding", 0), ("dilation", 1), ("kernel", 1)))
-        if stride >= 2 and (int(shape[size]) + 2 * pad - dil * (k - 1) - 1) // stride + 1 == 1:
-            return True
-    return False
-
-
 def _pair(v) -> tuple[int, int]:
     return (int(v), int(v)) if isinstance(v, int) else (int(tuple(v)[0]), int(tuple(v)[-1]))
 
@@ -148,9 +136,6 @@ def _onednn_refuses(op: str, shape) -> str | None:
         sh, sw = (stride, stride) if isinstance(stride, int) else tuple(stride)
         if shape["groups"] == shape["c_in"] and shape["c_out"] > shape["c_in"] and sh != sw:
             return "its depthwise convs with a channel multiplier and unequal strides compute wrong values"
-        if shape["groups"] == shape["c_in"] and _one_strided_output_line(shape):
-            return ("its depthwise (or one-channel) convs with one output column (row) and a stride >= 2 across it "
-                    "compute wrong values")
         return None
     return None if op == "linear" else f"it has no {op}"
 

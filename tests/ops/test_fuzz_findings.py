@@ -9,7 +9,8 @@ exact provider or answered with a clear error, by the geometry that showed it:
   (a 1x1 with padding and zero point 255 was 27% off) is a ValueError naming x_zero_point.
 * oneDNN single-channel / depthwise convs with one output column and a stride >= 2 across it
   (1 channel, 9x6 input, kernel 5x5, stride (1, 3), float32 output: 1e4x the fp32 tolerance):
-  refused by the router, which picks an exact provider.
+  the onednn provider widens the input by one stride (a second output column) and keeps the first:
+  exact at every input size, whatever size the layer was routed at.
 * The reference provider checks its arguments like the others, and runs linear_dynamic on 0 rows.
 * A one-row rowwise embedding table with an odd dim (its row stride odd) reads its scale and bias.
 * linear_dynamic(reduce_range=False) where the provider saturates 8-bit products raises also on an
@@ -29,7 +30,6 @@ from torch import nn
 
 import qbackend
 from qbackend.core.extension import _C
-from qbackend.dispatch import route
 from qbackend.ops import PROVIDERS, PackedConv2dWeight, PackedLinearWeight
 from qbackend.ops import reference as R
 from qbackend.ops.embedding import PackedEmbeddingTable, dequantize_rowwise, quantize_rowwise
@@ -78,22 +78,27 @@ ONE_COLUMN = [(1, 1, (5, 5), 9, 6, (1, 3)), (1, 1, (5, 5), 9, 5, (1, 2)), (1, 1,
 
 
 @pytest.mark.parametrize("c,groups,kernel,h,w,stride", ONE_COLUMN)
-def test_onednn_one_strided_output_column_is_routed_away(c, groups, kernel, h, w, stride):
-    shape = {"n": 1, "c_in": c, "c_out": c, "h": h, "w": w, "kernel": kernel, "stride": stride, "padding": (0, 0),
-             "groups": groups, "int8_residual": 0}
-    assert "one output column" in PROVIDERS["onednn"].refuses("conv2d", shape)
-    r = route("conv2d", shape, eight_bit_input=False)
-    assert r.provider != "onednn"
+def test_onednn_one_strided_output_column_is_exact(c, groups, kernel, h, w, stride):
     g = torch.Generator().manual_seed(41)
     wq = torch.randint(-127, 128, (c, c // groups, *kernel), dtype=torch.int8, generator=g)
     ws = torch.full((c,), 1e-3)
     b = torch.randn(c, generator=g)
+    # packed for a larger input (routed there), called on the one-column size
+    pw = PackedConv2dWeight(wq, ws, b, stride, (0, 0), (1, 1), groups, "onednn", x_shape=[2, c, 2 * h, 2 * w])
     x = torch.randint(0, 128, (2, c, h, w), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
-    pw = PackedConv2dWeight(wq, ws, b, stride, (0, 0), (1, 1), groups, r.provider)
+    acc = torch.randint(0, 256, (2, c) + tuple((s - k) // st + 1 for s, k, st in zip((h, w), kernel, stride)),
+                        dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+    assert 1 in acc.shape[2:]
     ref = R.conv2d_fp64(x, 0.02, 5, wq, ws, b, stride, (0, 0), (1, 1), groups)
     torch.testing.assert_close(pw.conv2d(x, 0.02, 5, 1.0, 0, torch.float32).double(), ref, rtol=1e-5, atol=1e-5)
-    wide = dict(shape, w=w + 2 * stride[1], h=h + 2 * stride[0])
-    assert PROVIDERS["onednn"].refuses("conv2d", wide) is None
+    relu = pw.conv2d(x, 0.02, 5, 0.05, 3, torch.uint8, "relu")
+    assert (relu.int() - R.quantize(ref.clamp_min(0), 0.05, 3, torch.uint8).int()).abs().max() <= 1
+    with_acc = ref + (acc.double() - 7) * 0.04
+    y = pw.conv2d(x, 0.02, 5, 0.05, 3, torch.uint8, "relu", acc, 0.04, 7)
+    assert (y.int() - R.quantize(with_acc.clamp_min(0), 0.05, 3, torch.uint8).int()).abs().max() <= 1
+    donated = acc.clone()
+    pw.conv2d_add_(x, 0.02, 5, 0.05, 3, torch.uint8, "relu", donated, 0.04, 7)
+    assert torch.equal(donated, y)
 
 
 def test_over_padded_conv_through_the_public_api_is_accurate():
