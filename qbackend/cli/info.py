@@ -11,6 +11,7 @@ import torch
 from ..core.extension import _C
 from ..core.version import VERSION
 from ..dispatch import cpu_features, fbgemm_isa, route
+from ..dispatch.routing import exact_route_exists
 from ..observers import default_reduce_range
 from ..serialization import inspect_file
 
@@ -99,8 +100,12 @@ def run(args: argparse.Namespace) -> int:
     print("|---|---|---|---|")
     for op, shapes in REPRESENTATIVE.items():
         for label, shape in shapes:
-            r = route(op, shape, eight_bit_input=op != "embedding_bag" and not seven)
-            print(f"| {op} | {label} | {r.provider} | {r.why} |")
+            # 8-bit unless the observers use 7 bits, or this layer has no exact 8-bit route here (its
+            # input then gets a 7-bit observer: lowering/prepare.py)
+            eight = op != "embedding_bag" and not seven and exact_route_exists(op, shape)
+            r = route(op, shape, eight_bit_input=eight)
+            note = "" if eight or seven or op == "embedding_bag" else " (7-bit input: no exact 8-bit route here)"
+            print(f"| {op} | {label} | {r.provider} | {r.why}{note} |")
     return 0
 
 
