@@ -78,10 +78,14 @@ def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozens
     raise ValueError(f"no provider can run this {op} here ({dict(shape)}): {reasons}")
 
 
-def exact_route_exists(op: str, shape: Mapping) -> bool:
-    """Whether some routed provider runs this op instance with full-range 8-bit activations
-    exactly on this CPU (else its input needs 7 bits: serialization's rebind requantizes it)."""
+def exact_route_exists(op: str, shape: Mapping, forced: str | None = None) -> bool:
+    """Whether some routed provider (the forced one, where it can run the instance) runs this op
+    instance with full-range 8-bit activations exactly on this CPU (else its input needs 7 bits:
+    prepare observes it so, serialization's rebind requantizes it)."""
     family = registry.family_of(op)
+    if forced is not None and forced in registry.routed_names(family) \
+            and registry.get(family, forced).refuses(op, shape) is None:
+        return bool(registry.get(family, forced).exact_8bit(op, shape))
     return any(registry.get(family, p).refuses(op, shape) is None and registry.get(family, p).exact_8bit(op, shape)
                for p in registry.routed_names(family))
 

@@ -201,13 +201,14 @@ def insert_observers(state: PrepareState) -> PrepareState:
 
 
 def _seven_bit_values(state: PrepareState) -> set:
-    """The observed values (roots) a static layer reads as its input where no routed provider runs
-    that layer exactly on 8-bit activations here (dispatch.exact_route_exists)."""
+    """The observed values (roots) a static layer reads as its input where no routed provider (its
+    config's forced one, if any) runs that layer exactly on 8-bit activations here
+    (dispatch.exact_route_exists)."""
     values = set()
     for op in state.plan.ops:
         if op.config.mode != "static":
             continue
-        if not exact_route_exists(op.kind, op.layer_spec(state.gm).shape_key()):
+        if not exact_route_exists(op.kind, op.layer_spec(state.gm).shape_key(), op.config.provider):
             values.add(root(op.x, state.plan.static_outputs))
     return values
 
