@@ -36,7 +36,8 @@ from qbackend.ops import PROVIDERS, PackedConv2dWeight, PackedLinearWeight
 from qbackend.ops import reference as R
 from qbackend.ops.embedding import PackedEmbeddingTable, quantize_rowwise
 
-from tests.ops.numerics import assert_rule, error_metrics, dynamic_reference_input, output_scale_for, weights
+from tests.ops.numerics import (assert_rule, dynamic_reference_input, embedding_bags_fp64, error_metrics,
+                                output_scale_for, weights)
 
 ops = torch.ops.qbackend
 
@@ -541,38 +542,6 @@ def _draw_embedding(d, provider):
     return c
 
 
-def _levels(table_q, dim, bits):
-    """fp64 (scale, bias, q) of a fused table, read independently of the kernels."""
-    nb = dim if bits == 8 else dim // 2
-    qp_bytes = table_q.shape[1] - nb
-    qp_dtype = torch.float16 if qp_bytes == 4 else torch.float32
-    qp = torch.from_numpy(table_q[:, :qp_bytes].numpy().copy().view(np.float16 if qp_bytes == 4 else np.float32))
-    qp = qp.to(qp_dtype).double()
-    data = table_q[:, qp_bytes:].long()
-    q = data if bits == 8 else torch.stack([data % 16, data // 16], 2).reshape(-1, dim)
-    return qp[:, 0], qp[:, 1], q.double()
-
-
-def _reference(table_q, dim, bits, indices, offsets, mode, psw, include_last, padding_idx):
-    """fp64 bags of dequantized rows (padding skipped), and the sum of |terms| per bag."""
-    scale, bias, q = _levels(table_q, dim, bits)
-    values = scale[:, None] * q + bias[:, None]
-    n = indices.numel()
-    ends = list(offsets[1:].tolist()) + ([] if include_last else [n])
-    starts = offsets[:-1].tolist() if include_last else offsets.tolist()
-    out, mag = torch.zeros(len(starts), dim, dtype=torch.float64), torch.zeros(len(starts), dtype=torch.float64)
-    for b, (s, e) in enumerate(zip(starts, ends)):
-        rows = [(i, int(indices[i])) for i in range(s, e) if int(indices[i]) != padding_idx]
-        for i, r in rows:
-            w = 1.0 if psw is None else float(psw[i])
-            out[b] += w * values[r]
-            mag[b] += abs(w) * (float(values[r].abs().max()) + 2 * abs(float(bias[r])))
-        if mode == "mean" and rows:
-            out[b] /= len(rows)
-            mag[b] /= len(rows)
-    return out, mag
-
-
 def _run_embedding(c):
     g = _gen(c)
     weight = torch.randn(c["rows"], c["dim"], generator=g) * c["mag"]
@@ -584,7 +553,7 @@ def _run_embedding(c):
         idx = torch.randint(0, c["rows"], (2, 3), generator=g).to(idt)
         out = t.lookup(idx)
         _check_meta(out, torch.float32, (2, 3, c["dim"]), "lookup")
-        ref, mag = _reference(table, c["dim"], c["bits"], idx.reshape(-1), torch.arange(6), "sum", None, False, -1)
+        ref, mag = embedding_bags_fp64(table, c["dim"], c["bits"], idx.reshape(-1), torch.arange(6), "sum", None, False, -1)
         ref, mag = ref.reshape(2, 3, -1), mag.reshape(2, 3, 1)
     else:
         lengths = torch.randint(0, 7, (c["n_bags"],), generator=g)
@@ -594,7 +563,7 @@ def _run_embedding(c):
         indices = torch.randint(0, c["rows"], (total,), generator=g).to(idt)
         psw = torch.randn(total, generator=g) if c["weighted"] else None
         out = t.bag(indices, offsets, c["mode"], psw, c["include_last"], c["padding_idx"])
-        ref, mag = _reference(table, c["dim"], c["bits"], indices, offsets, c["mode"], psw, c["include_last"],
+        ref, mag = embedding_bags_fp64(table, c["dim"], c["bits"], indices, offsets, c["mode"], psw, c["include_last"],
                               c["padding_idx"])
         _check_meta(out, torch.float32, ref.shape, "embedding_bag")
         mag = mag[:, None]

@@ -3,6 +3,7 @@ one-thread fixture, the test-data generators, and the acceptance rule (error_met
 test_linear.py's and test_conv2d.py's docstrings)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -136,3 +137,37 @@ def dynamic_reference_input(x, reduce_range):
         assert ((q.long() - q32.long()).abs().max() <= 1 and
                 ((v - v.floor() - 0.5).abs() <= 1e-6 * v.abs() + 1e-12).all()), "quantize differs off a tie"
     return torch.where(diff, q32, q), scale, zp
+
+
+def embedding_levels(table_q, dim, bits):
+    """fp64 (scale, bias, q) of a fused table, read independently of the kernels."""
+    nb = dim if bits == 8 else dim // 2
+    qp_bytes = table_q.shape[1] - nb
+    qp_dtype = torch.float16 if qp_bytes == 4 else torch.float32
+    # rows: [scale][bias][data]; through numpy, as a one-row slice keeps its (odd) row stride
+    qp = torch.from_numpy(table_q[:, :qp_bytes].numpy().copy().view(np.float16 if qp_bytes == 4 else np.float32))
+    qp = qp.to(qp_dtype).double()
+    data = table_q[:, qp_bytes:].long()
+    q = data if bits == 8 else torch.stack([data % 16, data // 16], 2).reshape(-1, dim)
+    return qp[:, 0], qp[:, 1], q.double()
+
+
+def embedding_bags_fp64(table_q, dim, bits, indices, offsets, mode, psw, include_last, padding_idx):
+    """fp64: rows dequantized exactly, weighted, summed / averaged over each bag (padding skipped);
+    also the sum of |terms| per bag (for the fp32 rounding bound)."""
+    scale, bias, q = embedding_levels(table_q, dim, bits)
+    values = scale[:, None] * q + bias[:, None]
+    n = indices.numel()
+    ends = list(offsets[1:].tolist()) + ([] if include_last else [n])
+    starts = offsets[:-1].tolist() if include_last else offsets.tolist()
+    out, mag = torch.zeros(len(starts), dim, dtype=torch.float64), torch.zeros(len(starts), dtype=torch.float64)
+    for b, (s, e) in enumerate(zip(starts, ends)):
+        rows = [(i, int(indices[i])) for i in range(s, e) if int(indices[i]) != padding_idx]
+        for i, r in rows:
+            w = 1.0 if psw is None else float(psw[i])
+            out[b] += w * values[r]
+            mag[b] += abs(w) * (float(values[r].abs().max()) + 2 * abs(float(bias[r])))  # bounds |s q|, |b|, |s q + b|
+        if mode == "mean" and rows:
+            out[b] /= len(rows)
+            mag[b] /= len(rows)
+    return out, mag

@@ -11,6 +11,7 @@ import torch
 
 from qbackend.ops.embedding import (EMBEDDING_PROVIDERS, PackedEmbeddingTable, _fbgemm_gpu_available,
                                     dequantize_rowwise, quantize_rowwise)
+from tests.ops.numerics import embedding_bags_fp64, embedding_levels
 
 OPS = torch.ops.qbackend
 HAVE_FBGEMM_GPU = _fbgemm_gpu_available()
@@ -19,38 +20,6 @@ HAVE_FBGEMM_GPU = _fbgemm_gpu_available()
 def _table(rows=40, dim=16, seed=0, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(rows, dim, generator=g) * scale
-
-
-def _levels(table_q, dim, bits):
-    """fp64 (scale, bias, q) of a fused table, read independently of the kernels."""
-    nb = dim if bits == 8 else dim // 2
-    qp_bytes = table_q.shape[1] - nb
-    qp_dtype = torch.float16 if qp_bytes == 4 else torch.float32
-    qp = table_q[:, :qp_bytes].contiguous().view(qp_dtype).double()  # rows: [scale][bias][data]
-    data = table_q[:, qp_bytes:].long()
-    q = data if bits == 8 else torch.stack([data % 16, data // 16], 2).reshape(-1, dim)
-    return qp[:, 0], qp[:, 1], q.double()
-
-
-def _reference(table_q, dim, bits, indices, offsets, mode, psw, include_last, padding_idx):
-    """fp64: rows dequantized exactly, weighted, summed / averaged over each bag (padding skipped);
-    also the sum of |terms| per bag (for the fp32 rounding bound)."""
-    scale, bias, q = _levels(table_q, dim, bits)
-    values = scale[:, None] * q + bias[:, None]
-    n = indices.numel()
-    ends = list(offsets[1:].tolist()) + ([] if include_last else [n])
-    starts = offsets[:-1].tolist() if include_last else offsets.tolist()
-    out, mag = torch.zeros(len(starts), dim, dtype=torch.float64), torch.zeros(len(starts), dtype=torch.float64)
-    for b, (s, e) in enumerate(zip(starts, ends)):
-        rows = [(i, int(indices[i])) for i in range(s, e) if int(indices[i]) != padding_idx]
-        for i, r in rows:
-            w = 1.0 if psw is None else float(psw[i])
-            out[b] += w * values[r]
-            mag[b] += abs(w) * (float(values[r].abs().max()) + 2 * abs(float(bias[r])))  # bounds |s q|, |b|, |s q + b|
-        if mode == "mean" and rows:
-            out[b] /= len(rows)
-            mag[b] /= len(rows)
-    return out, mag
 
 
 def _bags(n_bags, rows, seed, dtype, include_last, padding_idx=None, empty_bag=True):
@@ -84,7 +53,7 @@ def test_builtin_bags_match_fp64_reference(bits, qp, mode, idx_dtype, weighted, 
     psw = psw if weighted else None
     out = OPS.embedding_bag_rowwise(table, dim, bits, indices, offsets, {"sum": 0, "mean": 1}[mode], psw,
                                     include_last, -1 if padding_idx is None else padding_idx)
-    ref, mag = _reference(table, dim, bits, indices, offsets, mode, psw, include_last,
+    ref, mag = embedding_bags_fp64(table, dim, bits, indices, offsets, mode, psw, include_last,
                           -1 if padding_idx is None else padding_idx)
     assert out.dtype == torch.float32 and out.shape == ref.shape
     # fp32 rounding: one fma per term (and the mean's scaling), accumulated over <= 7 terms
@@ -100,7 +69,7 @@ def test_quantize_rowwise_levels(bits):
     for qp in (torch.float16, torch.float32):
         t = quantize_rowwise(w, bits, qp)
         assert t.dtype == torch.uint8 and t.shape == (64, (32 if bits == 8 else 16) + (4 if qp == torch.float16 else 8))
-        scale, bias, q = _levels(t, 32, bits)
+        scale, bias, q = embedding_levels(t, 32, bits)
         assert float(q.min()) >= 0 and float(q.max()) <= (1 << bits) - 1
         deq = scale[:, None] * q + bias[:, None]
         # each value is within half a level of the original (plus the qparams' own rounding)
