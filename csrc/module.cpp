@@ -8,6 +8,7 @@
 #include "cpu/bf16_speed.h"
 #include "cpu/probe.h"
 #include "providers/native_gemm.h"
+#include "runtime/forward_plan.h"
 #include "runtime/parallel.h"
 
 #include <ATen/Parallel.h>
@@ -179,5 +180,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "compares the AMX kernel (or the emulated one) with the VNNI kernel and exact sums: '' or the difference");
   m.def("native_peak_ops", &native_peak_ops, "int8 ops/s of a dot-product loop on `threads` threads",
         pybind11::arg("iters"), pybind11::arg("threads") = 1);
+  qbackend::register_forward_plan(m);
   m.def("fbgemm_packed_b_size", &fbgemm_packed_b_size, "bytes of FBGEMM's packed B for a K x N weight");
 }

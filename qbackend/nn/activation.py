@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..core.generation import Tracked
+
 QDTYPES = (torch.uint8, torch.int8)
 OUT_DTYPES = (torch.uint8, torch.int8, torch.float32)
 
@@ -54,7 +56,7 @@ def relu6_bound(out_dtype: torch.dtype, out_scale: float, out_zp: int) -> float 
     return None if q6 >= hi else int(q6)
 
 
-class ActivationBorder:
+class ActivationBorder(Tracked):
     """A module that writes (or reads) one activation value of the model's table, named by `value`,
     with qparams that `set_qparams` replaces: Quantize, Dequantize and the fused ops ending in a
     quantize (FusedAttention, LayerNormQuantize). Rebinding a loaded model to a CPU that needs 7-bit
@@ -75,7 +77,7 @@ def check_post_op(post_op: str) -> str:
     return post_op
 
 
-class StaticQParamsMixin:
+class StaticQParamsMixin(Tracked):
     """What QuantizedLinear and QuantizedConv2d share: the packed weight and the activation
     qparams they are built with (`_init_static`, checked once), the activation values they read
     and write (`x_value`, `out_value`, `accum_value`: keys of the model's activation table, set by

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..core.generation import Tracked
 from ..ops import PackedConv2dWeight
 from .activation import QDTYPES, StaticQParamsMixin, check_qparams
 from .weights import quantize_weight
@@ -64,7 +65,7 @@ class QuantizedConv2d(StaticQParamsMixin, nn.Module):
         return s
 
 
-class WeightOnlyConv2d(nn.Module):
+class WeightOnlyConv2d(Tracked, nn.Module):
     """int8 conv weight (per-channel scales) kept in memory; dequantized to float for each call."""
 
     def __init__(self, weight: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None, stride, padding,

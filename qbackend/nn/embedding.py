@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..core.generation import Tracked
 from ..ops.embedding import PackedEmbeddingTable, quantize_rowwise
 
 BAG_MODES = ("sum", "mean")
@@ -23,7 +24,7 @@ def _index_tensor(t, name: str) -> torch.Tensor:
     return t.contiguous()
 
 
-class _QuantizedTable(nn.Module):
+class _QuantizedTable(Tracked, nn.Module):
     def __init__(self, packed: PackedEmbeddingTable):
         super().__init__()
         if not isinstance(packed, PackedEmbeddingTable):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..core.generation import Tracked
 from ..ops import PackedLinearWeight
 from .activation import POST_OPS, StaticQParamsMixin, check_post_op
 from .weights import quantize_weight
@@ -54,7 +55,7 @@ class QuantizedLinear(_PackedLinearShape, StaticQParamsMixin, nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self._qparams_repr()}"
 
 
-class DynamicQuantizedLinear(_PackedLinearShape, nn.Module):
+class DynamicQuantizedLinear(Tracked, _PackedLinearShape, nn.Module):
     """Float in, float out: x quantized per call to uint8 over its own range; int8 weight."""
 
     def __init__(self, packed: PackedLinearWeight, post_op: str = "none"):
@@ -80,7 +81,7 @@ class DynamicQuantizedLinear(_PackedLinearShape, nn.Module):
                 f"post_op={self.post_op}")
 
 
-class WeightOnlyLinear(nn.Module):
+class WeightOnlyLinear(Tracked, nn.Module):
     """int8 weight (per-channel scales) kept in memory; dequantized to float for each call."""
 
     def __init__(self, weight: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None):

@@ -61,6 +61,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
+from ..core.generation import Tracked
 from ..dispatch import route
 from ..observers import Observer, PerChannelMinMaxObserver
 from ..ops import PackedLinearWeight
@@ -147,7 +148,7 @@ def _choose_providers(provider, shapes: dict[str, tuple[int, int, int]]) -> dict
     return chosen
 
 
-class DynamicQuantizedLSTM(nn.Module):
+class DynamicQuantizedLSTM(Tracked, nn.Module):
     """nn.LSTM with int8 per-channel weights and per-call dynamic uint8 activations (see the module docstring).
 
     Build with `from_float(lstm)`; or directly from packed weights: `w_ih[layer]` [D*4H, in_l]

@@ -15,8 +15,10 @@ from torch import nn
 from torch.fx._pytree import tree_flatten_spec
 from torch.utils import _pytree as pytree
 
+from ..core import generation
 from ..core.batches import bind_by_name
 from ..core.records import ActivationRecord, LayerRecord
+from .forward_plan import ForwardPlans
 from .inputs import check_inputs
 
 
@@ -60,10 +62,12 @@ class QuantizedModel(nn.Module):
     """What qbackend.convert returns: the int8 model, with its layer and activation records."""
 
     def __init__(self, inner: nn.Module, layers: dict[str, LayerRecord], activations: dict[str, ActivationRecord],
-                 in_spec=None, out_spec=None, arg_names=None, input_signature=None):
+                 in_spec=None, out_spec=None, arg_names=None, input_signature=None, forward_plans: bool = True):
         """arg_names: the model's names of the graph's positional inputs (its forward's parameters),
         by which a call may also pass them as keywords. input_signature: each flat graph input's
-        [name, rank, floating] (nn/inputs.py), checked on every call; None: not checked."""
+        [name, rank, floating] (nn/inputs.py), checked on every call; None: not checked.
+        forward_plans: whether eager calls replay recorded forward plans (nn/forward_plan.py; the
+        `forward_plans` attribute switches them later)."""
         super().__init__()
         self.inner = inner
         self.qbackend_layers = layers
@@ -72,6 +76,9 @@ class QuantizedModel(nn.Module):
         self._arg_names = list(arg_names) if arg_names else []
         self._positional = _positional_count(in_spec)
         self._input_signature = input_signature
+        self.forward_plans = bool(forward_plans)
+        self._plans = ForwardPlans()
+        generation.install_module_hooks()
 
     @property
     def graph_module(self):
@@ -91,8 +98,23 @@ class QuantizedModel(nn.Module):
             args = self._flatten(args, kwargs)
         if self._input_signature is not None:
             check_inputs(self._input_signature, args)
-        out = self.inner(*args)
+        out = self._plans(self.inner, args) if self.forward_plans else None
+        if out is None:
+            out = self.inner(*args)
         return pytree.tree_unflatten(list(out), self._out_spec)
+
+    def forward_plan_summary(self) -> list[str]:
+        """What eager calls run: one line per input signature seen (a recorded plan, or why the graph
+        runs it), or that plans are off."""
+        if self._in_spec is None:
+            return ["module-swap model: its layers run as modules (no forward plans)"]
+        if not self.forward_plans:
+            return ["forward plans are off: every call runs the graph"]
+        return self._plans.describe() or ["no call yet: a plan is recorded on the first call of each input signature"]
+
+    def _apply(self, fn, *args, **kwargs):
+        generation.bump()  # .to() / .float() replace buffers without registration hooks
+        return super()._apply(fn, *args, **kwargs)
 
     def _flatten(self, args: tuple, kwargs: dict) -> list:
         """The graph's flat inputs of a call: positional inputs given by keyword are moved to their
@@ -112,6 +134,7 @@ class QuantizedModel(nn.Module):
     # TreeSpec objects goes through a deprecated LeafSpec check that warns on every save and load.
     def __getstate__(self):
         state = self.__dict__.copy()
+        state.pop("_plans", None)  # derived: a loaded model records its own
         state["qbackend_layers"] = {k: r.to_dict() for k, r in self.qbackend_layers.items()}
         state["qbackend_activations"] = {k: r.to_dict() for k, r in self.qbackend_activations.items()}
         for key in ("_in_spec", "_out_spec"):
@@ -134,6 +157,9 @@ class QuantizedModel(nn.Module):
         super().__setstate__(state)
         self.__dict__.setdefault("_arg_names", [])  # models saved before it existed
         self.__dict__.setdefault("_input_signature", None)  # saved without one: not checked
+        self.__dict__.setdefault("forward_plans", True)
+        self._plans = ForwardPlans()
+        generation.install_module_hooks()
         self._positional = _positional_count(self._in_spec)
 
     def extra_repr(self) -> str:

@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from ..core.generation import Tracked
 from ..core.extension import _C  # noqa: F401  (loads the .so, which registers the ops)
 from ..core.state_version import check_state_version
 
@@ -225,7 +226,7 @@ def get_embedding_provider(name: str) -> EmbeddingProvider:
 
 # ---- the packed table ---------------------------------------------------------------------------
 
-class PackedEmbeddingTable:
+class PackedEmbeddingTable(Tracked):
     """One rowwise-quantized table in one provider's layout. Pickles (and deep-copies) as the
     canonical fused table plus metadata, and repacks when loaded."""
 

@@ -19,6 +19,7 @@ import operator
 
 import torch
 
+from ..core.generation import Tracked
 from ..core.routes import BatchRoutes
 from ..core.state_version import check_state_version
 from . import conv_geometry
@@ -69,7 +70,7 @@ def _as_routes(batch_routes) -> BatchRoutes | None:
     return BatchRoutes.from_list(key, ranges)
 
 
-class _Packed:
+class _Packed(Tracked):
     """Shared pickling / copying / repacking of the packed weights, and the choice of packed form
     by size where the weight has batch routes."""
 

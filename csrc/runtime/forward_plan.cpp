@@ -1,0 +1,214 @@
+// ForwardPlan (qbackend._C.ForwardPlan): a recorded sequence of op calls that replays a converted
+// model's forward for one input signature without Python between the ops.
+//
+// The recorder (qbackend/nn/forward_plan.py) runs the int8 graph once under a dispatch mode and
+// adds each op call it sees as a step: the operator, its arguments in schema order (constants:
+// weights, qparams, shapes of this signature; tensors the forward computes are slots), the slots
+// its returned tensors fill, their sizes as recorded, and the slots no later step reads. `run`
+// calls the same operators with the same arguments through the dispatcher's boxed entry, below
+// autograd (the recorder refuses forwards where anything requires grad), so its outputs are the
+// graph's bit for bit. Slots 0..num_inputs-1 are the inputs.
+//
+// A step whose returned tensor has other sizes than recorded (an op whose output shape depends on
+// the data) stops the replay: `run` returns None and the caller runs the graph. Steps may write
+// into slots (a residual conv writing its result into its residual input) but never into inputs or
+// constants (the recorder refuses those), so a stopped replay has changed nothing the caller sees.
+//
+// `run` releases the GIL; a plan holds no per-call state, so threads may replay it at once.
+#include "runtime/forward_plan.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ScalarOps.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace qbackend {
+namespace {
+
+struct ListRef {  // a slot read as element `elem` of a Tensor[] / Tensor?[] argument
+  int64_t elem;
+  int64_t slot;
+};
+
+struct Output {
+  int64_t ret;   // index among the op's returns
+  int64_t elem;  // element of a Tensor[] return, or -1
+  int64_t slot;
+  std::vector<int64_t> sizes;
+};
+
+struct Step {
+  c10::OperatorHandle op;
+  std::string name;
+  std::vector<c10::IValue> args;                    // schema order; placeholders where slots go
+  std::vector<std::pair<size_t, int64_t>> refs;     // (argument, slot) read whole
+  std::vector<std::pair<size_t, std::vector<ListRef>>> list_refs;
+  std::vector<Output> outputs;
+  std::vector<int64_t> frees;
+};
+
+class ForwardPlan {
+ public:
+  explicit ForwardPlan(int64_t num_inputs) : num_inputs_(num_inputs), num_slots_(num_inputs) {
+    TORCH_CHECK_VALUE(num_inputs >= 0, "num_inputs must be >= 0, got ", num_inputs);
+  }
+
+  // arguments: name -> Python value for every argument the call gave that is not read from a slot;
+  // refs: (argument name, element or -1, slot); outputs: (return, element or -1, slot, sizes);
+  // frees: slots no later step reads.
+  void add_step(const std::string& qualified_name, const std::string& overload, const py::dict& arguments,
+                const std::vector<std::tuple<std::string, int64_t, int64_t>>& refs,
+                const std::vector<std::tuple<int64_t, int64_t, int64_t, std::vector<int64_t>>>& outputs,
+                const std::vector<int64_t>& frees) {
+    auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(qualified_name.c_str(), overload.c_str());
+    const c10::FunctionSchema& schema = handle.schema();
+    Step s{handle, qualified_name + (overload.empty() ? "" : "." + overload), {}, {}, {}, {}, {}};
+    std::unordered_map<std::string, size_t> index;
+    for (size_t i = 0; i < schema.arguments().size(); ++i) index[schema.arguments()[i].name()] = i;
+    std::vector<bool> whole_ref(schema.arguments().size(), false);
+    for (const auto& [arg, elem, slot] : refs) {
+      auto it = index.find(arg);
+      TORCH_CHECK_VALUE(it != index.end(), s.name, " has no argument ", arg);
+      check_slot(slot, "refs");
+      if (elem < 0) {
+        s.refs.emplace_back(it->second, slot);
+        whole_ref[it->second] = true;
+      } else {
+        auto lr = std::find_if(s.list_refs.begin(), s.list_refs.end(),
+                               [&](const auto& p) { return p.first == it->second; });
+        if (lr == s.list_refs.end()) {
+          s.list_refs.emplace_back(it->second, std::vector<ListRef>{});
+          lr = s.list_refs.end() - 1;
+        }
+        lr->second.push_back({elem, slot});
+      }
+    }
+    for (size_t i = 0; i < schema.arguments().size(); ++i) {
+      const c10::Argument& a = schema.arguments()[i];
+      if (whole_ref[i]) {
+        s.args.emplace_back();
+      } else if (arguments.contains(a.name())) {
+        s.args.push_back(argument(arguments[a.name().c_str()], a.type()));
+      } else {
+        TORCH_CHECK_VALUE(a.default_value().has_value(), s.name, ": argument ", a.name(), " is missing");
+        s.args.push_back(*a.default_value());
+      }
+    }
+    for (const auto& [list_arg, elems] : s.list_refs) {
+      TORCH_CHECK_VALUE(s.args[list_arg].isList(), s.name, ": argument ", schema.arguments()[list_arg].name(),
+                        " is not a list");
+      const int64_t n = static_cast<int64_t>(s.args[list_arg].toListRef().size());
+      for (const ListRef& r : elems)
+        TORCH_CHECK_VALUE(r.elem < n, s.name, ": element ", r.elem, " of a list of ", n);
+    }
+    for (const auto& [ret, elem, slot, sizes] : outputs) {
+      TORCH_CHECK_VALUE(ret >= 0 && ret < static_cast<int64_t>(schema.returns().size()), s.name,
+                        " has no return ", ret);
+      TORCH_CHECK_VALUE(slot >= 0, "output slots must be >= 0");
+      num_slots_ = std::max(num_slots_, slot + 1);
+      s.outputs.push_back({ret, elem, slot, sizes});
+    }
+    for (int64_t f : frees) check_slot(f, "frees");
+    s.frees = frees;
+    steps_.push_back(std::move(s));
+  }
+
+  void set_outputs(const std::vector<int64_t>& slots) {
+    for (int64_t s : slots) check_slot(s, "outputs");
+    outputs_ = slots;
+  }
+
+  // The outputs' tensors, or nullopt where a step's output sizes differ from the recording.
+  std::optional<std::vector<at::Tensor>> run(const std::vector<at::Tensor>& inputs) const {
+    TORCH_CHECK_VALUE(static_cast<int64_t>(inputs.size()) == num_inputs_, "the plan takes ", num_inputs_,
+                      " tensors, got ", inputs.size());
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::vector<c10::IValue> slots(static_cast<size_t>(num_slots_));
+    for (size_t i = 0; i < inputs.size(); ++i) slots[i] = inputs[i];
+    torch::jit::Stack stack;
+    for (const Step& s : steps_) {
+      stack.assign(s.args.begin(), s.args.end());
+      for (const auto& [arg, slot] : s.refs) stack[arg] = slots[static_cast<size_t>(slot)];
+      for (const auto& [arg, elems] : s.list_refs) {
+        c10::List<c10::IValue> list = stack[arg].toList().copy();
+        for (const ListRef& r : elems) list.set(static_cast<size_t>(r.elem), slots[static_cast<size_t>(r.slot)]);
+        stack[arg] = c10::IValue(list);
+      }
+      s.op.callBoxed(stack);
+      for (const Output& o : s.outputs) {
+        if (o.ret >= static_cast<int64_t>(stack.size())) return std::nullopt;
+        c10::IValue v = stack[static_cast<size_t>(o.ret)];
+        if (o.elem >= 0) {
+          if (!v.isTensorList() || o.elem >= static_cast<int64_t>(v.toTensorList().size())) return std::nullopt;
+          v = c10::IValue(v.toTensorList().get(static_cast<size_t>(o.elem)));
+        }
+        if (!v.isTensor() || v.toTensor().sizes() != c10::IntArrayRef(o.sizes)) return std::nullopt;
+        slots[static_cast<size_t>(o.slot)] = std::move(v);
+      }
+      for (int64_t f : s.frees) slots[static_cast<size_t>(f)] = c10::IValue();
+    }
+    std::vector<at::Tensor> out;
+    out.reserve(outputs_.size());
+    for (int64_t s : outputs_) out.push_back(slots[static_cast<size_t>(s)].toTensor());
+    return out;
+  }
+
+  std::vector<std::string> step_names() const {
+    std::vector<std::string> names;
+    for (const Step& s : steps_) names.push_back(s.name);
+    return names;
+  }
+
+  int64_t num_inputs() const { return num_inputs_; }
+
+ private:
+  // A Python number given for a Tensor argument becomes a wrapped-number tensor, as torch's
+  // argument parser makes it (it takes part in type promotion as a Python scalar does).
+  static c10::IValue argument(const py::handle& obj, const c10::TypePtr& type) {
+    if (type->kind() == c10::TypeKind::TensorType &&
+        (py::isinstance<py::bool_>(obj) || py::isinstance<py::int_>(obj) || py::isinstance<py::float_>(obj))) {
+      at::Tensor t = py::isinstance<py::bool_>(obj)  ? c10::scalar_to_tensor(c10::Scalar(obj.cast<bool>()))
+                     : py::isinstance<py::int_>(obj) ? c10::scalar_to_tensor(c10::Scalar(obj.cast<int64_t>()))
+                                                     : c10::scalar_to_tensor(c10::Scalar(obj.cast<double>()));
+      t.unsafeGetTensorImpl()->set_wrapped_number(true);
+      return t;
+    }
+    return torch::jit::toIValue(obj, type);
+  }
+
+  void check_slot(int64_t slot, const char* what) const {
+    TORCH_CHECK_VALUE(slot >= 0 && slot < num_slots_, what, ": slot ", slot, " is not filled by an input or an "
+                      "earlier step (", num_slots_, " slots)");
+  }
+
+  int64_t num_inputs_;
+  int64_t num_slots_;
+  std::vector<Step> steps_;
+  std::vector<int64_t> outputs_;
+};
+
+}  // namespace
+
+void register_forward_plan(py::module_& m) {
+  py::class_<ForwardPlan>(m, "ForwardPlan", "a recorded op sequence that replays a forward (forward_plan.cpp)")
+      .def(py::init<int64_t>(), py::arg("num_inputs"))
+      .def("add_step", &ForwardPlan::add_step, py::arg("qualified_name"), py::arg("overload"),
+           py::arg("arguments"), py::arg("refs"), py::arg("outputs"), py::arg("frees"))
+      .def("set_outputs", &ForwardPlan::set_outputs, py::arg("slots"))
+      .def("run", &ForwardPlan::run, py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
+           "the outputs' tensors, or None where a step's output sizes differ from the recording")
+      .def_property_readonly("step_names", &ForwardPlan::step_names)
+      .def_property_readonly("num_inputs", &ForwardPlan::num_inputs);
+}
+
+}  // namespace qbackend

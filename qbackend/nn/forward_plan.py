@@ -1,0 +1,277 @@
+"""Forward plans: a converted model's eager forward replayed as one native call per input signature.
+
+The int8 graph runs as Python: a GraphModule calling qbackend's modules, each calling its op, so a
+small layer pays several microseconds of Python per call, more than its arithmetic at batch 1. A
+plan is that forward recorded once: the graph runs under a dispatch mode that sees every op call
+(qbackend's kernels and the aten ops between them) with its arguments, and the calls become steps
+of a `qbackend._C.ForwardPlan` (csrc/runtime/forward_plan.cpp), which replays them through the
+dispatcher with no Python between them, the GIL released. The same ops with the same arguments:
+the outputs are the graph's bit for bit.
+
+A plan is recorded per input signature (each tensor input's dtype, sizes and strides; every other
+input's value; whether grad mode is on): sizes the graph computes from its inputs' shapes are
+constants of that signature. It is not recorded (the graph runs, every call) where a replay could
+differ from the graph: an op reading a tensor's data into Python (`.item()`), a random op, an op
+writing into an input or a weight, an input passed twice, anything requiring grad with grad mode
+on, autocast, another dispatch mode or tensor subclass, a call from torch.compile / torch.export
+tracing. A replay whose step returns other sizes than recorded (an op whose output shape depends on
+the data) stops and the graph runs that call. Plans are dropped when the model may have changed
+(core/generation.py) and are never saved: a loaded model records its own.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+from ..core import generation
+from ..core.extension import _C
+
+aten = torch.ops.aten
+
+MAX_PLANS = 8  # signatures kept per model (least recently used dropped)
+
+# Ops that return only metadata of a tensor: for one input signature their results are constants.
+_METADATA = {aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
+             aten.size.int, aten.stride.int, aten.dim.default, aten.is_contiguous.default,
+             aten.is_contiguous.memory_format}
+
+
+class _Refused(Exception):
+    """The forward cannot be recorded; the message says why."""
+
+
+def signature(args) -> tuple | None:
+    """The key of a call's plan, or None where no plan applies (see the module docstring)."""
+    grad = torch.is_grad_enabled()
+    key = [grad]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if type(a) is not torch.Tensor or a.device.type != "cpu" or (grad and a.requires_grad):
+                return None
+            key.append((a.dtype, a.shape, a.stride()))
+        else:
+            try:
+                hash(a)
+            except TypeError:
+                return None
+            key.append((type(a), a))
+    return tuple(key)
+
+
+def plans_apply() -> bool:
+    """Whether this call may use or record a plan (not while tracing, under autocast or a mode)."""
+    return not (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.is_autocast_enabled("cpu")
+                or _get_current_dispatch_mode_stack())
+
+
+class _Recorder(TorchDispatchMode):
+    """Runs the forward, turning each op call into a plan step (refusing what a replay could not
+    reproduce)."""
+
+    def __init__(self, inputs: list[torch.Tensor]):
+        super().__init__()
+        self.num_inputs = len(inputs)
+        self.slots: dict[int, int] = {}
+        self.keep: list = list(inputs)  # every tensor seen stays alive, so ids stay unique
+        self.steps: list[tuple] = []    # (func, arguments, refs, outputs)
+        self.refused: str | None = None
+        self.grad = torch.is_grad_enabled()
+        for i, t in enumerate(inputs):
+            if id(t) in self.slots:
+                self.refused = "an input tensor is passed twice"
+            self.slots[id(t)] = i
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.refused is None:
+            try:
+                self._record(func, args, kwargs, out)
+            except _Refused as e:
+                self.refused = str(e)
+        return out
+
+    def _constant(self, t: torch.Tensor, func) -> None:
+        if self.grad and t.requires_grad:
+            raise _Refused(f"{func} reads a tensor that requires grad")
+        if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+            raise _Refused(f"{func} reads a {type(t).__name__}")
+        self.keep.append(t)
+
+    def _record(self, func, args, kwargs, out) -> None:
+        schema = func._schema
+        if func in _METADATA:
+            return
+        named = {a.name: v for a, v in zip(schema.arguments, args)}
+        named.update(kwargs)
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            defaults = {a.name: a.default_value for a in schema.arguments if a.name == "dropout_p"}
+            if named.get("dropout_p", defaults.get("dropout_p")) != 0.0:  # attention without dropout draws nothing
+                raise _Refused(f"{func} is random")
+        writes = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        refs, arguments = [], {}
+        for name, v in named.items():
+            if isinstance(v, torch.Tensor):
+                slot = self.slots.get(id(v))
+                if slot is None:
+                    self._constant(v, func)
+                    arguments[name] = v
+                    if name in writes:
+                        raise _Refused(f"{func} writes into a weight or constant ({name})")
+                else:
+                    if name in writes and slot < self.num_inputs:
+                        raise _Refused(f"{func} writes into an input ({name})")
+                    refs.append((name, -1, slot))
+            elif isinstance(v, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in v):
+                elems = list(v)
+                for i, e in enumerate(elems):
+                    if not isinstance(e, torch.Tensor):
+                        continue
+                    slot = self.slots.get(id(e))
+                    if slot is None:
+                        self._constant(e, func)
+                    else:
+                        refs.append((name, i, slot))
+                        elems[i] = torch.empty(0, dtype=e.dtype)
+                    if name in writes:
+                        raise _Refused(f"{func} writes into a list of tensors ({name})")
+                arguments[name] = elems
+            else:
+                arguments[name] = v
+        returns = [out] if len(schema.returns) == 1 else list(out) if isinstance(out, (tuple, list)) else [out]
+        outputs = []
+        for r, v in enumerate(returns):
+            values = [(-1, v)] if not isinstance(v, (list, tuple)) else list(enumerate(v))
+            for elem, t in values:
+                if not isinstance(t, torch.Tensor):
+                    if t is not None:
+                        raise _Refused(f"{func} returns a {type(t).__name__} computed from the data")
+                    continue
+                if self.grad and t.requires_grad:
+                    raise _Refused(f"{func} returns a tensor that requires grad")
+                slot = self.slots.get(id(t))
+                if slot is None:
+                    slot = len(self.slots)
+                    self.slots[id(t)] = slot
+                    self.keep.append(t)
+                outputs.append((r, elem, slot, list(t.shape)))
+        self.steps.append((func, arguments, refs, outputs))
+
+    def build(self, graph_outputs) -> "Plan":
+        """The plan of the recorded steps, whose flat outputs are `graph_outputs`."""
+        outs, template = [], []
+        for v in graph_outputs:
+            slot = self.slots.get(id(v)) if isinstance(v, torch.Tensor) else None
+            if slot is None:
+                template.append((False, v))  # a constant: a weight, an int, None
+            else:
+                template.append((True, len(outs)))
+                outs.append(slot)
+        last_read = {}
+        for i, (_, _, refs, outputs) in enumerate(self.steps):
+            for _, _, slot in refs:
+                last_read[slot] = i
+            for _, _, slot, _ in outputs:
+                last_read.setdefault(slot, i)
+        keep = set(outs)
+        frees = [[] for _ in self.steps]
+        for slot, i in last_read.items():
+            if slot not in keep and slot >= self.num_inputs:
+                frees[i].append(slot)
+        native = _C.ForwardPlan(self.num_inputs)
+        names = []
+        for (func, arguments, refs, outputs), free in zip(self.steps, frees):
+            name, overload = func._schema.name, func._schema.overload_name
+            native.add_step(name, overload, arguments, refs, outputs, free)
+            names.append(str(func))
+        native.set_outputs(outs)
+        return Plan(native, template, names)
+
+
+@dataclass
+class Plan:
+    """One recorded forward: the native plan and how its outputs make the graph's flat outputs."""
+
+    native: object
+    template: list          # per flat output: (True, index into the plan's outputs) or (False, constant)
+    step_names: list[str]   # the op of each step, in order
+
+    def run(self, tensors: list[torch.Tensor]) -> list | None:
+        got = self.native.run(tensors)
+        if got is None:
+            return None
+        return [got[v] if from_plan else v for from_plan, v in self.template]
+
+
+@dataclass
+class ForwardPlans:
+    """The plans of one model, by input signature (see the module docstring)."""
+
+    plans: OrderedDict = field(default_factory=OrderedDict)
+    refused: dict = field(default_factory=dict)     # signature -> why no plan
+    generation: int = -1
+    forward: object = None                          # the graph's forward the plans were recorded from
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.plans.clear()
+            self.refused.clear()
+
+    def __call__(self, gm: torch.nn.Module, args: list):
+        """gm's flat outputs for `args` through a plan (recorded on first sight of the signature), or
+        None where no plan applies: the caller runs gm."""
+        key = signature(args)
+        if key is None or not plans_apply():
+            return None
+        if self.generation != generation.current() or self.forward is not type(gm).forward:
+            self.clear()
+            self.generation, self.forward = generation.current(), type(gm).forward
+        plan = self.plans.get(key)
+        if plan is None:
+            if key in self.refused:
+                return None
+            return self._record(gm, args, key)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        out = plan.run(tensors)
+        if out is None:  # a step's sizes differ from the recording: this call runs the graph
+            return None
+        return out
+
+    def _record(self, gm, args, key):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        start = generation.current()
+        recorder = _Recorder(tensors)
+        with recorder:
+            out = gm(*args)
+        plan, why = None, recorder.refused
+        if why is None:
+            try:
+                plan = recorder.build(list(out))
+            except (RuntimeError, ValueError, TypeError) as e:  # an argument the native plan cannot hold
+                why = f"not recordable: {e}"
+        if generation.current() != start:  # the forward itself changed a module: nothing to replay
+            plan, why = None, "the forward changes the model"
+        with self.lock:
+            if plan is not None:
+                self.plans[key] = plan
+                while len(self.plans) > MAX_PLANS:
+                    self.plans.popitem(last=False)
+            else:
+                self.refused[key] = why
+        return out
+
+    def describe(self) -> list[str]:
+        """One line per recorded signature: its input sizes and steps; then the refused ones."""
+        lines = []
+        for key, plan in list(self.plans.items()):
+            sizes = ", ".join(f"{tuple(k[1])}" for k in key[1:] if isinstance(k[0], torch.dtype))
+            lines.append(f"inputs {sizes}: {len(plan.step_names)} ops in one native call")
+        for key, why in list(self.refused.items()):
+            sizes = ", ".join(f"{tuple(k[1])}" for k in key[1:] if isinstance(k[0], torch.dtype))
+            lines.append(f"inputs {sizes}: runs the graph ({why})")
+        return lines
