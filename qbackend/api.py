@@ -168,7 +168,8 @@ def convert(prepared: PreparedModel, tune: bool = False, tune_batch_sizes=None, 
         (gm, in_spec, out_spec), layers, activations = convert_graph(prepared._prepared, tune=options)
         arg_names = gm.meta.get("arg_names")
         return QuantizedModel(gm, layers, activations, in_spec, out_spec, arg_names=arg_names,
-                              input_signature=input_signature(gm, arg_names))
+                              input_signature=input_signature(gm, arg_names),
+                              forward_plans=prepared.config.forward_plans)
     return convert_swapped(prepared._prepared, tune=options)
 
 

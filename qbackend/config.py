@@ -156,6 +156,10 @@ class QuantConfig:
       packed weight per provider and picks per call (conv2d: batch; linear: rows); False: one
       provider per layer, routed at the example's size (less memory). Not with a forced provider or
       tune mode, which choose one provider per layer.
+    forward_plans: eager calls of the converted model replay its forward as one native call per
+      input signature, recorded on the signature's second call (qbackend.nn.forward_plan); False:
+      every call runs the graph op by op. Switchable later on the model (`qmodel.forward_plans`).
+      Only the top-level config's setting counts.
     """
 
     mode: str = "static"
@@ -170,10 +174,13 @@ class QuantConfig:
     attention: str = "auto"
     weight_rounding: str = "gptq"
     route_by_batch: bool = True
+    forward_plans: bool = True
 
     def __post_init__(self):
         if not isinstance(self.route_by_batch, bool):
             raise TypeError(f"route_by_batch must be True or False, got {self.route_by_batch!r}")
+        if not isinstance(self.forward_plans, bool):
+            raise TypeError(f"forward_plans must be True or False, got {self.forward_plans!r}")
         if not isinstance(self.bf16, bool):
             raise TypeError(f"bf16 must be True or False, got {self.bf16!r}")
         if self.attention not in ATTENTION_MODES:

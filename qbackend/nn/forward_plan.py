@@ -9,7 +9,7 @@ dispatcher with no Python between them, the GIL released. The same ops with the 
 the outputs are the graph's bit for bit.
 
 A plan is recorded per input signature (each tensor input's dtype, sizes and strides; every other
-input's value; whether grad mode is on): sizes the graph computes from its inputs' shapes are
+input's value; whether grad mode is on), on the signature's second call: sizes the graph computes from its inputs' shapes are
 constants of that signature. It is not recorded (the graph runs, every call) where a replay could
 differ from the graph: an op reading a tensor's data into Python (`.item()`), a random op, an op
 writing into an input or a weight, an input passed twice, anything requiring grad with grad mode
@@ -38,6 +38,13 @@ MAX_PLANS = 8  # signatures kept per model (least recently used dropped)
 _METADATA = {aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
              aten.size.int, aten.stride.int, aten.dim.default, aten.is_contiguous.default,
              aten.is_contiguous.memory_format}
+
+
+def _remember(table: OrderedDict, key, value, limit: int = MAX_PLANS) -> None:
+    """table[key] = value, dropping the least recently added entries beyond `limit`."""
+    table[key] = value
+    while len(table) > limit:
+        table.popitem(last=False)
 
 
 class _Refused(Exception):
@@ -209,10 +216,12 @@ class Plan:
 
 @dataclass
 class ForwardPlans:
-    """The plans of one model, by input signature (see the module docstring)."""
+    """The plans of one model, by input signature (see the module docstring). A signature's plan is
+    recorded on its second call, so shapes seen once (varying sequence lengths) cost no recording."""
 
     plans: OrderedDict = field(default_factory=OrderedDict)
-    refused: dict = field(default_factory=dict)     # signature -> why no plan
+    refused: OrderedDict = field(default_factory=OrderedDict)  # signature -> why no plan
+    seen: OrderedDict = field(default_factory=OrderedDict)     # signatures called once
     generation: int = -1
     forward: object = None                          # the graph's forward the plans were recorded from
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -221,10 +230,11 @@ class ForwardPlans:
         with self.lock:
             self.plans.clear()
             self.refused.clear()
+            self.seen.clear()
 
     def __call__(self, gm: torch.nn.Module, args: list):
-        """gm's flat outputs for `args` through a plan (recorded on first sight of the signature), or
-        None where no plan applies: the caller runs gm."""
+        """gm's flat outputs for `args` through a plan, or None where none applies: the caller runs gm.
+        gm returns a tuple or list (a GraphModule's flat outputs)."""
         key = signature(args)
         if key is None or not plans_apply():
             return None
@@ -235,11 +245,15 @@ class ForwardPlans:
         if plan is None:
             if key in self.refused:
                 return None
+            if key not in self.seen:
+                _remember(self.seen, key, True)
+                return None
             return self._record(gm, args, key)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        out = plan.run(tensors)
-        if out is None:  # a step's sizes differ from the recording: this call runs the graph
-            return None
+        out = plan.run([a for a in args if isinstance(a, torch.Tensor)])
+        if out is None:  # a step's sizes differ from the recording: this call (and later ones) run the graph
+            with self.lock:
+                self.plans.pop(key, None)
+                _remember(self.refused, key, "an op's output sizes depend on the data")
         return out
 
     def _record(self, gm, args, key):
@@ -256,13 +270,13 @@ class ForwardPlans:
                 why = f"not recordable: {e}"
         if generation.current() != start:  # the forward itself changed a module: nothing to replay
             plan, why = None, "the forward changes the model"
+            self.generation = generation.current()  # keep this refusal
         with self.lock:
+            self.seen.pop(key, None)
             if plan is not None:
-                self.plans[key] = plan
-                while len(self.plans) > MAX_PLANS:
-                    self.plans.popitem(last=False)
+                _remember(self.plans, key, plan)
             else:
-                self.refused[key] = why
+                _remember(self.refused, key, why)
         return out
 
     def describe(self) -> list[str]:

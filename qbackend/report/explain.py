@@ -45,6 +45,7 @@ class Explanation:
     None)."""
 
     rows: list[dict]
+    eager: list[str] = None  # how eager calls run (QuantizedModel.forward_plan_summary)
 
     def __iter__(self):
         return iter(self.rows)
@@ -56,7 +57,8 @@ class Explanation:
         head = "| layer | op | mode | shape (example) | fused | output | provider | why |\n|---|---|---|---|---|---|---|---|"
         lines = [f"| {r['layer']} | {r['op']} | {r['mode']} | {r['shape']} | {r['fused']} | {r['output']} | "
                  f"{r['provider']} | {r['why']} |" for r in self.rows]
-        return "\n".join([head, *lines])
+        eager = [f"- {line}" for line in self.eager or ()]
+        return "\n".join([head, *lines, *(["", "Eager calls:", *eager] if eager else [])])
 
 
 def explain(qmodel: QuantizedModel) -> Explanation:
@@ -69,4 +71,4 @@ def explain(qmodel: QuantizedModel) -> Explanation:
         rows.append({"layer": name, "op": info.kind, "mode": info.mode, "shape": _shape(info),
                      "fused": " ".join(fused) or "-", "output": info.output,
                      "provider": _provider(qmodel.layer(name)), "why": info.why, "rule": info.rule})
-    return Explanation(rows)
+    return Explanation(rows, qmodel.forward_plan_summary())
