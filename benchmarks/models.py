@@ -24,10 +24,11 @@ thread), OpenVINO INFERENCE_NUM_THREADS = threads (latency hint, 1 stream). Indu
 switched on for the whole process (torchao's PT2E int8 lowering needs it, and it is the recommended
 CPU inference setting), so it applies to every compiled flow. torch.compile uses dynamic=False:
 each batch size gets its own specialised graph (OpenVINO likewise compiles one static-shape model
-per batch size; ONNX Runtime runs one dynamic-batch session). Thread pools wait passively
-(OMP_WAIT_POLICY=PASSIVE for torch's OpenMP, ONNX Runtime allow_spinning=0; --spin-wait keeps the
-busy-waiting defaults): on a shared 2-core machine busy-waiting makes every flow's time a measure of
-the scheduler (see the comment above `import torch`).
+per batch size; ONNX Runtime runs one dynamic-batch session). Thread pools keep each library's
+default (what a user gets: libgomp and ONNX Runtime busy-wait between regions); --passive makes them
+wait passively (OMP_WAIT_POLICY=PASSIVE for torch's OpenMP, ONNX Runtime allow_spinning=0), the
+second setting to report: on a shared 2-core machine busy-waiting makes every flow's time a measure
+of the scheduler (see the comment above `import torch`), so run the default on an idle machine.
 
 Measurement: each flow is built (export / quantize / compile, each timed: "export" = torch.export
 or ONNX export or OpenVINO conversion or qbackend's capture, "quantize" = prepare + calibrate +
@@ -81,8 +82,9 @@ sys.path.insert(0, str(HERE.parent))
 # another process, needs. Measured here under load 6: qbackend ResNet-18 batch 1, median 58-89 ms
 # with libgomp's default policy, 6-12 ms with OMP_WAIT_POLICY=PASSIVE; ONNX Runtime 33 ms spinning,
 # 12 ms not. So by default the run switches spinning off where a knob exists (libgomp reads the
-# variable when torch loads it, hence before the import); --spin-wait keeps the libraries' defaults.
-SPIN_WAIT = __name__ != "__main__" or "--spin-wait" in sys.argv[1:]
+# variable when torch loads it, hence before the import). The default keeps the libraries' own
+# policies, as a user runs them; --passive switches spinning off.
+SPIN_WAIT = __name__ != "__main__" or "--passive" not in sys.argv[1:]
 if not SPIN_WAIT:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -632,7 +634,7 @@ def header(args, sizes: Sizes, names: list[str], flows: list[str], load: list[fl
         f"- CPU: {cpu}, {os.cpu_count()} logical CPUs; ISA flags: {isa}. AMX: {amx} "
         f"(qbackend's CPU class: {f.level_name}, VNNI: {f.has_vnni}).",
         f"- Threads: {args.threads} (torch.set_num_threads, ONNX Runtime intra-op, OpenVINO INFERENCE_NUM_THREADS). "
-        f"Busy-waiting: {'the libraries defaults (--spin-wait)' if SPIN_WAIT else 'off where a knob exists'}: "
+        f"Busy-waiting: {'the libraries defaults' if SPIN_WAIT else 'off where a knob exists (--passive)'}: "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset (libgomp spins)')} for torch's OpenMP pool "
         f"(every torch flow, qbackend's included), ONNX Runtime session.intra_op.allow_spinning={int(SPIN_WAIT)}; "
         "OpenVINO's TBB pool at its default (no knob). qbackend's own kernels run on "
@@ -674,8 +676,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run: small sizes, few timing rounds")
     p.add_argument("--blocks", type=int, default=None, help="timing rounds (default 15; --quick 3)")
     p.add_argument("--profile", action="store_true", help="profile qbackend's models even where it is fastest")
-    p.add_argument("--spin-wait", action="store_true",
-                   help="keep the thread pools' default busy-waiting (OpenMP, ONNX Runtime); default: passive waiting")
+    p.add_argument("--passive", action="store_true",
+                   help="thread pools wait passively (OMP_WAIT_POLICY=PASSIVE, ONNX Runtime allow_spinning=0); "
+                        "default: each library's own policy")
     p.add_argument("--cold-compile-cache", action="store_true",
                    help="a fresh Inductor cache directory, so compile times include code generation")
     p.add_argument("--out", default=None, help="write the markdown report here (rewritten after each model)")
