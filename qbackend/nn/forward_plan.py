@@ -281,11 +281,11 @@ class ForwardPlans:
 
     def describe(self) -> list[str]:
         """One line per recorded signature: its input sizes and steps; then the refused ones."""
-        lines = []
-        for key, plan in list(self.plans.items()):
+        def inputs(key) -> str:
             sizes = ", ".join(f"{tuple(k[1])}" for k in key[1:] if isinstance(k[0], torch.dtype))
-            lines.append(f"inputs {sizes}: {len(plan.step_names)} ops in one native call")
-        for key, why in list(self.refused.items()):
-            sizes = ", ".join(f"{tuple(k[1])}" for k in key[1:] if isinstance(k[0], torch.dtype))
-            lines.append(f"inputs {sizes}: runs the graph ({why})")
+            return f"inputs {sizes}" + (" (grad mode on)" if key[0] else "")
+
+        lines = [f"{inputs(key)}: {len(plan.step_names)} ops in one native call"
+                 for key, plan in list(self.plans.items())]
+        lines += [f"{inputs(key)}: runs the graph ({why})" for key, why in list(self.refused.items())]
         return lines
