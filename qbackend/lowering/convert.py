@@ -82,7 +82,7 @@ class _Rewriter:
         self.weight_smooth: dict[str, torch.Tensor] = {}       # layer name -> s, multiplied into its weight
         self.hessians: dict[str, tuple[str, torch.Tensor]] = {}  # layer -> (its input's recorder, H unsmoothed)
         self._factors: dict[tuple, tuple] = {}                  # (recorder, smoothing) -> (H, gptq.factor(H))
-        self.nhwc: dict[fx.Node, torch.Tensor] = {}  # flatten read as NHWC -> its Linears' column order
+        self.nhwc: dict[fx.Node, tuple] = {}  # flatten read as NHWC -> (C, H*W) of the value it flattens
 
     def _after(self, node: fx.Node):
         if node.op == "placeholder":
@@ -171,8 +171,10 @@ class _Rewriter:
         if op.accum is not None:
             spec.residual = "int8" if out_qp is not None else "float32"
         if static and op.x in self.nhwc:
-            spec.column_order = self.nhwc[op.x]
+            spec.column_order = nhwc_flatten.column_order(*self.nhwc[op.x])
         module, r = build_layer(spec, x_qp, out_qp, acc_qp, tune=self.tune)
+        if static and op.x in self.nhwc:
+            module.x_nhwc = self.nhwc[op.x]
         if static:
             module.x_value = self.value_ids[id(x_qp)]
             module.out_value = self.value_ids[id(out_qp)] if out_qp is not None else None

@@ -37,6 +37,11 @@ def column_order(channels: int, spatial: int) -> torch.Tensor:
     return torch.arange(channels * spatial).reshape(channels, spatial).t().reshape(-1)
 
 
+def nhwc_features(x: torch.Tensor, channels: int, spatial: int) -> torch.Tensor:
+    """x's last dim (features flattened in NCHW order) re-ordered as the NHWC flatten."""
+    return x[..., column_order(channels, spatial)]
+
+
 def _known_equal(a, b) -> bool:
     """a == b for every input the export admits (ints or export's symbolic sizes)."""
     return bool(statically_known_true(a == b))
@@ -68,8 +73,8 @@ def _channels_last_int8(node: fx.Node, conv_outputs: set, qparams: dict) -> bool
     return True
 
 
-def plan(ops, qparams: dict, int8_outputs: set, recorders) -> dict[fx.Node, torch.Tensor]:
-    """{float flatten node: its readers' column order} for each flatten to read as NHWC (see the
+def plan(ops, qparams: dict, int8_outputs: set, recorders) -> dict[fx.Node, tuple[int, int]]:
+    """{float flatten node: (C, H*W) of the value it flattens} for each flatten to read as NHWC (see the
     module docstring). ops: the matched ops (on the graph being rewritten); recorders(node): whether
     a node is an observer / statistics call (dropped later, so not a reader)."""
     if not _ENABLED:
@@ -91,7 +96,7 @@ def plan(ops, qparams: dict, int8_outputs: set, recorders) -> dict[fx.Node, torc
         _, c, h, w = example_shape(src)
         if h * w == 1 or not _channels_last_int8(src, conv_outputs, qparams):
             continue
-        chosen[flat] = column_order(c, h * w)
+        chosen[flat] = (c, h * w)
     return chosen
 
 

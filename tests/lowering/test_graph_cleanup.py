@@ -39,6 +39,13 @@ def _images(n, seed):
     return torch.randn(n, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
 
 
+def _fp32_model(name):
+    if name == "digits_cnn":
+        return MODELS["digits_cnn"](batch_size=1).model.eval()
+    torch.manual_seed(0)
+    return ConvPoolLinear().eval()
+
+
 def _convert(name, enabled=True):
     old, nhwc_flatten._ENABLED = nhwc_flatten._ENABLED, enabled
     try:
@@ -60,7 +67,7 @@ def _convert(name, enabled=True):
 def converted(request):
     q, x = _convert(request.param)
     ref, _ = _convert(request.param, enabled=False)
-    return q, ref, x
+    return q, ref, x, request.param
 
 
 def test_column_order_is_the_nhwc_flatten_of_the_weight():
@@ -77,7 +84,7 @@ def test_column_order_is_the_nhwc_flatten_of_the_weight():
 
 
 def test_graph_has_no_dequantize_nor_float_max_pool(converted):
-    q, ref, _ = converted
+    q, ref, _, _ = converted
     gm = q.graph_module
     nodes = list(gm.graph.nodes)
     assert not any(n.op == "call_module" and isinstance(gm.get_submodule(n.target), Dequantize) for n in nodes)
@@ -107,7 +114,7 @@ def _copies(model, x):
 def test_forward_copies_nothing_but_the_model_input(converted):
     """The only copy left is the conv's NCHW model input reordered to channels-last (with more
     than one input channel); the reference flattens the channels-last pooled output by a copy."""
-    q, ref, x = converted
+    q, ref, x, _ = converted
     for n in BATCHES:
         assert all(shape == list(x[:n].shape) for shape in _copies(q, x[:n])), n
     pooled = [s for s in _copies(ref, x[:1]) if s != list(x[:1].shape)]
@@ -115,7 +122,7 @@ def test_forward_copies_nothing_but_the_model_input(converted):
 
 
 def test_outputs_bit_identical_to_the_nchw_order(converted):
-    q, ref, x = converted
+    q, ref, x, _ = converted
     with torch.no_grad():
         for n in BATCHES:
             a, b = q(x[:n]), ref(x[:n])
@@ -123,7 +130,7 @@ def test_outputs_bit_identical_to_the_nchw_order(converted):
 
 
 def test_save_load_round_trip(converted, tmp_path):
-    q, _, x = converted
+    q, _, x, _ = converted
     qbackend.save(q, tmp_path / "m.qb")
     loaded = qbackend.load(tmp_path / "m.qb")
     assert any(n.target is aten.permute.default for n in loaded.graph_module.graph.nodes)
@@ -132,10 +139,24 @@ def test_save_load_round_trip(converted, tmp_path):
             assert torch.equal(loaded(x[:n]), q(x[:n]))
     assert [dict(r) for r in qbackend.explain(loaded)] == [dict(r) for r in qbackend.explain(q)]
     assert str(qbackend.explain(q))
+    fc = [m for m in loaded.modules() if isinstance(m, QuantizedLinear)]
+    assert [m.x_nhwc for m in fc] == [m.x_nhwc for m in q.modules() if isinstance(m, QuantizedLinear)] != [None]
+
+
+def test_compare_runs_the_linear_alone_on_its_fp32_input_in_its_order(converted):
+    """compare's per-layer SQNRs (at its place, and alone on the FP32 input) are those of the
+    model with the NCHW order: the same integers reach the same sums."""
+    q, ref, x, name = converted
+    fp32 = _fp32_model(name)
+    data = [(x[:3],), (x[3:],)]
+    got, want = qbackend.compare(fp32, q, data), qbackend.compare(fp32, ref, data)
+    assert [(r.name, r.sqnr_db, r.local_sqnr_db) for r in got.layers] == \
+        [(r.name, r.sqnr_db, r.local_sqnr_db) for r in want.layers]
+    assert all(r.local_sqnr_db is not None and r.local_sqnr_db > 15 for r in got.layers)
 
 
 def test_compile_and_export(converted):
-    q, _, x = converted
+    q, _, x, _ = converted
     with torch.no_grad():
         for n in BATCHES:
             ref = q(x[:n])
