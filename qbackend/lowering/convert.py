@@ -11,6 +11,10 @@ stays usable). In the order the fused chains end:
   op right after the observed float value. Its output is int8 where the plan says some consumer reads int8; float consumers
   of an int8 value get one dequantize op, shared;
 * dynamic and weight-only ops become their module, float in and out;
+* a flatten of a channels-last int8 value that only static Linears read reads it in NHWC order,
+  the Linears' weight columns permuted to match (lowering/nhwc_flatten.py);
+* shape queries of a float value read its int8 form (same shape), so that float ops kept only
+  for their shape die too;
 * the float chain that was replaced, and the observers, are dropped (dead code);
 * attention cores (torch's SDPA) become qbackend's fused attention, with the quantize of their
   output folded in (lowering/attention.py); a LayerNorm whose output is quantized becomes one
