@@ -11,6 +11,10 @@ stays usable). In the order the fused chains end:
   op right after the observed float value. Its output is int8 where the plan says some consumer reads int8; float consumers
   of an int8 value get one dequantize op, shared;
 * dynamic and weight-only ops become their module, float in and out;
+* a flatten of a channels-last int8 value that only static Linears read reads it in NHWC order,
+  the Linears' weight columns permuted to match (lowering/nhwc_flatten.py);
+* shape queries of a float value read its int8 form (same shape), so that float ops kept only
+  for their shape die too;
 * the float chain that was replaced, and the observers, are dropped (dead code);
 * attention cores (torch's SDPA) become qbackend's fused attention, with the quantize of their
   output folded in (lowering/attention.py); a LayerNorm whose output is quantized becomes one
@@ -47,7 +51,7 @@ from .graph_utils import positional_inputs
 from .layers import build_layer
 from .records import activation_record, layer_record
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
-from . import smoothquant
+from . import nhwc_flatten, smoothquant
 from .fold import get_attr_value
 from .plan import is_transparent
 from .prepare import ActivationObserver, PreparedGraph
@@ -82,6 +86,7 @@ class _Rewriter:
         self.weight_smooth: dict[str, torch.Tensor] = {}       # layer name -> s, multiplied into its weight
         self.hessians: dict[str, tuple[str, torch.Tensor]] = {}  # layer -> (its input's recorder, H unsmoothed)
         self._factors: dict[tuple, tuple] = {}                  # (recorder, smoothing) -> (H, gptq.factor(H))
+        self.nhwc: dict[fx.Node, tuple] = {}  # flatten read as NHWC -> (C, H*W) of the value it flattens
 
     def _after(self, node: fx.Node):
         if node.op == "placeholder":
@@ -169,7 +174,11 @@ class _Rewriter:
             spec.hessian, spec.hessian_factor = self._hessian(op.name, smooth)
         if op.accum is not None:
             spec.residual = "int8" if out_qp is not None else "float32"
+        if static and op.x in self.nhwc:
+            spec.column_order = nhwc_flatten.column_order(*self.nhwc[op.x])
         module, r = build_layer(spec, x_qp, out_qp, acc_qp, tune=self.tune)
+        if static and op.x in self.nhwc:
+            module.x_nhwc = self.nhwc[op.x]
         if static:
             module.x_value = self.value_ids[id(x_qp)]
             module.out_value = self.value_ids[id(out_qp)] if out_qp is not None else None
@@ -319,6 +328,20 @@ def attach_hessians(state: ConvertState) -> ConvertState:
     return state
 
 
+def _recorder_test(gm: fx.GraphModule):
+    recorders = (ActivationObserver, smoothing_search.ChannelStats, HessianStats)
+    return lambda node: node.op == "call_module" and isinstance(gm.get_submodule(node.target), recorders)
+
+
+def plan_nhwc_flattens(state: ConvertState) -> ConvertState:
+    """The flattens of channels-last int8 values that only static Linears read: read as NHWC, the
+    Linears' weight columns permuted to match (lowering/nhwc_flatten.py)."""
+    ops = [_remap(op, state.node_map) for op in state.prepared.ops]
+    state.rewriter.nhwc = nhwc_flatten.plan(ops, state.qparams, state.rewriter.prepared.plan.int8_outputs,
+                                            _recorder_test(state.gm))
+    return state
+
+
 def rewrite_layers(state: ConvertState) -> ConvertState:
     """Each matched op becomes one call of its qbackend.nn module, in the order the chains end
     (the module docstring)."""
@@ -337,13 +360,50 @@ def rewrite_tables(state: ConvertState) -> ConvertState:
     return state
 
 
+def read_flattens_as_nhwc(state: ConvertState) -> ConvertState:
+    """The int8 form of each planned flatten reads its channels-last input as [N, H, W, C] (the
+    Linears reading it were built with their columns in that order)."""
+    rw = state.rewriter
+    for flat in rw.nhwc:
+        flat8 = rw.qmap[flat][0]
+        if not all(u.op == "call_module" and isinstance(state.gm.get_submodule(u.target), QuantizedLinear)
+                   and u.args == (flat8,) for u in flat8.users):
+            raise RuntimeError(f"qbackend internal error: {flat8.name} is read by more than the Linears planned")
+        nhwc_flatten.read_as_nhwc(state.gm.graph, flat8)
+    return state
+
+
+# Queries of a tensor's shape alone: the int8 form of a value (same shape) answers them as well.
+# Not strides or storage offsets (int8 forms may be laid out otherwise).
+_SHAPE_QUERIES = frozenset({aten.sym_size.int, aten.sym_size.default, aten.sym_numel.default, aten.size.int,
+                            aten.size.default, aten.numel.default, aten.dim.default})
+
+
+def shapes_from_int8(state: ConvertState) -> ConvertState:
+    """Shape queries of a float value that has an int8 form read the int8 form instead, so that a
+    float chain (a dequantize, a float max pool) kept only for its shape dies with the rest of the
+    replaced float graph. The int8 forms have the float value's shape: the layer's output, a
+    quantize of the value, an int8 cat of its parts, a transparent op re-run on int8 data."""
+    rw = state.rewriter
+    order = {n: i for i, n in enumerate(state.gm.graph.nodes)}
+    for node in list(state.gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _SHAPE_QUERIES or not isinstance(node.args[0], fx.Node):
+            continue
+        value = node.args[0]
+        int8 = rw.qmap.get(rw.dequantized.get(value, value))
+        if int8 is not None and int8[0] is not value and order[int8[0]] < order[node]:
+            node.args = (int8[0], *node.args[1:])
+    return state
+
+
 def drop_recorders(state: ConvertState) -> ConvertState:
     """The observers and statistics recorders go, with export's input guards (the kernels check
     shapes), and the float chains the int8 modules replaced (dead code)."""
     gm = state.gm
     recorders = (ActivationObserver, smoothing_search.ChannelStats, HessianStats)
+    is_recorder = _recorder_test(gm)
     for node in list(gm.graph.nodes):
-        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), recorders):
+        if is_recorder(node):
             gm.graph.erase_node(node)
     for name, m in list(gm.named_children()):
         if isinstance(m, recorders):

@@ -26,6 +26,7 @@ class LayerSpec:
     hessian: torch.Tensor | None = None  # linear: H = X^T X of its input, for GPTQ rounding (algorithms/gptq.py)
     hessian_factor: tuple | None = None  # gptq.factor(hessian), when already computed (shared inputs)
     rounding: dict | None = None      # set by build_layer: how the weight was rounded (GPTQ's report)
+    column_order: torch.Tensor | None = None  # linear: the rounded int8 weight is packed as q[:, column_order]
 
     def shape_key(self) -> dict:
         """The shape the dispatch rules look at, with the epilogue flags that change the ranking:

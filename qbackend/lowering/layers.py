@@ -30,6 +30,8 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
     if spec.hessian is not None and spec.kind == "linear":
         q, spec.rounding = gptq_round(spec.weight, scales, spec.hessian, w_obs.qmin, w_obs.qmax, nearest=q,
                                       factored=spec.hessian_factor)
+    if spec.column_order is not None:  # its input's features come in another order (lowering/nhwc_flatten.py)
+        q = q[:, spec.column_order].contiguous()
     if mode == "weight_only":
         if spec.kind == "linear":
             return WeightOnlyLinear(q, scales, spec.bias), None

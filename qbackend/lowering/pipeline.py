@@ -35,8 +35,11 @@ CONVERT: tuple[Callable, ...] = (
     convert.copy_graph,              # rewrite a copy (parameters shared)
     convert.apply_smoothing,         # factors into LayerNorms, quantize ops and (later) weights
     convert.attach_hessians,         # GPTQ's H per static Linear
+    convert.plan_nhwc_flattens,      # flattens of channels-last int8 read only by Linears: NHWC order
     convert.rewrite_layers,          # each matched op -> its qbackend.nn module, int8 between them
+    convert.read_flattens_as_nhwc,   # those flattens read the NHWC memory (a view, no copy)
     convert.rewrite_tables,          # embedding lookups -> rowwise-quantized modules
+    convert.shapes_from_int8,        # shape queries read int8 forms (float chains kept for shapes die)
     convert.drop_recorders,          # observers, statistics, export's guards; dead code
     convert.fuse_float_cores,        # attention cores and LayerNorms with the quantize behind them
     convert.views_as_reshapes,       # views of the FP32 graph run on channels-last int8 outputs

@@ -35,7 +35,13 @@ class _PackedLinearShape:
 
 
 class QuantizedLinear(_PackedLinearShape, StaticQParamsMixin, nn.Module):
-    """y = post_op(dequant(x) @ dequant(W).T + b), output quantized with (out_scale, out_zp) or float32."""
+    """y = post_op(dequant(x) @ dequant(W).T + b), output quantized with (out_scale, out_zp) or float32.
+
+    x_nhwc: (C, H*W) where the layer's FP32 input is a [N, C, H, W] value flattened in NCHW order
+    and this layer reads it flattened in NHWC order (its weight columns permuted to match: FP32
+    column c*H*W + s is column s*C + c here); None where the orders agree."""
+
+    x_nhwc: tuple[int, int] | None = None
 
     def __init__(self, packed: PackedLinearWeight, x_qparams: tuple[float, int], x_dtype: torch.dtype = torch.uint8,
                  out_qparams: tuple[float, int] | None = None, out_dtype: torch.dtype = torch.float32,

@@ -35,6 +35,7 @@ from ..config import QuantConfig
 from ..core.batches import batches as iter_batches
 from ..lowering.capture import capture
 from ..lowering.fold import fold_batchnorm
+from ..lowering.nhwc_flatten import nhwc_features
 from ..lowering.patterns import match
 from ..nn import QuantizedConv2d, QuantizedLinear, WeightOnlyConv2d, WeightOnlyLinear
 from ..nn.model import QuantizedModel
@@ -200,6 +201,9 @@ def _alone(m, rec: dict, activations: dict) -> torch.Tensor | None:
     if x is None:
         return None
     if isinstance(m, (QuantizedLinear, QuantizedConv2d)):
+        if getattr(m, "x_nhwc", None) is not None:  # it reads its input's features in NHWC order
+            x = nhwc_features(x, *m.x_nhwc)
+
         def q(t, scale, zp, dtype, value):
             qmax = activations[value].qmax if value in activations else None
             top = 255 if dtype == torch.uint8 else 127
