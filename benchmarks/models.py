@@ -48,7 +48,7 @@ synthetic images / sequences, not calibration data; BERT: last_hidden_state).
 Where qbackend (its faster variant) is slower than the best peer at a batch size, the report adds a
 torch.profiler breakdown of qbackend's models at that batch size (top ops by self CPU time).
 
-Sizes: images 224x224, BERT-base (12 layers) sequence 128, encoder_384 (6 layers, 384 wide, the shape of
+Sizes: images 224x224 (digits_cnn: its own 8x8 test images, the model trained on scikit-learn's digits), BERT-base (12 layers) sequence 128, encoder_384 (6 layers, 384 wide, the shape of
 MiniLM-L6 sentence encoders) sequence 64; batch sizes 1 and 32 (BERT-base: 1 and 8; encoder_384: 32);
 --quick: ResNet-18 on 64x64 images, batch sizes 1 and 4, a few short timing rounds (a smoke run for
 CI, no meaningful numbers).
@@ -101,7 +101,7 @@ from qbackend.models.bert import bert_inputs  # noqa: E402
 from qbackend.models.case import generator  # noqa: E402
 from qbackend.models.synthetic import synthetic_images  # noqa: E402
 
-MODELS = ("resnet18", "resnet50", "mobilenet_v2", "bert_base", "encoder_384")
+MODELS = ("digits_cnn", "resnet18", "resnet50", "mobilenet_v2", "bert_base", "encoder_384")
 # BERT-style encoders: name -> BertConfig overrides (bert_base's layer count comes from Sizes).
 # encoder_384: 6 layers, hidden 384, 12 heads, FFN 1536 (the shape of MiniLM-L6 sentence encoders).
 ENCODERS = {"bert_base": {}, "encoder_384": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12,
@@ -230,6 +230,14 @@ def build_bench(name: str, sizes: Sizes, threads: int, tmpdir: str, seed: int = 
         vocab = case.model.config.vocab_size
         g = generator(seed + 4)
         inputs = {b: bert_inputs(b, seq_len, g, vocab) for b in sizes.batches(name)}
+    elif name == "digits_cnn":  # trained on scikit-learn's digits: timed on its held-out 8x8 images
+        with torch.enable_grad():  # the case trains the model (seconds, cached per seed)
+            case = CASES[name](batch_size=sizes.calib_batch, num_calibration_batches=sizes.calib_batches,
+                               num_eval_batches=1, seed=seed)
+            test = torch.cat([b[0] for b in CASES[name](batch_size=32, num_calibration_batches=1,
+                                                        seed=seed).evaluation])
+        model = case.model
+        inputs = {b: (test[:b].contiguous(),) for b in sizes.batches(name)}
     else:
         case = CASES[name](batch_size=sizes.calib_batch, num_calibration_batches=sizes.calib_batches,
                            num_eval_batches=1, image_size=sizes.image_size, seed=seed)
