@@ -162,13 +162,19 @@ def test_concurrent_replays_equal_serial_ones():
         _assert_same(refs[(i + j) % 2], out)
 
 
-def test_changed_qparams_drop_the_plan():
+def _fresh_model_with_a_plan():
+    """A digits CNN of its own (the test changes it), its input, and its output through a replay."""
     case = MODELS["digits_cnn"](batch_size=8)
     q = qbackend.quantize(case.model.eval(), case.example_inputs, case.calibration)
     x = _inputs(case, "digits_cnn", 2)
     with torch.no_grad():
         q(*x), q(*x)
-        before = q(*x)
+        return q, x, q(*x)
+
+
+def test_changed_qparams_drop_the_plan():
+    q, x, before = _fresh_model_with_a_plan()
+    with torch.no_grad():
         conv = q.layer("conv2")
         conv.set_output_qparams(conv.out_scale * 2, conv.out_zero_point)
         after = q(*x)
@@ -179,12 +185,8 @@ def test_changed_qparams_drop_the_plan():
 
 
 def test_replaced_module_drops_the_plan():
-    case = MODELS["digits_cnn"](batch_size=8)
-    q = qbackend.quantize(case.model.eval(), case.example_inputs, case.calibration)
-    x = _inputs(case, "digits_cnn", 2)
+    q, x, before = _fresh_model_with_a_plan()
     with torch.no_grad():
-        q(*x), q(*x)
-        before = q(*x)
         fc_path = q.qbackend_layers["fc"].module
         old = q.inner.get_submodule(fc_path)
         new = type(old)(old.packed, (old.x_scale, old.x_zero_point), old.x_dtype, post_op="relu")
