@@ -14,7 +14,8 @@ constants of that signature. It is not recorded (the graph runs, every call) whe
 differ from the graph: an op reading a tensor's data into Python (`.item()`), a random op, an op
 writing into an input or a weight, an input passed twice, anything requiring grad with grad mode
 on, autocast, another dispatch mode or tensor subclass, a call from torch.compile / torch.export
-tracing. A replay whose step returns other sizes than recorded (an op whose output shape depends on
+tracing, and any forward hook (global, or on the graph module or a module inside it: a replay calls
+no module, so it would skip them; `qbackend.compare` measures layers with hooks). A replay whose step returns other sizes than recorded (an op whose output shape depends on
 the data) stops and the graph runs that call. Plans are dropped when the model may have changed
 (core/generation.py) and are never saved: a loaded model records its own.
 """
@@ -25,6 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.modules import module as _torch_module
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from ..core import generation
@@ -224,6 +226,7 @@ class ForwardPlans:
     seen: OrderedDict = field(default_factory=OrderedDict)     # signatures called once
     generation: int = -1
     forward: object = None                          # the graph's forward the plans were recorded from
+    hook_tables: tuple = ()                         # the forward-hook dicts of gm and every module in it
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def clear(self) -> None:
@@ -241,6 +244,9 @@ class ForwardPlans:
         if self.generation != generation.current() or self.forward is not type(gm).forward:
             self.clear()
             self.generation, self.forward = generation.current(), type(gm).forward
+            self.hook_tables = tuple(d for m in gm.modules() for d in (m._forward_pre_hooks, m._forward_hooks))
+        if any(self.hook_tables) or _torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks:
+            return None
         plan = self.plans.get(key)
         if plan is None:
             if key in self.refused:

@@ -78,10 +78,10 @@ def test_every_size_runs_on_the_rule_tables_provider(converted):
             assert m.packed.batch_routes is None, name
     if cpu_features().isa_class == "avx512_vnni":
         # the depthwise conv is native up to 160k input values (n <= 12 here), oneDNN beyond; the stem
-        # FBGEMM at batch 1 (<= 16384 output values), oneDNN beyond
+        # (3 input channels) native up to 131k output values (n <= 10), oneDNN beyond
         dw = qmodel.layer("dw.0")
         assert dw.packed.batch_routes.ranges == ((12, "native"), (None, "onednn"))
-        assert qmodel.layer("stem.0").packed.batch_routes.ranges == ((1, "fbgemm"), (None, "onednn"))
+        assert qmodel.layer("stem.0").packed.batch_routes.ranges == ((10, "native"), (None, "onednn"))
         assert {"dw.0", "stem.0"} <= set(split)
 
 
@@ -122,5 +122,5 @@ def test_export_traces_the_provider_of_its_batch_size(converted):
                       if node.op == "call_function" and "conv2d" in str(node.target))
 
     at_1, at_16 = conv_ops(1), conv_ops(EXAMPLE_BATCH)
-    assert "qbackend.native_conv2d.default" in at_1 and "qbackend.fbgemm_conv2d.default" in at_1, at_1
+    assert at_1.count("qbackend.native_conv2d.default") == 3, at_1  # stem, depthwise, pointwise
     assert at_16.count("qbackend.onednn_conv2d.default") == 2, at_16  # the stem and the depthwise conv

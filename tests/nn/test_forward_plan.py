@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 
 import qbackend
 from qbackend.models import MODELS
+from qbackend.nn import forward_plan
 from qbackend.nn.forward_plan import ForwardPlans
 
 FAST = ["digits_cnn", "dlrm", "lstm_classifier", "transformer_outliers", "resnet18"]
@@ -33,20 +34,32 @@ def _assert_same(a, b):
 
 
 class _GraphCalls:
-    """Counts the calls that run the int8 graph (a replay does not call it)."""
+    """Counts the calls that run the int8 graph: every call but a replay of a recorded plan."""
 
     def __init__(self, q):
         self.n, self.q = 0, q
 
     def __enter__(self):
-        self.handle = self.q.inner.register_forward_pre_hook(self._hook)
+        self.calls, self.replays = 0, 0
+        self._forward, self._run = self.q.forward, forward_plan.Plan.run
+
+        def forward(*args, **kwargs):
+            self.calls += 1
+            return self._forward(*args, **kwargs)
+
+        def run(plan, tensors):
+            out = self._run(plan, tensors)
+            self.replays += out is not None
+            return out
+
+        self.q.forward = forward
+        forward_plan.Plan.run = run
         return self
 
     def __exit__(self, *exc):
-        self.handle.remove()
-
-    def _hook(self, *_):
-        self.n += 1
+        del self.q.forward
+        forward_plan.Plan.run = self._run
+        self.n = self.calls - self.replays
 
 
 _converted = {}
@@ -310,3 +323,21 @@ def test_grad_mode_with_inputs_requiring_grad_runs_the_module():
         outs = [_run(plans, lin, x) for _ in range(3)]
     assert plans.plans and outs[-1][0].grad_fn is None
     torch.testing.assert_close(outs[-1][0], lin(x)[0].detach(), rtol=0, atol=0)
+
+
+def test_forward_hooks_run_the_graph():
+    case, q = _converted_model("digits_cnn")
+    x = _inputs(case, "digits_cnn", 4)
+    seen = []
+    with torch.no_grad():
+        q(*x), q(*x), q(*x)
+        handle = q.layer("conv2").register_forward_hook(lambda m, i, o: seen.append(o.clone()))
+        outs = [q(*x) for _ in range(3)]
+        handle.remove()
+        q(*x)
+    assert len(seen) == 3 and all(torch.equal(seen[0], t) for t in seen)
+    for out in outs:
+        _assert_same(outs[0], out)
+    with torch.no_grad(), _GraphCalls(q) as calls:
+        q(*x), q(*x)
+    assert calls.n == 0  # without the hook: replays again
