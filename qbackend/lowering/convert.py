@@ -328,9 +328,13 @@ def attach_hessians(state: ConvertState) -> ConvertState:
     return state
 
 
+# The calibration-time modules that convert drops: observers and statistics recorders.
+_RECORDERS = (ActivationObserver, smoothing_search.ChannelStats, HessianStats)
+
+
 def _recorder_test(gm: fx.GraphModule):
-    recorders = (ActivationObserver, smoothing_search.ChannelStats, HessianStats)
-    return lambda node: node.op == "call_module" and isinstance(gm.get_submodule(node.target), recorders)
+    """node -> whether it calls one of gm's recorders (_RECORDERS)."""
+    return lambda node: node.op == "call_module" and isinstance(gm.get_submodule(node.target), _RECORDERS)
 
 
 def plan_nhwc_flattens(state: ConvertState) -> ConvertState:
@@ -400,13 +404,12 @@ def drop_recorders(state: ConvertState) -> ConvertState:
     """The observers and statistics recorders go, with export's input guards (the kernels check
     shapes), and the float chains the int8 modules replaced (dead code)."""
     gm = state.gm
-    recorders = (ActivationObserver, smoothing_search.ChannelStats, HessianStats)
     is_recorder = _recorder_test(gm)
     for node in list(gm.graph.nodes):
         if is_recorder(node):
             gm.graph.erase_node(node)
     for name, m in list(gm.named_children()):
-        if isinstance(m, recorders):
+        if isinstance(m, _RECORDERS):
             delattr(gm, name)
     for node in list(gm.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":

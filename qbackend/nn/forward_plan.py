@@ -9,14 +9,15 @@ dispatcher with no Python between them, the GIL released. The same ops with the 
 the outputs are the graph's bit for bit.
 
 A plan is recorded per input signature (each tensor input's dtype, sizes and strides; every other
-input's value; whether grad mode is on), on the signature's second call: sizes the graph computes from its inputs' shapes are
-constants of that signature. It is not recorded (the graph runs, every call) where a replay could
-differ from the graph: an op reading a tensor's data into Python (`.item()`), a random op, an op
-writing into an input or a weight, an input passed twice, anything requiring grad with grad mode
-on, autocast, another dispatch mode or tensor subclass, a call from torch.compile / torch.export
-tracing, and any forward hook (global, or on the graph module or a module inside it: a replay calls
-no module, so it would skip them; `qbackend.compare` measures layers with hooks). A replay whose step returns other sizes than recorded (an op whose output shape depends on
-the data) stops and the graph runs that call. Plans are dropped when the model may have changed
+input's value; whether grad mode is on), on the signature's second call: sizes the graph computes
+from its inputs' shapes are constants of that signature. It is not recorded (the graph runs, every
+call) where a replay could differ from the graph: an op reading a tensor's data into Python
+(`.item()`), a random op, an op writing into an input or a weight, an input passed twice, anything
+requiring grad with grad mode on, autocast, another dispatch mode or tensor subclass, a call from
+torch.compile / torch.export tracing, and any forward hook (global, or on the graph module or a
+module inside it: a replay calls no module, so it would skip them; `qbackend.compare` measures
+layers with hooks). A replay whose step returns other sizes than recorded (an op whose output
+shape depends on the data) stops and the graph runs that call. Plans are dropped when the model may have changed
 (core/generation.py) and are never saved: a loaded model records its own.
 """
 from __future__ import annotations
@@ -47,6 +48,11 @@ def _remember(table: OrderedDict, key, value, limit: int = MAX_PLANS) -> None:
     table[key] = value
     while len(table) > limit:
         table.popitem(last=False)
+
+
+def _tensors(args) -> list[torch.Tensor]:
+    """The tensor inputs of a call, in order: a plan's inputs (its other inputs are in its signature)."""
+    return [a for a in args if isinstance(a, torch.Tensor)]
 
 
 class _Refused(Exception):
@@ -112,9 +118,9 @@ class _Recorder(TorchDispatchMode):
         self.keep.append(t)
 
     def _record(self, func, args, kwargs, out) -> None:
-        schema = func._schema
         if func in _METADATA:
             return
+        schema = func._schema
         named = {a.name: v for a, v in zip(schema.arguments, args)}
         named.update(kwargs)
         if torch.Tag.nondeterministic_seeded in func.tags:
@@ -255,7 +261,7 @@ class ForwardPlans:
                 _remember(self.seen, key, True)
                 return None
             return self._record(gm, args, key)
-        out = plan.run([a for a in args if isinstance(a, torch.Tensor)])
+        out = plan.run(_tensors(args))
         if out is None:  # a step's sizes differ from the recording: this call (and later ones) run the graph
             with self.lock:
                 self.plans.pop(key, None)
@@ -263,9 +269,8 @@ class ForwardPlans:
         return out
 
     def _record(self, gm, args, key):
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
         start = generation.current()
-        recorder = _Recorder(tensors)
+        recorder = _Recorder(_tensors(args))
         with recorder:
             out = gm(*args)
         plan, why = None, recorder.refused
