@@ -1,7 +1,8 @@
-// The native depthwise conv (contract: depthwise_kernels.h) on AVX512: blocks of up to 4 output
-// pixels x 64 channels accumulate (x - x_zp) * w in fp32 registers (exact: integer sums below
-// 2^24) from a ring of input rows converted once per thread, then go through the native GEMM's
-// epilogue (gemm_avx512_vnni_impl.h) as int32 sums. Call only when has(Isa::Avx512Vnni).
+// The native depthwise conv (contract: depthwise_kernels.h) on AVX512-VNNI: each input row is laid
+// out once per thread as tap rows (for every output column and 4-tap group, the 4 input bytes of
+// 16 channels that the group reads, one int32 lane per channel), then blocks of up to 8 output
+// pixels x 64 channels accumulate one vpdpbusd per kernel row and tap group in int32 registers and
+// go through the native GEMM's epilogue (gemm_avx512_vnni_impl.h). Call only when has(Isa::Avx512Vnni).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -18,111 +19,167 @@ namespace qbackend::kernels {
 namespace {
 
 constexpr int64_t kMaxRing = 256;  // input rows one output row spans: (KH - 1) * dh + 1 (checked by the op)
-constexpr int kPixels = 4;         // output pixels per register block
 
 int64_t ring_rows(const DepthwiseArgs& a) { return (a.KH - 1) * a.dh + 1; }
-int64_t padded_width(const DepthwiseArgs& a) { return a.W + 2 * a.pw; }
+// int32 lanes of one tap row: [G][OW][Cp].
+int64_t tap_row_lanes(const DepthwiseArgs& a) { return depthwise_groups(a.KW) * a.OW * depthwise_cp(a.C); }
+int32_t uint8_zero_point(const DepthwiseArgs& a) { return a.x_zp + (a.x_int8 ? 128 : 0); }
 
-// Input row (n, ih) as fp32 (x - x_zp), zero in the padding columns and channels, into dst
-// [padded_width][Cp].
-void convert_row(const DepthwiseArgs& a, int64_t n, int64_t ih, float* dst) {
-  const int64_t Cp = depthwise_cp(a.C), Wp = padded_width(a);
-  std::memset(dst, 0, static_cast<size_t>(a.pw * Cp) * sizeof(float));
-  std::memset(dst + (a.pw + a.W) * Cp, 0, static_cast<size_t>((Wp - a.pw - a.W) * Cp) * sizeof(float));
-  const __m512 zp = _mm512_set1_ps(static_cast<float>(a.x_zp));
+// 16 channels of input column iw (c0.., `valid` of them) widened to int32 lanes, as uint8.
+inline __m512i column(const DepthwiseArgs& a, const uint8_t* src, int64_t iw, int64_t c0, int64_t valid) {
+  const uint8_t* s = src + iw * a.C + c0;
+  const __m128i b = valid >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(s))
+                                : _mm_maskz_loadu_epi8(avx512::tail_mask(valid), s);
+  return _mm512_cvtepu8_epi32(b);
+}
+
+// Tap group lanes of an output column whose TAPS input columns base, base + dw, ... all lie inside
+// the image: byte t of lane c = x[base + t * dw][c] (as uint8: int8 bytes with their sign bit flipped).
+template <int TAPS, bool I8>
+inline void interior_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t base, int32_t* dst) {
+  const int64_t Cp = depthwise_cp(a.C);
+  // The sign bits of the bytes of real taps (the other bytes weigh 0).
+  const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u >> (8 * (4 - TAPS))));
+  for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
+    const int64_t valid = a.C - c0;
+    __m512i v = column(a, src, base, c0, valid);
+    if constexpr (TAPS == 2) {
+      v = _mm512_or_si512(v, _mm512_slli_epi32(column(a, src, base + a.dw, c0, valid), 8));
+    } else if constexpr (TAPS >= 3) {
+      v = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(column(a, src, base + a.dw, c0, valid), 8),
+                                    _mm512_slli_epi32(column(a, src, base + 2 * a.dw, c0, valid), 16), 0xFE);
+      if constexpr (TAPS == 4) v = _mm512_or_si512(v, _mm512_slli_epi32(column(a, src, base + 3 * a.dw, c0, valid), 24));
+    }
+    if constexpr (I8) v = _mm512_xor_si512(v, flip);
+    _mm512_storeu_si512(dst + c0, v);
+  }
+}
+
+template <bool I8>
+void interior(const DepthwiseArgs& a, const uint8_t* src, int64_t base, int64_t taps, int32_t* dst) {
+  switch (taps) {
+    case 1: interior_groups<1, I8>(a, src, base, dst); break;
+    case 2: interior_groups<2, I8>(a, src, base, dst); break;
+    case 3: interior_groups<3, I8>(a, src, base, dst); break;
+    default: interior_groups<4, I8>(a, src, base, dst); break;
+  }
+}
+
+// The same for an output column that reads padding: taps outside [0, W) read the zero point.
+inline void border_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t base, int64_t taps, int32_t* dst) {
+  const int64_t Cp = depthwise_cp(a.C);
+  const int32_t zp = uint8_zero_point(a);
+  for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
+    __m512i v = _mm512_setzero_si512();
+    for (int64_t t = 0; t < taps; ++t) {
+      const int64_t iw = base + t * a.dw;
+      __m512i b;
+      if (iw >= 0 && iw < a.W) {
+        b = column(a, src, iw, c0, a.C - c0);
+        if (a.x_int8) b = _mm512_xor_si512(b, _mm512_set1_epi32(0x80));
+      } else {
+        b = _mm512_set1_epi32(zp);
+      }
+      v = _mm512_or_si512(v, _mm512_sllv_epi32(b, _mm512_set1_epi32(static_cast<int>(8 * t))));
+    }
+    _mm512_storeu_si512(dst + c0, v);
+  }
+}
+
+// Input row (n, ih) as tap rows: dst [G][OW][Cp] int32 lanes.
+void build_tap_row(const DepthwiseArgs& a, int64_t n, int64_t ih, int32_t* dst) {
+  const int64_t Cp = depthwise_cp(a.C), G = depthwise_groups(a.KW);
   const uint8_t* src = a.x + (n * a.H + ih) * a.W * a.C;
-  for (int64_t iw = 0; iw < a.W; ++iw) {
-    const uint8_t* s = src + iw * a.C;
-    float* d = dst + (a.pw + iw) * Cp;
-    for (int64_t c = 0; c < Cp; c += 16) {
-      const int64_t valid = std::min<int64_t>(16, a.C - c);
-      __m128i b;
-      if (valid == 16) b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c));
-      else if (valid > 0) b = _mm_maskz_loadu_epi8(avx512::tail_mask(valid), s + c);
-      else b = _mm_setzero_si128();
-      const __m512i v = a.x_int8 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
-      __m512 f = _mm512_sub_ps(_mm512_cvtepi32_ps(v), zp);
-      if (valid < 16) f = _mm512_maskz_mov_ps(valid > 0 ? avx512::tail_mask(valid) : __mmask16(0), f);
-      _mm512_storeu_ps(d + c, f);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t taps = std::min<int64_t>(4, a.KW - 4 * g);
+    for (int64_t ow = 0; ow < a.OW; ++ow) {
+      const int64_t base = ow * a.sw - a.pw + 4 * g * a.dw;
+      int32_t* d = dst + (g * a.OW + ow) * Cp;
+      if (base < 0 || base + (taps - 1) * a.dw >= a.W) {
+        border_groups(a, src, base, taps, d);
+        continue;
+      }
+      if (a.x_int8) interior<true>(a, src, base, taps, d);
+      else interior<false>(a, src, base, taps, d);
     }
   }
 }
 
 // MR output pixels (ow0.., pixel index m0..) x NV 16-channel vectors (c0..) of one output row whose
-// input rows are rows[0 .. KH).
+// tap rows are rows[0 .. KH).
 template <int MR, int NV>
-void block(const DepthwiseArgs& a, const float* const* rows, int64_t m0, int64_t ow0, int64_t c0) {
-  const int64_t Cp = depthwise_cp(a.C);
-  __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+void block(const DepthwiseArgs& a, const int32_t* const* rows, int64_t m0, int64_t ow0, int64_t c0) {
+  const int64_t Cp = depthwise_cp(a.C), G = depthwise_groups(a.KW);
+  __m512i acc[MR * NV];
+  for (int i = 0; i < MR * NV; ++i) acc[i] = _mm512_setzero_si512();
   for (int64_t kh = 0; kh < a.KH; ++kh) {
-    const float* rp = rows[kh] + c0;
-    for (int64_t kw = 0; kw < a.KW; ++kw) {
-      const float* wp = a.w + (kh * a.KW + kw) * Cp + c0;
-      __m512 wv[NV];
+    for (int64_t g = 0; g < G; ++g) {
+      const int32_t* q = rows[kh] + (g * a.OW + ow0) * Cp + c0;
+      const int8_t* wp = a.w + ((kh * G + g) * Cp + c0) * 4;
+      __m512i wv[NV];
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(wp + v * 16);
-#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_si512(wp + v * 64);
+#pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
-        const float* xp = rp + ((ow0 + r) * a.sw + kw * a.dw) * Cp;
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(_mm512_loadu_ps(xp + v * 16), wv[v], acc[r][v]);
+        for (int v = 0; v < NV; ++v)
+          acc[r * NV + v] = _mm512_dpbusd_epi32(acc[r * NV + v], _mm512_loadu_si512(q + r * Cp + v * 16), wv[v]);
       }
     }
   }
-  __m512 sums[MR * NV];  // exact integers in fp32
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) sums[r * NV + v] = acc[r][v];
-  epilogue<MR, NV, __m512>(a.epi, sums, m0, c0, 0);
+  epilogue<MR, NV>(a.epi, acc, m0, c0, uint8_zero_point(a));
 }
 
-template <int MR>
-void block_nv(const DepthwiseArgs& a, const float* const* rows, int64_t m0, int64_t ow0, int64_t c0, int64_t nv) {
-  switch (nv) {
-    case 1: block<MR, 1>(a, rows, m0, ow0, c0); break;
-    case 2: block<MR, 2>(a, rows, m0, ow0, c0); break;
-    case 3: block<MR, 3>(a, rows, m0, ow0, c0); break;
-    default: block<MR, 4>(a, rows, m0, ow0, c0); break;
+// An output row's pixels [0, OW) for the channel block c0.. of nv vectors, in blocks of MR pixels.
+template <int MR, int NV>
+void pixels(const DepthwiseArgs& a, const int32_t* const* rows, int64_t m_row, int64_t c0) {
+  int64_t ow = 0;
+  for (; ow + MR <= a.OW; ow += MR) block<MR, NV>(a, rows, m_row + ow, ow, c0);
+  for (; ow < a.OW; ++ow) block<1, NV>(a, rows, m_row + ow, ow, c0);
+}
+
+void row_pixels(const DepthwiseArgs& a, const int32_t* const* rows, int64_t m_row, int64_t c0, int64_t nv) {
+  switch (nv) {  // up to 16 accumulators
+    case 1: pixels<8, 1>(a, rows, m_row, c0); break;
+    case 2: pixels<8, 2>(a, rows, m_row, c0); break;
+    case 3: pixels<4, 3>(a, rows, m_row, c0); break;
+    default: pixels<4, 4>(a, rows, m_row, c0); break;
   }
 }
 
 }  // namespace
 
-size_t depthwise_scratch_floats(const DepthwiseArgs& a) {
-  return static_cast<size_t>((ring_rows(a) + 1) * padded_width(a) * depthwise_cp(a.C));
+size_t depthwise_scratch_bytes(const DepthwiseArgs& a) {
+  return static_cast<size_t>((ring_rows(a) + 1) * tap_row_lanes(a)) * sizeof(int32_t);
 }
 
-void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, float* scratch) {
-  const int64_t Cp = depthwise_cp(a.C), row_floats = padded_width(a) * Cp, R = ring_rows(a);
-  float* zero_row = scratch + R * row_floats;  // input rows above and below the image
-  std::memset(zero_row, 0, static_cast<size_t>(row_floats) * sizeof(float));
+void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch) {
+  const int64_t lanes = tap_row_lanes(a), R = ring_rows(a);
+  int32_t* ring = reinterpret_cast<int32_t*>(scratch);
+  int32_t* pad_row = ring + R * lanes;  // input rows above and below the image: every byte the zero point
+  std::memset(pad_row, uint8_zero_point(a), static_cast<size_t>(lanes) * sizeof(int32_t));
   std::array<int64_t, kMaxRing> tag;  // the (n * H + ih) each ring slot holds, -1: none
   std::fill(tag.begin(), tag.begin() + R, int64_t(-1));
-  std::array<const float*, 64> rows{};
+  std::array<const int32_t*, 64> rows{};
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t n = row / a.OH, oh = row % a.OH;
     for (int64_t kh = 0; kh < a.KH; ++kh) {
       const int64_t ih = oh * a.sh - a.ph + kh * a.dh;
       if (ih < 0 || ih >= a.H) {
-        rows[kh] = zero_row;
+        rows[kh] = pad_row;
         continue;
       }
       const int64_t slot = ih % R;
-      float* buf = scratch + slot * row_floats;
+      int32_t* buf = ring + slot * lanes;
       if (tag[slot] != n * a.H + ih) {
-        convert_row(a, n, ih, buf);
+        build_tap_row(a, n, ih, buf);
         tag[slot] = n * a.H + ih;
       }
       rows[kh] = buf;
     }
     const int64_t m_row = row * a.OW;
-    for (int64_t c0 = 0; c0 < a.C; c0 += 64) {
-      const int64_t nv = std::min<int64_t>(4, (a.C - c0 + 15) / 16);
-      int64_t ow = 0;
-      for (; ow + kPixels <= a.OW; ow += kPixels) block_nv<kPixels>(a, rows.data(), m_row + ow, ow, c0, nv);
-      for (; ow < a.OW; ++ow) block_nv<1>(a, rows.data(), m_row + ow, ow, c0, nv);
-    }
+    for (int64_t c0 = 0; c0 < a.C; c0 += 64)
+      row_pixels(a, rows.data(), m_row, c0, std::min<int64_t>(4, (a.C - c0 + 15) / 16));
   }
 }
 

@@ -4,11 +4,17 @@
 // bias, residual, relu/gelu, u8/s8/fp32/bf16 output). No torch headers: csrc/providers/native_depthwise.cpp
 // validates the arguments and calls these kernels.
 //
-// Arithmetic: sum_{kh,kw} (x - x_zp) * w[c][kh][kw] is computed in fp32 from integers: every
-// product is at most 255 * 128 in magnitude and a kernel of at most 512 taps keeps every partial
-// sum below 2^24, so the fp32 sums are the exact integer sums (then handed to the epilogue as int32).
-// Input rows are converted once to fp32 (x - x_zp, zero in the padding) into a small ring of rows
-// per thread, and each output row is KH x KW fused multiply-adds per 16 channels.
+// Arithmetic: acc[c] = sum_{kh,kw} xu[c] * w[c][kh][kw] - xu_zp * colsum[c] in exact int32 (every
+// product is at most 255 * 128 in magnitude; a kernel of at most 512 taps keeps the sums far below
+// 2^31), where xu is the activation's uint8 view (int8 bytes read as x ^ 0x80, zero point + 128)
+// and the padding reads xu_zp. The taps of a kernel row go in groups of 4 along kw (the last group
+// zero-weighted past KW), so one u8 x s8 dot-product instruction (vpdpbusd) adds 4 taps of 16
+// channels. Each input row is laid out once per thread as those 4-byte tap groups
+// ("tap rows", below) and read by every output row that covers it.
+//
+// Packed weight (the provider's header aside): int32 colsum [Cp] (sum of each channel's taps, 0 in
+// the padding), then int8 w4 [KH][G][Cp][4] with w4[kh][g][c][t] = w[c][kh][4g + t] (0 where
+// 4g + t >= KW or c >= C); G = ceil(KW / 4), Cp = C rounded up to 16.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -17,9 +23,10 @@
 
 namespace qbackend::kernels {
 
-constexpr int64_t kDepthwiseMaxTaps = 512;  // KH * KW: the fp32 sums stay exact below 2^24
+constexpr int64_t kDepthwiseMaxTaps = 512;  // KH * KW (64 per side at most)
 
 inline int64_t depthwise_cp(int64_t C) { return (C + 15) / 16 * 16; }  // channels padded to vectors
+inline int64_t depthwise_groups(int64_t KW) { return (KW + 3) / 4; }    // 4-tap groups per kernel row
 
 struct DepthwiseArgs {
   const uint8_t* x = nullptr;  // [N, H, W, C] bytes (u8, or s8 when x_int8)
@@ -27,16 +34,17 @@ struct DepthwiseArgs {
   int32_t x_zp = 0;            // in x's own dtype
   int64_t N = 0, C = 0, H = 0, W = 0, OH = 0, OW = 0, KH = 0, KW = 0;
   int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
-  const float* w = nullptr;    // [KH * KW][depthwise_cp(C)] fp32 (0 in the padded channels)
+  const int8_t* w = nullptr;   // w4 [KH][G][Cp][4] (header comment)
   // The epilogue's arguments, one GEMM "row" per output pixel ((n * OH + oh) * OW + ow) and one
-  // "column" per channel: N = C, ldc = C, colsum = depthwise_cp(C) zeros, a_zp = 0, a/b unused.
+  // "column" per channel: N = C, ldc = C, colsum = the packed weight's [Cp] sums; a/b unused (the
+  // kernel passes the uint8 view's zero point to the epilogue itself).
   GemmArgs epi;
 };
 
-// fp32 scratch one thread needs (its ring of converted input rows).
-size_t depthwise_scratch_floats(const DepthwiseArgs& a);
+// Scratch bytes one thread needs (its ring of tap rows and one row of padding).
+size_t depthwise_scratch_bytes(const DepthwiseArgs& a);
 // Computes output rows [row_begin, row_end) (row = n * OH + oh); call only when
-// qbackend::cpu::has(qbackend::cpu::Isa::Avx512Vnni) (the epilogue is the AVX512-VNNI kernel's).
-void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, float* scratch);
+// qbackend::cpu::has(qbackend::cpu::Isa::Avx512Vnni). scratch: depthwise_scratch_bytes, 64-byte aligned.
+void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch);
 
 }  // namespace qbackend::kernels

@@ -12,18 +12,20 @@
 namespace qbackend::native {
 namespace {
 
-constexpr char kMagic[8] = {'Q', 'B', 'N', 'D', 'W', 'C', '0', '1'};
+constexpr char kMagic[8] = {'Q', 'B', 'N', 'D', 'W', 'C', '0', '2'};
 constexpr int64_t kHeaderBytes = 64;
+// Multiply-adds below which a conv runs on the calling thread (a region costs a few us).
+constexpr int64_t kParallelWork = int64_t(1) << 17;
 
 int64_t packed_bytes(int64_t C, int64_t KH, int64_t KW) {
   const int64_t Cp = kernels::depthwise_cp(C);
-  return kHeaderBytes + 4 * Cp + 4 * KH * KW * Cp;
+  return kHeaderBytes + 4 * Cp + 4 * KH * kernels::depthwise_groups(KW) * Cp;
 }
 
-// A buffer per thread for the ring of converted rows, grown as needed and kept.
-float* scratch(size_t floats) {
-  static thread_local std::vector<float> buffer;
-  if (buffer.size() < floats) buffer.resize(floats);
+// A buffer per thread for the ring of tap rows, grown as needed and kept.
+uint8_t* scratch(size_t bytes) {
+  static thread_local std::vector<uint8_t> buffer;
+  if (buffer.size() < bytes) buffer.resize(bytes);
   return buffer.data();
 }
 
@@ -47,11 +49,19 @@ at::Tensor pack_depthwise(const at::Tensor& weight) {
   std::memcpy(p + 8, &C, 8);
   std::memcpy(p + 16, &KH, 8);
   std::memcpy(p + 24, &KW, 8);
-  float* w = reinterpret_cast<float*>(p + kHeaderBytes + 4 * Cp);
+  const int64_t G = kernels::depthwise_groups(KW);
+  int32_t* colsum = reinterpret_cast<int32_t*>(p + kHeaderBytes);
+  int8_t* w4 = reinterpret_cast<int8_t*>(p + kHeaderBytes + 4 * Cp);
   const at::Tensor wc = weight.contiguous();
   const int8_t* src = wc.const_data_ptr<int8_t>();
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t t = 0; t < taps; ++t) w[t * Cp + c] = static_cast<float>(src[c * taps + t]);
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t kh = 0; kh < KH; ++kh)
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        const int8_t v = src[(c * KH + kh) * KW + kw];
+        colsum[c] += v;
+        w4[((kh * G + kw / 4) * Cp + c) * 4 + kw % 4] = v;
+      }
+  }
   return out;
 }
 
@@ -75,8 +85,8 @@ DepthwiseView unpack_depthwise(const at::Tensor& packed, const char* name) {
                         packed.size(2) == (packed_bytes(v.C, v.KH, v.KW) + taps - 1) / taps,
                     name, " is not a native packed weight for a conv (its header, shape or size does not match)");
   const int64_t Cp = kernels::depthwise_cp(v.C);
-  v.zeros = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
-  v.w = reinterpret_cast<const float*>(p + kHeaderBytes + 4 * Cp);
+  v.colsum = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
+  v.w = reinterpret_cast<const int8_t*>(p + kHeaderBytes + 4 * Cp);
   return v;
 }
 
@@ -86,17 +96,16 @@ void run_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w) {
   a.w = w.w;
   a.epi.N = a.C;
   a.epi.ldc = a.C;
-  a.epi.colsum = w.zeros;
-  a.epi.a_zp = 0;
+  a.epi.colsum = w.colsum;
   const int64_t rows = a.N * a.OH;
-  const size_t floats = kernels::depthwise_scratch_floats(a);
+  const size_t bytes = kernels::depthwise_scratch_bytes(a);
   const int64_t work = rows * a.OW * a.C * a.KH * a.KW;
-  if (work < (int64_t(1) << 20) || at::get_num_threads() <= 1) {
-    kernels::depthwise_rows_avx512(a, 0, rows, scratch(floats));
+  if (work < kParallelWork || at::get_num_threads() <= 1) {
+    kernels::depthwise_rows_avx512(a, 0, rows, scratch(bytes));
     return;
   }
   parallel::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    kernels::depthwise_rows_avx512(a, begin, end, scratch(floats));
+    kernels::depthwise_rows_avx512(a, begin, end, scratch(bytes));
   });
 }
 

@@ -4,9 +4,10 @@
 //
 // Packed depthwise weight (uint8 tensor [KH, KW, L], like the GEMM conv weights, so that the fake
 // impls know the kernel size):
-//   [0, 64)                        header: "QBNDWC01", int64 C, int64 KH, int64 KW, zeros
-//   [64, 64 + 4 Cp)                int32 zeros [Cp] (the epilogue's zero-point correction, unused)
-//   [64 + 4 Cp, ... + 4 KH KW Cp)  fp32 weights [KH * KW][Cp] (Cp = C rounded up to 16, 0 beyond C)
+//   [0, 64)                          header: "QBNDWC02", int64 C, int64 KH, int64 KW, zeros
+//   [64, 64 + 4 Cp)                  int32 colsum [Cp] (each channel's sum of taps: the zero-point correction)
+//   [64 + 4 Cp, ... + 4 KH G Cp)     int8 w4 [KH][G][Cp][4] (depthwise_kernels.h; G = ceil(KW / 4),
+//                                    Cp = C rounded up to 16, 0 beyond C and KW)
 #pragma once
 #include <ATen/ATen.h>
 
@@ -17,8 +18,8 @@ namespace qbackend::native {
 
 struct DepthwiseView {
   int64_t C = 0, KH = 0, KW = 0;
-  const int32_t* zeros = nullptr;
-  const float* w = nullptr;
+  const int32_t* colsum = nullptr;
+  const int8_t* w = nullptr;
 };
 
 // Whether `weight` [OC, IC/groups, KH, KW] with `groups` is a conv this route runs (groups = IC =

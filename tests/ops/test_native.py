@@ -233,11 +233,15 @@ def test_conv_packed_weights_are_checked():
     (1, 70, 6, 6, (1, 3), (1, 2), (0, 1), (1, 1)),       # 70 channels: 4 + 1 vectors, a partial one
     (2, 96, 40, 40, (3, 3), (1, 1), (1, 1), (1, 1)),     # rows split over the threads, the row ring reused
     (1, 3, 5, 6, (3, 3), (3, 2), (0, 0), (1, 1)),        # unpadded, output pixels fewer than a block
+    (1, 20, 6, 23, (3, 9), (1, 2), (1, 4), (1, 1)),      # 9 taps a row: groups of 4, 4 and 1
+    (1, 33, 9, 17, (2, 7), (2, 3), (1, 3), (1, 2)),      # dilated groups (4 + 3 taps), stride 3, padding on both sides
+    (1, 144, 30, 30, (3, 3), (2, 2), (1, 1), (1, 1)),    # rows split over the threads at stride 2
 ])
 @DEPTHWISE_KERNEL
 def test_depthwise_conv_sums_exactly(geometry, x_dtype, zp):
-    """Depthwise convs (groups = channels) accumulate (x - zp) * w in fp32 from integers (exact below
-    2**24): with unit scales and fp32 output the result is the exact integer conv (int64 reference)."""
+    """Depthwise convs (groups = channels) accumulate x * w in int32 over 4-tap groups (vpdpbusd) less
+    the zero point's share: with unit scales and fp32 output the result is the exact integer conv
+    (int64 reference)."""
     n, c, h, w, kernel, stride, padding, dilation = geometry
     g = torch.Generator().manual_seed(c * h + w)
     wt = torch.randint(-128, 128, (c, 1, *kernel), dtype=torch.int8, generator=g)
