@@ -1,5 +1,5 @@
 """The depthwise convolutions of MobileNetV2 (3x3, groups = channels) on the three providers
-(native: fp32 accumulation of exact integer products over rows converted once; oneDNN; FBGEMM),
+(native: VNNI dot products over 4-tap groups of rows laid out once per thread; oneDNN; FBGEMM),
 at batch 1 and 32, with and without a fused int8 residual: the measurement behind the native
 provider's depthwise conv2d row in qbackend/dispatch/rules.py.
 

@@ -130,10 +130,9 @@ RULES: tuple[Rule, ...] = (
     Rule("conv2d", VNNI, "native", "KxK convs as GEMMs over gathered taps: 1.04-1.16x the best library on ResNet's "
          "3x3 convs at batch 1, 1.00-1.03x at batch 32 up to 2M output values", "kxk_conv.md",
          (groups == 1) & (c_in >= 16) & (OUT_VALUES <= 2_000_000)),
-    Rule("conv2d", VNNI, "native", "depthwise convs up to 160k input values, and up to 460k from 64 channels "
-         "(MobileNetV2's 144-channel 56x56 ones at batch 1): the VNNI depthwise kernel is 1.03-2.3x oneDNN there "
-         "(AMD EPYC Zen 5; up to 160k: 1.10-1.36x with the earlier fp32 kernel on Zen 4); larger ones, batch 32's, "
-         "and the 32-channel 112x112 one stay with oneDNN (0.54-0.97x)", "epyc_zen5/depthwise_conv.md",
+    Rule("conv2d", VNNI, "native", "depthwise convs up to 160k input values, and up to 460k from 64 channels: "
+         "the VNNI depthwise kernel 1.0-2.3x oneDNN on Zen 5 (up to 160k, the earlier fp32 kernel 1.10-1.36x on "
+         "Zen 4); larger ones and 32 channels at 112x112 stay with oneDNN", "epyc_zen5/depthwise_conv.md",
          DEPTHWISE & ((n * h * w * c_in <= 160_000) | ((n * h * w * c_in <= 460_000) & (c_in >= 64)))),
     Rule("conv2d", VNNI, "fbgemm", "without the native provider: FBGEMM wins stride-2 1x1 convs from 1024 input "
          "channels (1.13x oneDNN at batch 1)", "pointwise_conv.md",

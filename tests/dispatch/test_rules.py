@@ -70,7 +70,10 @@ def test_native_rows():
     assert rules.choose("conv2d", vnni, dict(pointwise, n=32)).provider == "native"  # 6.4M: every size
     assert rules.choose("conv2d", vnni, CONV).provider == "native"  # 3x3 at batch 1: 200k output values
     assert rules.choose("conv2d", vnni, dict(CONV, n=32)).provider == "onednn"  # 6.4M
-    assert rules.choose("conv2d", vnni, dict(CONV, groups=64)).provider == "onednn"  # depthwise at 56x56
+    assert rules.choose("conv2d", vnni, dict(CONV, groups=64)).provider == "native"  # depthwise, 64ch at 56x56
+    wide_dw = dict(CONV, c_in=32, c_out=32, groups=32, h=112, w=112)  # 401k input values, 32 channels
+    assert rules.choose("conv2d", vnni, wide_dw).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(CONV, groups=64, n=3)).provider == "onednn"  # 602k
     small_dw = dict(CONV, c_in=384, c_out=384, groups=384, h=14, w=14)
     assert rules.choose("conv2d", vnni, small_dw).provider == "native"  # 75k input values
     assert rules.choose("conv2d", vnni, dict(small_dw, n=32)).provider == "onednn"
