@@ -1,4 +1,5 @@
-// torch op qbackend::max_pool2d: max pooling of uint8 / int8 activations, channels-last.
+// torch ops qbackend::max_pool2d (max pooling of uint8 / int8 activations, channels-last) and
+// qbackend::global_avg_pool2d (the mean over H x W of uint8 / int8 activations, requantized).
 //
 // Why our own: torch 2.13's aten max_pool2d refuses channels-last uint8/int8 tensors (an int32
 // size check in its integer path fails for every size) and its NCHW integer path is scalar, several
@@ -13,7 +14,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 #include "runtime/parallel.h"
 
@@ -110,13 +114,82 @@ at::Tensor max_pool2d(const at::Tensor& x_in, at::IntArrayRef kernel_size, at::I
   return y;
 }
 
+// Global average pooling, int8 in and out: y[n][c] = clamp(round_half_even(m * (S[n][c] - H W x_zp)) +
+// y_zp) with S the exact int32 sum over the H x W pixels and m = x_scale / (y_scale H W) in fp32
+// (the difference is exact in fp32 below 2^24: H W <= 65536). Channels-last input: the sums run
+// over contiguous channel rows, which the compiler vectorizes.
+template <typename TX, typename TY>
+void global_average(const TX* x, TY* y, int64_t N, int64_t C, int64_t HW, int32_t x_zp, float m, int32_t y_zp) {
+  constexpr int32_t lo = std::numeric_limits<TY>::lowest(), hi = std::numeric_limits<TY>::max();
+  const int32_t offset = static_cast<int32_t>(HW) * x_zp;
+  parallel::parallel_for(0, N, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, HW * C)), [&](int64_t b, int64_t e) {
+    std::vector<int32_t> sum(static_cast<size_t>(C));
+    for (int64_t n = b; n < e; ++n) {
+      std::fill(sum.begin(), sum.end(), 0);
+      int32_t* __restrict s = sum.data();
+      for (int64_t p = 0; p < HW; ++p) {
+        const TX* __restrict in = x + (n * HW + p) * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) s[c] += in[c];
+      }
+      TY* __restrict out = y + n * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const float v = std::nearbyint(static_cast<float>(s[c] - offset) * m) + static_cast<float>(y_zp);
+        out[c] = static_cast<TY>(std::min<float>(hi, std::max<float>(lo, v)));
+      }
+    }
+  });
+}
+
+at::Tensor global_avg_pool2d(const at::Tensor& x_in, double x_scale, int64_t x_zero_point, double output_scale,
+                             int64_t output_zero_point, at::ScalarType output_dtype) {
+  TORCH_CHECK_VALUE(x_in.device().is_cpu(), "x must be a CPU tensor, got a tensor on ", x_in.device());
+  const auto xt = x_in.scalar_type();
+  TORCH_CHECK_VALUE(xt == at::kByte || xt == at::kChar, "x must be a uint8 or int8 tensor, got ", xt);
+  TORCH_CHECK_VALUE(x_in.dim() == 4, "x must be 4-D [N, C, H, W], got ", x_in.dim(), " dimensions");
+  TORCH_CHECK_VALUE(output_dtype == at::kByte || output_dtype == at::kChar,
+                    "output_dtype must be uint8 or int8, got ", output_dtype);
+  TORCH_CHECK_VALUE(std::isfinite(x_scale) && x_scale > 0, "x_scale must be finite and positive, got ", x_scale);
+  TORCH_CHECK_VALUE(std::isfinite(output_scale) && output_scale > 0,
+                    "output_scale must be finite and positive, got ", output_scale);
+  const int64_t x_lo = xt == at::kByte ? 0 : -128, x_hi = xt == at::kByte ? 255 : 127;
+  const int64_t y_lo = output_dtype == at::kByte ? 0 : -128, y_hi = output_dtype == at::kByte ? 255 : 127;
+  TORCH_CHECK_VALUE(x_zero_point >= x_lo && x_zero_point <= x_hi, "x_zero_point ", x_zero_point,
+                    " is outside the range of x's dtype [", x_lo, ", ", x_hi, "]");
+  TORCH_CHECK_VALUE(output_zero_point >= y_lo && output_zero_point <= y_hi, "output_zero_point ", output_zero_point,
+                    " is outside the range of output_dtype [", y_lo, ", ", y_hi, "]");
+  const int64_t N = x_in.size(0), C = x_in.size(1), H = x_in.size(2), W = x_in.size(3);
+  TORCH_CHECK_VALUE(C > 0 && H > 0 && W > 0, "x must have non-empty channel and spatial dimensions (only the "
+                    "batch may be 0), got shape ", x_in.sizes());
+  TORCH_CHECK_VALUE(H * W <= 65536, "global_avg_pool2d takes up to 65536 pixels (H * W), got ", H, "x", W);
+  const float m = static_cast<float>(x_scale / (output_scale * static_cast<double>(H * W)));
+  TORCH_CHECK_VALUE(std::isfinite(m), "x_scale / (output_scale * H * W) must be finite, got ", x_scale, " / (",
+                    output_scale, " * ", H * W, ")");
+  const at::Tensor x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
+  at::Tensor y = at::empty({N, C, 1, 1}, x.options().dtype(output_dtype).memory_format(at::MemoryFormat::ChannelsLast));
+  if (N == 0) return y;
+  const int32_t xzp = static_cast<int32_t>(x_zero_point), yzp = static_cast<int32_t>(output_zero_point);
+  const auto run = [&](auto* xp) {
+    if (output_dtype == at::kByte) global_average(xp, y.data_ptr<uint8_t>(), N, C, H * W, xzp, m, yzp);
+    else global_average(xp, y.data_ptr<int8_t>(), N, C, H * W, xzp, m, yzp);
+  };
+  if (xt == at::kByte) run(x.const_data_ptr<uint8_t>());
+  else run(x.const_data_ptr<int8_t>());
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(qbackend, m) {
   m.def("max_pool2d(Tensor x, int[] kernel_size, int[] stride=[], int[] padding=[0], int[] dilation=[1], "
         "bool ceil_mode=False) -> Tensor");
+  m.def("global_avg_pool2d(Tensor x, float x_scale, int x_zero_point, float output_scale, int output_zero_point, "
+        "ScalarType output_dtype) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(qbackend, CPU, m) { m.impl("max_pool2d", max_pool2d); }
+TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
+  m.impl("max_pool2d", max_pool2d);
+  m.impl("global_avg_pool2d", global_avg_pool2d);
+}
 
 }  // namespace qbackend::ops

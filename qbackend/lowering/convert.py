@@ -18,7 +18,8 @@ stays usable). In the order the fused chains end:
 * the float chain that was replaced, and the observers, are dropped (dead code);
 * attention cores (torch's SDPA) become qbackend's fused attention, with the quantize of their
   output folded in (lowering/attention.py); a LayerNorm whose output is quantized becomes one
-  (add +) LayerNorm + quantize op (lowering/layer_norm.py).
+  (add +) LayerNorm + quantize op (lowering/layer_norm.py); a global average pool between an
+  int8 layer output and a quantize becomes one int8 pool (lowering/global_pool.py).
 
 Every compute op left in FP32 (by op name and count), and every conv/linear that could not be
 quantized, with the reason, is listed in one warning (FP32FallbackWarning).
@@ -43,6 +44,7 @@ from ..nn.quant import Dequantize, Quantize
 from ..config import QuantConfig
 from .attention import attention_route, fuse_attention
 from .layer_norm import fuse_layer_norms
+from .global_pool import fuse_global_pools
 from .embeddings import rewrite_embeddings
 from ..algorithms import gptq
 from ..algorithms import smoothquant as smoothing_search
@@ -419,12 +421,13 @@ def drop_recorders(state: ConvertState) -> ConvertState:
 
 
 def fuse_float_cores(state: ConvertState) -> ConvertState:
-    """Attention cores (where routed to the fused kernel: lowering/attention.py) and LayerNorms
-    whose output is quantized (lowering/layer_norm.py), each with the quantize behind it."""
+    """Attention cores (where routed to the fused kernel: lowering/attention.py), LayerNorms whose
+    output is quantized (lowering/layer_norm.py) and global average pools between int8 values
+    (lowering/global_pool.py), each with the quantize behind it."""
     config = state.prepared.config or QuantConfig()
     native = attention_route(config.attention).provider == "native"
     fused = fuse_attention(state.gm, bf16_products=config.bf16) if native else 0
-    if fused + fuse_layer_norms(state.gm):
+    if fused + fuse_layer_norms(state.gm) + fuse_global_pools(state.gm):
         state.gm.graph.eliminate_dead_code()
     return state
 

@@ -13,6 +13,11 @@ A cat read in int8 runs in int8: its output is observed, every input is quantize
 qparams (so the int8 cat equals quantizing the float cat), and a static op whose output only
 feeds that cat writes it in int8 with those qparams directly (`aliases`: no requantize).
 
+A global average pool (adaptive_avg_pool2d to 1 x 1, a CNN's classifier head) whose result is read
+in int8 and whose input is a static op's output read by nothing else takes that output in int8
+too (observed as the op's output): convert pools the integers and requantizes in one op
+(lowering/global_pool.py), so the head stays in int8 from the last conv on.
+
 A value is observed once, however many ops read it (one observer per value, named after the
 first layer that needs it: "layer1.0.conv1.input", "layer1.0.conv2.output").
 """
@@ -40,6 +45,13 @@ def root(node: fx.Node, outputs: set) -> fx.Node:
     while node not in outputs and is_transparent(node):
         node = node.args[0]
     return node
+
+
+def is_global_avg_pool(node: fx.Node) -> bool:
+    """aten.adaptive_avg_pool2d of a value to a 1 x 1 output."""
+    return (isinstance(node, fx.Node) and node.op == "call_function"
+            and node.target is aten.adaptive_avg_pool2d.default and len(node.args) == 2
+            and isinstance(node.args[0], fx.Node) and isinstance(node.args[1], (list, tuple)) and tuple(node.args[1]) in ((1, 1), (1,)))
 
 
 def is_int8_cat(node: fx.Node) -> bool:
@@ -76,6 +88,10 @@ def make_plan(ops: list[QuantizableOp]) -> Plan:
             r = root(value, plan.static_outputs)
             int8_readers.setdefault(r, []).append(f"{op.name}.{what}")
     by_output = {op.output: op for op in static}
+    for r in list(int8_readers):
+        src = r.args[0] if is_global_avg_pool(r) and is_float_tensor(r.args[0]) else None
+        if src in by_output and len(src.users) == 1:
+            int8_readers.setdefault(src, []).append(f"{by_output[src].name}.output")
     for r, readers in int8_readers.items():
         if r in by_output:
             plan.int8_outputs.add(r)

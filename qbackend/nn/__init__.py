@@ -6,6 +6,7 @@
   QuantizedEmbedding, QuantizedEmbeddingBag                    (embedding.py: weight-only, rowwise 8/4-bit)
   FusedAttention                                               (attention.py: SDPA with its output quantize fused)
   LayerNormQuantize                                            (layer_norm.py: add + LayerNorm + quantize fused)
+  GlobalAvgPoolQuantize                                        (pool.py: int8 global average pool + requantize)
 
 The static modules take and give plain uint8 tensors with the qparams they were built with (the
 lowering wires them so activations stay in int8 between them); the dynamic and weight-only ones
@@ -17,7 +18,8 @@ from .embedding import QuantizedEmbedding, QuantizedEmbeddingBag
 from .lstm import DynamicQuantizedLSTM
 from .attention import FusedAttention
 from .layer_norm import LayerNormQuantize
+from .pool import GlobalAvgPoolQuantize
 
 __all__ = ["QuantizedConv2d", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear",
            "DynamicQuantizedLSTM", "QuantizedEmbedding", "QuantizedEmbeddingBag", "FusedAttention",
-           "LayerNormQuantize"]
+           "LayerNormQuantize", "GlobalAvgPoolQuantize"]

@@ -13,6 +13,7 @@ Semantics shared by all providers (the contract):
   conv2d:      the same, with acc the int conv of (x - x_zp) with w over padded input, where
                padding holds real zeros (i.e. x_zp in the quantized domain)
   conv2d + sum: y = conv(...) + dequantize(accum, accum_scale, accum_zp), then relu, then quantize
+  global_avg_pool2d: y[n, c] = quantize(mean_hw dequantize(x[n, c]), out_scale, out_zp)
 Scales are float32 values (a Python float is rounded to float32 first, as the kernels do).
 """
 from __future__ import annotations
@@ -109,6 +110,12 @@ def conv2d(x_q, x_scale, x_zp, w_q, w_scales, bias, stride, padding, dilation, g
     y = conv2d_fp64(x_q, x_scale, x_zp, w_q, w_scales, bias, stride, padding, dilation, groups,
                     accum, accum_scale, accum_zp, post_op)
     return _finish(y, out_scale, out_zp, out_dtype)
+
+
+def global_avg_pool2d(x_q, x_scale, x_zp, out_scale, out_zp, out_dtype):
+    """[N, C, 1, 1]: the mean over H x W of the dequantized input, quantized (fp64, exact sums)."""
+    mean = (x_q.double() - int(x_zp)).sum(dim=(2, 3), keepdim=True) / (x_q.shape[2] * x_q.shape[3])
+    return quantize(mean * f32(x_scale), out_scale, out_zp, out_dtype)
 
 
 def choose_dynamic_qparams(x: torch.Tensor, reduce_range: bool) -> tuple[float, int]:

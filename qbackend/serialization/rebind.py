@@ -8,7 +8,8 @@ again by this machine's rules.
   value's qparams are recomputed for [0, 127] from the float range saved with the model
   (`qbackend_activations`, the observer's chosen range; the range was chosen for 256 levels, the
   7-bit model uses it with 128). Every activation
-  border (nn._activation.ActivationBorder: Quantize, Dequantize, the fused attention and LayerNorm)
+  border (nn._activation.ActivationBorder: Quantize, Dequantize, the fused attention and LayerNorm,
+  the int8 global average pool)
   and quantized layer reading or writing the value is updated.
 * Routes: each static / dynamic layer goes through qbackend.dispatch.route with its recorded
   example shape (a forced provider stays forced), and its batch routes again where it was built
@@ -49,9 +50,12 @@ def requantize_activations(qmodel, seven_bit: bool, only=None) -> list[str]:
     if not new:
         return []
     for m in qmodel.modules():
-        if isinstance(m, ActivationBorder) and m.value in new:
-            qp = new[m.value]
-            m.set_qparams(qp.scale, qp.zero_point, qp.qmax)
+        if isinstance(m, ActivationBorder):
+            if m.value in new:
+                qp = new[m.value]
+                m.set_qparams(qp.scale, qp.zero_point, qp.qmax)
+            if getattr(m, "x_value", None) in new:  # a border that also reads an int8 value
+                m.set_input_qparams(new[m.x_value].scale, new[m.x_value].zero_point)
         elif isinstance(m, StaticQParamsMixin):
             if m.x_value in new:
                 m.set_input_qparams(new[m.x_value].scale, new[m.x_value].zero_point)

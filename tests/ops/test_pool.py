@@ -61,3 +61,68 @@ def test_bad_input(x, args, match):
 def test_opcheck():
     x = _ints((2, 8, 7, 7), torch.uint8, 3).contiguous(memory_format=torch.channels_last)
     torch.library.opcheck(OPS.max_pool2d.default, (x, [3, 3], [2, 2], [1, 1], [1, 1], True))
+
+
+# ---- qbackend::global_avg_pool2d -----------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 3), c=st.integers(1, 70), h=st.integers(1, 9), w=st.integers(1, 9),
+       signed_in=st.booleans(), signed_out=st.booleans(), channels_last=st.booleans(),
+       x_scale=st.floats(1e-3, 10.0), ratio=st.floats(0.05, 20.0), zps=st.tuples(st.integers(0, 255),
+                                                                                 st.integers(0, 255)),
+       seed=st.integers(0, 2**16))
+def test_global_avg_pool_matches_fp64(n, c, h, w, signed_in, signed_out, channels_last, x_scale, ratio, zps, seed):
+    """The int8 global average pool against the fp64 mean of the dequantized integers, quantized:
+    equal but at rounding ties (the kernel multiplies the exact sum by one fp32 factor), never more
+    than 1 level apart."""
+    from qbackend.ops import reference as R
+    x_dtype = torch.int8 if signed_in else torch.uint8
+    y_dtype = torch.int8 if signed_out else torch.uint8
+    x_zp = zps[0] - (128 if signed_in else 0)
+    y_zp = zps[1] - (128 if signed_out else 0)
+    x = _ints((n, c, h, w), x_dtype, seed)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    out_scale = x_scale * ratio
+    y = OPS.global_avg_pool2d(x, x_scale, x_zp, out_scale, y_zp, y_dtype)
+    ref = R.global_avg_pool2d(x, x_scale, x_zp, out_scale, y_zp, y_dtype)
+    assert y.shape == (n, c, 1, 1) and y.dtype == y_dtype
+    assert n == 0 or int((y.int() - ref.int()).abs().max()) <= 1
+
+
+def test_global_avg_pool_is_exact_away_from_ties():
+    """Means that are whole levels (equal pixels) and a 7x7 map (sums never tie at a half level
+    when H * W is odd) come out exactly."""
+    from qbackend.ops import reference as R
+    x = _ints((4, 1280, 7, 7), torch.uint8, 3).contiguous(memory_format=torch.channels_last)
+    y = OPS.global_avg_pool2d(x, 0.05, 7, 0.05, 7, torch.uint8)
+    assert torch.equal(y, R.global_avg_pool2d(x, 0.05, 7, 0.05, 7, torch.uint8))
+    flat = torch.full((2, 16, 3, 3), 200, dtype=torch.uint8)
+    assert torch.equal(OPS.global_avg_pool2d(flat, 0.1, 0, 0.1, 0, torch.uint8), torch.full((2, 16, 1, 1), 200,
+                                                                                            dtype=torch.uint8))
+    assert torch.equal(OPS.global_avg_pool2d(flat, 0.1, 0, 1.0, 0, torch.int8), torch.full((2, 16, 1, 1), 20,
+                                                                                            dtype=torch.int8))
+
+
+@pytest.mark.parametrize("args,match", [
+    ((torch.zeros(2, 3, 4, dtype=torch.uint8), 0.1, 0, 0.1, 0, torch.uint8), "x must be 4-D"),
+    ((torch.zeros(1, 3, 4, 4), 0.1, 0, 0.1, 0, torch.uint8), "x must be a uint8 or int8"),
+    ((torch.zeros(1, 3, 4, 4, dtype=torch.uint8), 0.1, 0, 0.1, 0, torch.float32), "output_dtype"),
+    ((torch.zeros(1, 3, 4, 4, dtype=torch.uint8), 0.0, 0, 0.1, 0, torch.uint8), "x_scale"),
+    ((torch.zeros(1, 3, 4, 4, dtype=torch.uint8), 0.1, 0, float("nan"), 0, torch.uint8), "output_scale"),
+    ((torch.zeros(1, 3, 4, 4, dtype=torch.uint8), 0.1, 256, 0.1, 0, torch.uint8), "x_zero_point"),
+    ((torch.zeros(1, 3, 4, 4, dtype=torch.int8), 0.1, 200, 0.1, 0, torch.uint8), "x_zero_point"),
+    ((torch.zeros(1, 3, 4, 4, dtype=torch.uint8), 0.1, 0, 0.1, -1, torch.uint8), "output_zero_point"),
+    ((torch.zeros(1, 0, 4, 4, dtype=torch.uint8), 0.1, 0, 0.1, 0, torch.uint8), "non-empty"),
+    ((torch.zeros(1, 3, 0, 4, dtype=torch.uint8), 0.1, 0, 0.1, 0, torch.uint8), "non-empty"),
+    ((torch.zeros(1, 1, 300, 300, dtype=torch.uint8), 0.1, 0, 0.1, 0, torch.uint8), "65536 pixels"),
+    ((torch.zeros(1, 3, 4, 4, dtype=torch.uint8), 1e30, 0, 1e-30, 0, torch.uint8), "must be finite"),
+])
+def test_global_avg_pool_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        OPS.global_avg_pool2d(*args)
+
+
+def test_global_avg_pool_opcheck():
+    x = _ints((2, 20, 5, 5), torch.uint8, 1).contiguous(memory_format=torch.channels_last)
+    torch.library.opcheck(OPS.global_avg_pool2d.default, (x, 0.05, 3, 0.02, 10, torch.uint8))
