@@ -6,8 +6,8 @@ folding) and whose input is a float32 tensor, optionally followed by (each the s
 the previous node):
 
     conv2d -> add(other)            the residual add, fused as the conv's sum post-op
-           -> relu | hardtanh(0, 6) | gelu (exact)   the activation, fused as the post-op
-    linear -> relu | hardtanh(0, 6) | gelu
+           -> relu | relu6 | hardtanh(0, 6) | gelu (exact)   the activation, fused as the post-op
+    linear -> relu | relu6 | hardtanh(0, 6) | gelu
 
 Anything else after it (silu, hardswish, a linear's residual add, ...) runs as a separate op.
 When two convs feed one add, the first in graph order absorbs it (the other one's int8 output is
@@ -99,6 +99,8 @@ def _activation(node: fx.Node) -> str | None:
         return None
     if node.target is aten.relu.default:
         return "relu"
+    if node.target is aten.relu6.default:  # F.relu6 (nn.ReLU6 exports as hardtanh)
+        return "relu6"
     if node.target is aten.hardtanh.default:
         lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min_val", -1.0)
         hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max_val", 1.0)
