@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import qbackend
-from qbackend.nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear
+from qbackend.nn import DynamicQuantizedLinear, GlobalAvgPoolQuantize, QuantizedConv2d, QuantizedLinear
 from qbackend.nn.quant import Dequantize, Quantize
 
 from .layer_reference import check_layers
@@ -48,13 +48,13 @@ def test_residual_cnn_fuses_and_stays_int8(residual_cnn):
     assert set(layers) == {"conv1", "b1c1", "b1c2", "b2c1", "b2c2", "down.0", "fc"}
     assert layers["conv1"].post_op == "relu" and layers["conv1"].output == "int8"
     assert layers["b1c2"].residual and layers["b1c2"].post_op == "relu"
-    assert layers["b2c2"].residual and layers["b2c2"].output == "float32"  # avgpool reads it in FP32
+    assert layers["b2c2"].residual and layers["b2c2"].output == "int8"  # the int8 global pool reads it
     assert layers["down.0"].output == "int8"  # read as b2c2's residual
     # BatchNorm folded away, the layers sit at their module paths
     assert isinstance(q.layer("b1c2"), QuantizedConv2d) and isinstance(q.layer("fc"), QuantizedLinear)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in q.modules())
-    # int8 from the stem to b2c2: one quantize for the input, one before fc; no dequantize at all
-    assert _count(q, Quantize) == 2
+    # int8 from the stem to fc: one quantize for the input, the pool requantizes for fc; no dequantize
+    assert _count(q, Quantize) == 1 and _count(q, GlobalAvgPoolQuantize) == 1
     assert _count(q, Dequantize) == 0
     pool = [n for n in q.graph_module.graph.nodes if n.target is OPS.max_pool2d.default]
     assert len(pool) == 1
