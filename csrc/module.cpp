@@ -8,6 +8,7 @@
 #include "cpu/bf16_speed.h"
 #include "cpu/probe.h"
 #include "providers/native_gemm.h"
+#include "runtime/activation_cache.h"
 #include "runtime/forward_plan.h"
 #include "runtime/parallel.h"
 
@@ -144,6 +145,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_probe", &parallel_probe, "test hook of the thread pool (see module.cpp)",
         pybind11::arg("n"), pybind11::arg("grain"), pybind11::arg("throw_at") = -1,
         pybind11::arg("work_us") = 0.0);
+  m.def("activation_cache_bytes", &qbackend::runtime::cached_bytes,
+        "bytes of freed large op outputs qbackend keeps for reuse (runtime/activation_cache.h)");
+  m.def("activation_cache_limit", &qbackend::runtime::cache_limit, "the most bytes it keeps");
+  m.def("set_activation_cache_limit", &qbackend::runtime::set_cache_limit, py::arg("bytes"),
+        "set it (QBACKEND_ACTIVATION_CACHE_MB at load; 0 turns the cache off); frees what is over it");
+  m.def("release_activation_cache", &qbackend::runtime::release_cached, "free every kept block");
   m.def("spin_us", &qbackend::parallel::spin_us, "microseconds qbackend's pool threads spin before sleeping");
   m.def("set_spin_us", &qbackend::parallel::set_spin_us, "set them (QBACKEND_SPIN_US at load; 0 = no spinning)");
   m.def("own_pool", &qbackend::parallel::own_pool, "whether qbackend's kernels run on its own pool (else OpenMP)");

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "runtime/parallel.h"
+#include "runtime/activation_cache.h"
 
 namespace qbackend::ops {
 namespace {
@@ -105,7 +106,7 @@ at::Tensor max_pool2d(const at::Tensor& x_in, at::IntArrayRef kernel_size, at::I
                     "max_pool2d: some pooling windows cover only padding (input ", H, "x", W, ", kernel ", k[0], "x",
                     k[1], ", dilation ", d[0], "x", d[1], ")");
   const at::Tensor x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
-  at::Tensor y = at::empty({N, C, OH, OW}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  at::Tensor y = runtime::empty_output({N, C, OH, OW}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (y.numel() == 0) return y;
   if (x.scalar_type() == at::kByte)
     pool(x.data_ptr<uint8_t>(), y.data_ptr<uint8_t>(), N, C, H, W, OH, OW, k, s, p, d);

@@ -15,6 +15,7 @@
 
 #include "cpu/kernel_table.h"
 #include "kernels/quantize_kernels.h"
+#include "runtime/activation_cache.h"
 #include "runtime/parallel.h"
 
 namespace qbackend::ops {
@@ -218,7 +219,7 @@ at::Tensor quantize_per_tensor(const at::Tensor& x_in, double scale, int64_t zer
   const float s = checked_scale(scale, "scale");
   const int32_t z = checked_zero_point(zero_point, dtype, "zero_point");
   const at::Tensor x = dense(x_in);
-  at::Tensor q = at::empty_like(x, x.options().dtype(dtype));
+  at::Tensor q = runtime::empty_output(x.sizes(), x.options().dtype(dtype).memory_format(x.suggest_memory_format()));
   const int64_t n = x.numel();
   if (n == 0) return q;
   with_quantize_fns(x, q, [&](auto xp, auto qp, auto fn, auto) { run_per_tensor(fn, xp, qp, n, s, z); });
@@ -230,7 +231,7 @@ at::Tensor quantize_per_channel(const at::Tensor& x_in, const at::Tensor& scales
   check_quantize_input(x_in, dtype);
   const ChannelParams p = channel_params(x_in, "x", scales, zero_points, axis, dtype);
   const at::Tensor x = x_in.contiguous();
-  at::Tensor q = at::empty(x.sizes(), x.options().dtype(dtype));
+  at::Tensor q = runtime::empty_output(x.sizes(), x.options().dtype(dtype));
   if (x.numel() == 0) return q;
   with_quantize_fns(x, q, [&](auto xp, auto qp, auto fn, auto vfn) { run_per_channel(fn, vfn, xp, qp, p); });
   return q;
@@ -241,7 +242,8 @@ at::Tensor dequantize_per_tensor(const at::Tensor& q_in, double scale, int64_t z
   const float s = checked_scale(scale, "scale");
   const int32_t z = checked_zero_point(zero_point, q_in.scalar_type(), "zero_point");
   const at::Tensor q = dense(q_in);
-  at::Tensor y = at::empty_like(q, q.options().dtype(out_dtype));
+  at::Tensor y =
+      runtime::empty_output(q.sizes(), q.options().dtype(out_dtype).memory_format(q.suggest_memory_format()));
   const int64_t n = q.numel();
   if (n == 0) return y;
   with_dequantize_fns(q, y, [&](auto qp, auto yp, auto fn, auto) { run_per_tensor(fn, qp, yp, n, s, z); });
@@ -253,7 +255,7 @@ at::Tensor dequantize_per_channel(const at::Tensor& q_in, const at::Tensor& scal
   check_dequantize_input(q_in, out_dtype);
   const ChannelParams p = channel_params(q_in, "q", scales, zero_points, axis, q_in.scalar_type());
   const at::Tensor q = q_in.contiguous();
-  at::Tensor y = at::empty(q.sizes(), q.options().dtype(out_dtype));
+  at::Tensor y = runtime::empty_output(q.sizes(), q.options().dtype(out_dtype));
   if (q.numel() == 0) return y;
   with_dequantize_fns(q, y, [&](auto qp, auto yp, auto fn, auto vfn) { run_per_channel(fn, vfn, qp, yp, p); });
   return y;

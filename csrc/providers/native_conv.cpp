@@ -29,6 +29,7 @@
 #include "common/conv_params.h"
 #include "providers/native_depthwise.h"
 #include "providers/native_gemm.h"
+#include "runtime/activation_cache.h"
 #include "runtime/parallel.h"
 #include "providers/registrations.h"
 
@@ -284,8 +285,8 @@ at::Tensor native_conv2d(const at::Tensor& x, double x_scale, int64_t x_zero_poi
   const Checked c = check_all(x, x_scale, x_zero_point, w_packed, w_scales, bias, stride, padding, dilation, groups,
                               output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
                               accum_zero_point);
-  at::Tensor y =
-      at::empty(c.shape, at::TensorOptions().dtype(output_dtype).memory_format(at::MemoryFormat::ChannelsLast));
+  at::Tensor y = runtime::empty_output(
+      c.shape, at::TensorOptions().dtype(output_dtype).memory_format(at::MemoryFormat::ChannelsLast));
   if (y.numel() == 0) return y;
   conv_impl(c, x, x_scale, x_zero_point, w_scales, bias, output_scale, output_zero_point, output_dtype, accum,
             accum_scale, accum_zero_point, y);

@@ -14,6 +14,7 @@
 #include "common/checks.h"
 #include "common/epilogue.h"
 #include "providers/native_gemm.h"
+#include "runtime/activation_cache.h"
 #include "providers/registrations.h"
 
 namespace qbackend {
@@ -64,7 +65,7 @@ at::Tensor rows_of(const at::Tensor& x, int64_t M, int64_t K) {
 at::Tensor run_linear(const Common& c, const at::Tensor& x2, at::ScalarType x_dtype, int64_t x_zero_point,
                       double x_scale, checks::PostOp op, at::ScalarType output_dtype, double output_scale,
                       int64_t output_zero_point) {
-  at::Tensor y = at::empty({c.M, c.w.N}, at::TensorOptions().dtype(output_dtype));
+  at::Tensor y = runtime::empty_output({c.M, c.w.N}, at::TensorOptions().dtype(output_dtype));
   GemmArgs g = native::gemm_args(c.w, x_dtype, x_zero_point, x_scale, c.ws, c.bias, op, output_dtype, output_scale,
                                  output_zero_point);
   g.M = c.M;

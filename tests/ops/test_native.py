@@ -258,10 +258,12 @@ def test_depthwise_conv_sums_exactly(geometry, x_dtype, zp):
     assert torch.equal(y.to(torch.int64), exact)
 
 
+@pytest.mark.parametrize("c,out_dtype", [(40, torch.int8), (128, torch.int8), (192, torch.uint8)])
 @DEPTHWISE_KERNEL
-def test_depthwise_conv_epilogue_and_residual_in_place():
+def test_depthwise_conv_epilogue_and_residual_in_place(c, out_dtype):
+    """The requantizing epilogue with a residual, in place too; 128 and 192 channels take its
+    64-column form (four vectors packed to bytes together)."""
     g = torch.Generator().manual_seed(9)
-    c = 40
     wt = torch.randint(-128, 128, (c, 1, 3, 3), dtype=torch.int8, generator=g)
     ws, b = torch.rand(c, generator=g) * 0.01 + 1e-3, torch.randn(c, generator=g)
     pw = PackedConv2dWeight(wt, ws, b, (1, 1), (1, 1), (1, 1), c, "native")
@@ -270,13 +272,15 @@ def test_depthwise_conv_epilogue_and_residual_in_place():
         memory_format=torch.channels_last)
     y64 = R.conv2d_fp64(x, 0.02, 120, wt, ws, b, (1, 1), (1, 1), (1, 1), c, acc, 0.05, -3, "relu")
     out_scale = float(y64.abs().max()) / 100
-    ref = R.quantize(y64, out_scale, 5, torch.int8)
-    y = pw.conv2d(x, 0.02, 120, out_scale, 5, torch.int8, "relu", acc, 0.05, -3)
-    donated = acc.clone()
-    pw.conv2d_add_(x, 0.02, 120, out_scale, 5, torch.int8, "relu", donated, 0.05, -3)
-    assert torch.equal(donated, y)
+    zp = 5 if out_dtype == torch.int8 else 3
+    ref = R.quantize(y64, out_scale, zp, out_dtype)
+    y = pw.conv2d(x, 0.02, 120, out_scale, zp, out_dtype, "relu", acc, 0.05, -3)
     diff = (y.int() - ref.int()).abs()
     assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 0.01
+    if out_dtype == torch.int8:  # in place: the output takes accum's dtype
+        donated = acc.clone()
+        pw.conv2d_add_(x, 0.02, 120, out_scale, zp, out_dtype, "relu", donated, 0.05, -3)
+        assert torch.equal(donated, y)
 
 
 def test_conv_geometries_it_does_not_run_are_refused():
