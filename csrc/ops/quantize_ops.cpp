@@ -214,12 +214,19 @@ at::Tensor dense(const at::Tensor& t) {
   return t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast) ? t : t.contiguous();
 }
 
+// An output laid out as the dense input t (dense(): contiguous, else channels-last), so that the
+// kernels walk both in the same linear order.
+at::Tensor dense_like(const at::Tensor& t, ScalarType dtype) {
+  return runtime::empty_output(t.sizes(), t.options().dtype(dtype).memory_format(
+      t.is_contiguous() ? at::MemoryFormat::Contiguous : at::MemoryFormat::ChannelsLast));
+}
+
 at::Tensor quantize_per_tensor(const at::Tensor& x_in, double scale, int64_t zero_point, ScalarType dtype) {
   check_quantize_input(x_in, dtype);
   const float s = checked_scale(scale, "scale");
   const int32_t z = checked_zero_point(zero_point, dtype, "zero_point");
   const at::Tensor x = dense(x_in);
-  at::Tensor q = runtime::empty_output(x.sizes(), x.options().dtype(dtype).memory_format(x.suggest_memory_format()));
+  at::Tensor q = dense_like(x, dtype);
   const int64_t n = x.numel();
   if (n == 0) return q;
   with_quantize_fns(x, q, [&](auto xp, auto qp, auto fn, auto) { run_per_tensor(fn, xp, qp, n, s, z); });
@@ -242,8 +249,7 @@ at::Tensor dequantize_per_tensor(const at::Tensor& q_in, double scale, int64_t z
   const float s = checked_scale(scale, "scale");
   const int32_t z = checked_zero_point(zero_point, q_in.scalar_type(), "zero_point");
   const at::Tensor q = dense(q_in);
-  at::Tensor y =
-      runtime::empty_output(q.sizes(), q.options().dtype(out_dtype).memory_format(q.suggest_memory_format()));
+  at::Tensor y = dense_like(q, out_dtype);
   const int64_t n = q.numel();
   if (n == 0) return y;
   with_dequantize_fns(q, y, [&](auto qp, auto yp, auto fn, auto) { run_per_tensor(fn, qp, yp, n, s, z); });
