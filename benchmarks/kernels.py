@@ -13,7 +13,10 @@ Prints markdown tables (and writes them to FILE with --out):
      `onednn::qconv2d_pointwise`) and FP32 / BF16 channels-last `F.conv2d`, with the number of
      oneDNN reorders per call (a packed weight in the wrong format is reordered on every call);
      depthwise layers also with 7-bit activations (FBGEMM's depthwise kernel is exact only there).
-  3. Per-call overhead of the wrappers on tiny layers, and `qbackend::quantize_per_tensor`.
+  3. Per-call overhead of the wrappers on tiny layers, and `qbackend::quantize_per_tensor`; and the
+     per-call cost of the converted digits CNN's and MobileNetV2's layers at batch 1 (each layer
+     module called on the int8 input it gets in the model) against their multiply-adds at the
+     measured VNNI peak (`--only layer_calls` runs that section alone).
   4. Targets: the worst provider/peer ratio of each pair (target <= 1.10).
   5. Under QBACKEND_ISA=avx2 (or --only avx2_exact there): the native AVX2 GEMM on full 8-bit
      activations against FBGEMM's and oneDNN's 7-bit routes, Linear and a few convs, with each
@@ -698,6 +701,79 @@ def bench_overhead(rep: Report, cfg: Settings, threads: list[int], only: str | N
         rep.table([f"quantize (1,768) fp32 -> u8, {tn(n)}", "us (min / median)"], [[k, str(v)] for k, v in t.items()])
 
 
+def _layer_macs(rec, out: torch.Tensor) -> int:
+    """Multiply-adds of a conv2d / linear layer that wrote `out` (0 for other kinds)."""
+    sh = rec.shape
+    if rec.kind == "linear":
+        return out.numel() * int(sh["k"])
+    if rec.kind == "conv2d":
+        kh, kw = (int(v) for v in sh["kernel"])
+        return out.numel() * (int(sh["c_in"]) // int(sh.get("groups", 1))) * kh * kw
+    return 0
+
+
+def bench_layer_calls(rep: Report, cfg: Settings, threads: list[int], quick: bool) -> None:
+    """Per-call cost of the converted zoo CNNs' layers at batch 1: each layer module called on the
+    int8 input it receives in the model (captured by a forward pre-hook), against its multiply-adds
+    at the VNNI peak measured here (`qbackend._C.native_peak_ops`: a loop of independent
+    dot-product instructions). "above" = the layer's minimum time less that arithmetic time: the
+    fixed cost of a call (module call, dispatcher, checks, output allocation, thread fork) plus the
+    kernel's distance from peak."""
+    if not NATIVE:
+        rep("## Layer calls against the arithmetic: skipped (no native GEMM on this CPU)")
+        rep()
+        return
+    import qbackend
+    from qbackend.models import MODELS
+    models = ["digits_cnn"] + ([] if quick else ["mobilenet_v2"])
+    smallest = 4 if quick else 12
+    rep("## Layer calls against the arithmetic, batch 1")
+    rep()
+    rep("Each layer module of the converted model called on the int8 input it gets there (forward plans off; a "
+        "plan step skips the module call), minimum / median us; arithmetic = 2 x multiply-adds / the VNNI peak of "
+        "this many threads; above = minimum - arithmetic. Every digits CNN layer, and MobileNetV2's "
+        f"{smallest} smallest by multiply-adds (with the largest 'above' over all of its layers).")
+    rep()
+    for n in threads:
+        torch.set_num_threads(n)
+        peak = max(_C.native_peak_ops(2_000_000, n) for _ in range(5))
+        rows = []
+        for name in models:
+            with torch.inference_mode(False), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                case = MODELS[name](batch_size=1, num_calibration_batches=2, num_eval_batches=1)
+                q = qbackend.quantize(case.model.eval(), case.example_inputs, case.calibration)
+            q.forward_plans = False
+            calls = {}  # layer -> (its input args, its output)
+            hooks = [q.layer(layer).register_forward_hook(
+                lambda m, args, out, layer=layer: calls.setdefault(layer, (args, out)) and None)  # None: output kept
+                for layer in q.qbackend_layers]
+            q(*case.example_inputs)
+            for h in hooks:
+                h.remove()
+            macs_of = {layer: _layer_macs(rec, calls[layer][1]) for layer, rec in q.qbackend_layers.items()
+                       if layer in calls}
+            recs = {layer: q.qbackend_layers[layer] for layer, macs in macs_of.items() if macs}
+            cands = {layer: (lambda m=q.layer(layer), a=calls[layer][0]: m(*a)) for layer in recs}
+            t = cfg.run(cands)
+            table = []
+            for layer, rec in recs.items():
+                macs = macs_of[layer]
+                arith = 2 * macs / peak * 1e6
+                table.append((macs, [name, layer, rec.kind, rec.route.provider if rec.route else "-", f"{macs:,}",
+                                     f"{arith:.2f}", str(t[layer]), f"{t[layer].min_us - arith:.2f}"]))
+            worst = max(table, key=lambda r: float(r[1][-1]))
+            chosen = sorted(table, key=lambda r: r[0])[:smallest]
+            rows += [r for _, r in chosen]
+            if worst not in chosen:
+                rows.append([c if i != 1 else f"{c} (largest above)" for i, c in enumerate(worst[1])])
+        progress(f"layer calls {n}t")
+        rep(f"### {tn(n)}, VNNI peak {peak / 1e12:.3f} TOPS")
+        rep()
+        rep.table(["model", "layer", "kind", "provider", "multiply-adds", "arithmetic us", "us (min / median)",
+                   "above (us)"], rows)
+
+
 def bench_peak(rep: Report, cfg: Settings, threads: list[int], quick: bool) -> None:
     """The native GEMM's throughput at M=2048, K=N=4096 against the dot-product instruction's peak,
     measured here with a loop of independent dot products of the kernel's instruction (tdpbusd on
@@ -954,7 +1030,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="1", help="comma-separated thread counts, e.g. 1,2 (default 1)")
     ap.add_argument("--quick", action="store_true", help="a few shapes and iterations (CI smoke test, < 60 s)")
-    ap.add_argument("--only", choices=["linear", "conv", "avx2_exact"],
+    ap.add_argument("--only", choices=["linear", "conv", "avx2_exact", "layer_calls"],
                     help="run one section only (avx2_exact: the native AVX2 GEMM on 8-bit activations against the "
                     "libraries' 7-bit routes; run it under QBACKEND_ISA=avx2)")
     ap.add_argument("--out", help="also write the markdown to this file")
@@ -978,7 +1054,9 @@ def main(argv=None) -> int:
                 bench_conv(rep, cfg, threads, args.quick, args.batch16, peers)
             if args.only == "avx2_exact" or (args.only is None and NATIVE_ISA == "avx2"):
                 bench_avx2_exact(rep, cfg, threads, args.quick)
-            if args.only != "avx2_exact":
+            if args.only in (None, "layer_calls") and not args.quick:
+                bench_layer_calls(rep, cfg, threads, args.quick)
+            if args.only not in ("avx2_exact", "layer_calls"):
                 bench_overhead(rep, cfg, threads, args.only)
                 targets(rep, peers)
     finally:
