@@ -1,10 +1,9 @@
 // Output tensors of qbackend's own ops from a cache of large blocks that outlives the tensors.
 //
 // Why: glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh mmap
-// and gives it back on free, so such an activation is page-faulted in again on every forward: a
-// batch-32 MobileNetV2 (whose 112x112x96 expansion alone is 38.5 MB) took 16,400 minor faults and
-// 27-42 ms of system time per 50 ms forward on an AMD EPYC Zen 5 (ResNet-50, whose activations stay
-// below the threshold: none). Blocks of at least kMinCachedBytes freed by their tensors are kept,
+// and gives it back on free, so such an activation is page-faulted in again on every forward (a
+// batch-32 MobileNetV2's 112x112x96 expansion is 38.5 MB; benchmarks/page_faults.py,
+// benchmarks/results/epyc_zen5/page_faults.md). Blocks of at least kMinCachedBytes freed by their tensors are kept,
 // by size rounded up to 64 KiB, for the next output of that size; at most `limit` bytes are kept
 // (QBACKEND_ACTIVATION_CACHE_MB at load, default 1024; 0 turns the cache off), the rest freed.
 // Smaller outputs take torch's CPU allocator as before. Thread-safe.
