@@ -53,7 +53,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import Timing, fmt_us, measure  # noqa: E402
 from _machine import load_average, run_lines  # noqa: E402
-from kernels import Report, onednn_reorders  # noqa: E402
+from int8_kernels import Report, onednn_reorders  # noqa: E402
 
 import qbackend  # noqa: E402
 from qbackend.dispatch import ENV_PROVIDER  # noqa: E402
@@ -301,7 +301,7 @@ def contended(t: dict[str, Timing], t1: dict[str, Timing] | None) -> bool:
     """A multi-thread timing other processes evidently disturbed in every block: a candidate's best
     block slower than 1.5x its own 1-thread best (+20 us). With OpenMP, one preempted thread stalls
     the whole call at the next barrier; on a busy 2-CPU machine such calls take a scheduler quantum
-    (4-16 ms) instead of tens of microseconds (as benchmarks/kernels.py)."""
+    (4-16 ms) instead of tens of microseconds (as benchmarks/int8_kernels.py)."""
     return t1 is not None and any(k in t and t[k].min_us > 1.5 * v.min_us + 20 for k, v in t1.items())
 
 

@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import fmt_us, measure  # noqa: E402
 from _machine import cpu_model_name, git_state, load_average  # noqa: E402
-from kernels import Report  # noqa: E402
+from int8_kernels import Report  # noqa: E402
 
 import qbackend  # noqa: E402
 from qbackend import EmbeddingConfig, QuantConfig  # noqa: E402

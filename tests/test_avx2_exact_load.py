@@ -20,8 +20,8 @@ pytestmark = pytest.mark.skipif(not _C.native_isa(), reason="the native GEMM nee
 
 def _benchmark():
     """benchmarks/avx2_exact_sqnr.py, imported when a test runs and with benchmarks/ taken off
-    sys.path again: there benchmarks/kernels.py would shadow the PyPI `kernels` package that
-    transformers imports (so collecting this file must not import it either)."""
+    sys.path again, so that the benchmark scripts' module names never shadow installed packages
+    for the rest of the test session (collecting this file must not import it either)."""
     here = str(Path(__file__).resolve().parent.parent / "benchmarks")
     sys.path.insert(0, here)
     try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Kernel benchmark: qbackend's int8 providers against their peers and against FP32 / BF16.
 
-    python benchmarks/kernels.py [--threads 1,2] [--quick] [--only linear|conv] [--out FILE]
+    python benchmarks/int8_kernels.py [--threads 1,2] [--quick] [--only linear|conv] [--out FILE]
 
 Prints markdown tables (and writes them to FILE with --out):
   1. Linear, uint8 activations (full range; 7-bit on CPUs without VNNI) -> uint8 output: the fbgemm provider vs torch's own
