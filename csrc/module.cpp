@@ -149,7 +149,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "bytes of freed large op outputs qbackend keeps for reuse (runtime/activation_cache.h)");
   m.def("activation_cache_limit", &qbackend::runtime::cache_limit, "the most bytes it keeps");
   m.def("set_activation_cache_limit", &qbackend::runtime::set_cache_limit, py::arg("bytes"),
-        "set it (QBACKEND_ACTIVATION_CACHE_MB at load; 0 turns the cache off); frees what is over it");
+        "set it (QBACKEND_ACTIVATION_CACHE_MB at load; 0 turns the cache off); frees every kept block "
+        "when more than the new limit is kept");
   m.def("release_activation_cache", &qbackend::runtime::release_cached, "free every kept block");
   m.def("spin_us", &qbackend::parallel::spin_us, "microseconds qbackend's pool threads spin before sleeping");
   m.def("set_spin_us", &qbackend::parallel::set_spin_us, "set them (QBACKEND_SPIN_US at load; 0 = no spinning)");

@@ -19,8 +19,9 @@
 #include <limits>
 #include <vector>
 
-#include "runtime/parallel.h"
+#include "common/checks.h"
 #include "runtime/activation_cache.h"
+#include "runtime/parallel.h"
 
 namespace qbackend::ops {
 namespace {
@@ -144,21 +145,13 @@ void global_average(const TX* x, TY* y, int64_t N, int64_t C, int64_t HW, int32_
 
 at::Tensor global_avg_pool2d(const at::Tensor& x_in, double x_scale, int64_t x_zero_point, double output_scale,
                              int64_t output_zero_point, at::ScalarType output_dtype) {
-  TORCH_CHECK_VALUE(x_in.device().is_cpu(), "x must be a CPU tensor, got a tensor on ", x_in.device());
-  const auto xt = x_in.scalar_type();
-  TORCH_CHECK_VALUE(xt == at::kByte || xt == at::kChar, "x must be a uint8 or int8 tensor, got ", xt);
+  checks::activation(x_in, x_scale, x_zero_point);
   TORCH_CHECK_VALUE(x_in.dim() == 4, "x must be 4-D [N, C, H, W], got ", x_in.dim(), " dimensions");
-  TORCH_CHECK_VALUE(output_dtype == at::kByte || output_dtype == at::kChar,
-                    "output_dtype must be uint8 or int8, got ", output_dtype);
-  TORCH_CHECK_VALUE(std::isfinite(x_scale) && x_scale > 0, "x_scale must be finite and positive, got ", x_scale);
-  TORCH_CHECK_VALUE(std::isfinite(output_scale) && output_scale > 0,
-                    "output_scale must be finite and positive, got ", output_scale);
-  const int64_t x_lo = xt == at::kByte ? 0 : -128, x_hi = xt == at::kByte ? 255 : 127;
-  const int64_t y_lo = output_dtype == at::kByte ? 0 : -128, y_hi = output_dtype == at::kByte ? 255 : 127;
-  TORCH_CHECK_VALUE(x_zero_point >= x_lo && x_zero_point <= x_hi, "x_zero_point ", x_zero_point,
-                    " is outside the range of x's dtype [", x_lo, ", ", x_hi, "]");
-  TORCH_CHECK_VALUE(output_zero_point >= y_lo && output_zero_point <= y_hi, "output_zero_point ", output_zero_point,
-                    " is outside the range of output_dtype [", y_lo, ", ", y_hi, "]");
+  TORCH_CHECK_VALUE(checks::is_int8_type(output_dtype), "output_dtype must be uint8 or int8, got ",
+                    checks::dtype_name(output_dtype));
+  checks::scale(output_scale, "output_scale");
+  checks::zero_point(output_zero_point, output_dtype, "output_zero_point");
+  const auto xt = x_in.scalar_type();
   const int64_t N = x_in.size(0), C = x_in.size(1), H = x_in.size(2), W = x_in.size(3);
   TORCH_CHECK_VALUE(C > 0 && H > 0 && W > 0, "x must have non-empty channel and spatial dimensions (only the "
                     "batch may be 0), got shape ", x_in.sizes());

@@ -20,7 +20,8 @@ constexpr size_t kMinCachedBytes = size_t(1) << 20;
 // where it is large enough.
 at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options);
 
-// Bytes held in the cache (not in use), and the limit; release() frees every held block.
+// Bytes held in the cache (not in use), and the limit; a limit below what is held frees every held
+// block, as release_cached() does.
 size_t cached_bytes();
 size_t cache_limit();
 void set_cache_limit(size_t bytes);

@@ -51,7 +51,8 @@ def is_global_avg_pool(node: fx.Node) -> bool:
     """aten.adaptive_avg_pool2d of a value to a 1 x 1 output."""
     return (isinstance(node, fx.Node) and node.op == "call_function"
             and node.target is aten.adaptive_avg_pool2d.default and len(node.args) == 2
-            and isinstance(node.args[0], fx.Node) and isinstance(node.args[1], (list, tuple)) and tuple(node.args[1]) in ((1, 1), (1,)))
+            and isinstance(node.args[0], fx.Node) and isinstance(node.args[1], (list, tuple))
+            and tuple(node.args[1]) in ((1, 1), (1,)))
 
 
 def is_int8_cat(node: fx.Node) -> bool:

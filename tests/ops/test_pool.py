@@ -106,7 +106,6 @@ def test_global_avg_pool_is_exact_away_from_ties():
 
 @pytest.mark.parametrize("args,match", [
     ((torch.zeros(2, 3, 4, dtype=torch.uint8), 0.1, 0, 0.1, 0, torch.uint8), "x must be 4-D"),
-    ((torch.zeros(1, 3, 4, 4), 0.1, 0, 0.1, 0, torch.uint8), "x must be a uint8 or int8"),
     ((torch.zeros(1, 3, 4, 4, dtype=torch.uint8), 0.1, 0, 0.1, 0, torch.float32), "output_dtype"),
     ((torch.zeros(1, 3, 4, 4, dtype=torch.uint8), 0.0, 0, 0.1, 0, torch.uint8), "x_scale"),
     ((torch.zeros(1, 3, 4, 4, dtype=torch.uint8), 0.1, 0, float("nan"), 0, torch.uint8), "output_scale"),
@@ -121,6 +120,12 @@ def test_global_avg_pool_is_exact_away_from_ties():
 def test_global_avg_pool_bad_input(args, match):
     with pytest.raises(ValueError, match=match):
         OPS.global_avg_pool2d(*args)
+
+
+def test_global_avg_pool_float_input_is_a_type_error():
+    """As every int8 op's activation check (csrc/common/checks.h): a float x is a TypeError naming x."""
+    with pytest.raises(TypeError, match="x must have dtype uint8 or int8"):
+        OPS.global_avg_pool2d(torch.zeros(1, 3, 4, 4), 0.1, 0, 0.1, 0, torch.uint8)
 
 
 def test_global_avg_pool_opcheck():
