@@ -36,8 +36,9 @@ at::Tensor shift_uint8_to_int8_(at::Tensor& y) {
 at::Tensor quantize_u8(const at::Tensor& x, double scale, int64_t zero_point) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("qbackend::quantize_per_tensor", "")
-                       .typed<at::Tensor(const at::Tensor&, double, int64_t, at::ScalarType)>();
-  return op.call(x, scale, zero_point, at::kByte);
+                       .typed<at::Tensor(const at::Tensor&, double, int64_t, at::ScalarType,
+                                               std::optional<at::MemoryFormat>)>();
+  return op.call(x, scale, zero_point, at::kByte, std::nullopt);
 }
 
 at::Tensor finish_from_float(const at::Tensor& y, double scale, int64_t zero_point, at::ScalarType dtype) {
@@ -45,8 +46,9 @@ at::Tensor finish_from_float(const at::Tensor& y, double scale, int64_t zero_poi
   if (dtype == at::kBFloat16) return y.to(at::kBFloat16);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("qbackend::quantize_per_tensor", "")
-                       .typed<at::Tensor(const at::Tensor&, double, int64_t, at::ScalarType)>();
-  return op.call(y, scale, zero_point, dtype);
+                       .typed<at::Tensor(const at::Tensor&, double, int64_t, at::ScalarType,
+                                               std::optional<at::MemoryFormat>)>();
+  return op.call(y, scale, zero_point, dtype, std::nullopt);
 }
 
 DynamicQParams choose_dynamic_qparams(const at::Tensor& x, bool reduce_range, const char* name) {

@@ -33,10 +33,13 @@ inline int32_t load_a4(const uint8_t* p) {
   return v;
 }
 
+// The n (1-3) bytes at p as the low bytes of a word, the rest 0: built in registers (a byte-wise
+// copy into a stack word and a word load from it stalls store forwarding on every k-group tail).
 inline int32_t load_tail(const uint8_t* p, int64_t n) {
-  int32_t v = 0;
-  std::memcpy(&v, p, static_cast<size_t>(n));
-  return v;
+  if (n == 1) return p[0];
+  uint16_t lo;
+  std::memcpy(&lo, p, 2);
+  return n == 2 ? int32_t(lo) : int32_t(lo) | (int32_t(p[2]) << 16);
 }
 
 // The next panel of a sweep, which a panel_rows callback may prefetch into L2 while it runs the

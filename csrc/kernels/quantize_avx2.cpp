@@ -11,6 +11,7 @@
 #include "cpu/targets.h"
 
 QB_TARGET(QB_ISA_AVX2)
+#include "kernels/interleave_impl.h"
 
 namespace qbackend::kernels {
 namespace {
@@ -154,7 +155,7 @@ struct DequantV {
   }
 };
 
-constexpr QuantizeKernels kTable = make_quantize_kernels<Quant, QuantV, Dequant, DequantV>("avx2");
+constexpr QuantizeKernels kTable = make_quantize_kernels<Quant, QuantV, Dequant, DequantV>("avx2", interleave_u8_sse);
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include "cpu/targets.h"
 
 QB_TARGET(QB_ISA_AVX512)
+#include "kernels/interleave_impl.h"
 #include "kernels/avx512_common.h"
 
 namespace qbackend::kernels {
@@ -91,7 +92,7 @@ struct DequantV {
   }
 };
 
-constexpr QuantizeKernels kTable = make_quantize_kernels<Quant, QuantV, Dequant, DequantV>("avx512");
+constexpr QuantizeKernels kTable = make_quantize_kernels<Quant, QuantV, Dequant, DequantV>("avx512", interleave_u8_sse);
 
 }  // namespace
 

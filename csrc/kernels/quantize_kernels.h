@@ -13,6 +13,9 @@
 //   per-tensor  (`q_*`, `dq_*`):  one scale / zero point for n contiguous elements;
 //   per-element (`qv_*`, `dqv_*`): scale[i], zp[i] for element i < n (per-channel ops call it on a
 //                                  row of C*inner elements with scales expanded over `inner`).
+// And one layout helper for the channels-last quantize of a channels-first image:
+//   interleave_u8(src, stride, C, W, dst): dst[w * C + c] = src[c * stride + w] for c < C, w < W
+//   (C planar rows of W bytes -> W pixels of C bytes; SIMD shuffles for C = 3 and 4).
 #pragma once
 #include <cstdint>
 
@@ -40,7 +43,19 @@ struct QuantizeKernels {
   void (*dqv_s8_f32)(const int8_t* q, float* y, int64_t n, const float* scale, const int32_t* zp);
   void (*dqv_u8_bf16)(const uint8_t* q, uint16_t* y, int64_t n, const float* scale, const int32_t* zp);
   void (*dqv_s8_bf16)(const int8_t* q, uint16_t* y, int64_t n, const float* scale, const int32_t* zp);
+
+  void (*interleave_u8)(const uint8_t* src, int64_t stride, int64_t C, int64_t W, uint8_t* dst);
 };
+
+// The portable interleave_u8 (the scalar table's, and the SIMD ones' tails): pixels [w0, W).
+inline void interleave_u8_from(const uint8_t* src, int64_t stride, int64_t C, int64_t W, uint8_t* dst,
+                               int64_t w0 = 0) {
+  for (int64_t w = w0; w < W; ++w)
+    for (int64_t c = 0; c < C; ++c) dst[w * C + c] = src[c * stride + w];
+}
+inline void interleave_u8_scalar(const uint8_t* src, int64_t stride, int64_t C, int64_t W, uint8_t* dst) {
+  interleave_u8_from(src, stride, C, W, dst);
+}
 
 // Each is defined in its own translation unit (quantize_<isa>.cpp). Only call the AVX ones when
 // the CPU/OS support them (qbackend::cpu::has(Isa::Avx512) resp. has(Isa::Avx2)).
@@ -51,13 +66,15 @@ const QuantizeKernels& quantize_kernels_scalar();
 // Helper for kernel TUs: fills a table from a template parameterised on the element kernels.
 template <template <typename, typename> class Q, template <typename, typename> class QV,
           template <typename, typename> class DQ, template <typename, typename> class DQV>
-constexpr QuantizeKernels make_quantize_kernels(const char* name) {
+constexpr QuantizeKernels make_quantize_kernels(
+    const char* name, void (*interleave_u8)(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*)) {
   return QuantizeKernels{
       name,
       Q<float, uint8_t>::run, Q<float, int8_t>::run, Q<uint16_t, uint8_t>::run, Q<uint16_t, int8_t>::run,
       QV<float, uint8_t>::run, QV<float, int8_t>::run, QV<uint16_t, uint8_t>::run, QV<uint16_t, int8_t>::run,
       DQ<uint8_t, float>::run, DQ<int8_t, float>::run, DQ<uint8_t, uint16_t>::run, DQ<int8_t, uint16_t>::run,
       DQV<uint8_t, float>::run, DQV<int8_t, float>::run, DQV<uint8_t, uint16_t>::run, DQV<int8_t, uint16_t>::run,
+      interleave_u8,
   };
 }
 

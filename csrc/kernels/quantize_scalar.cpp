@@ -65,7 +65,7 @@ struct DequantV {
   }
 };
 
-constexpr QuantizeKernels kTable = make_quantize_kernels<Quant, QuantV, Dequant, DequantV>("scalar");
+constexpr QuantizeKernels kTable = make_quantize_kernels<Quant, QuantV, Dequant, DequantV>("scalar", interleave_u8_scalar);
 
 }  // namespace
 

@@ -2,7 +2,8 @@
 // the run-time choice of kernel (csrc/kernels/quantize_*.cpp by cpu::kernel_table).
 //
 // Decisions: inputs of any rank/size/strides (non-contiguous inputs are made contiguous first);
-// outputs are contiguous with the input's shape (per-tensor ops keep a channels-last 4-D layout); empty in -> empty out. NaN quantizes to the zero
+// outputs are contiguous with the input's shape (per-tensor ops keep a channels-last 4-D layout;
+// quantize_per_tensor's memory_format asks for contiguous or channels-last); empty in -> empty out. NaN quantizes to the zero
 // point, +-inf to qmax/qmin (no NaN scan on the hot path). Per-channel scales may be float32 or
 // float64 (rounded to float32, like a Python float scale); zero points any integer dtype.
 #include <ATen/ATen.h>
@@ -10,6 +11,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -221,15 +223,54 @@ at::Tensor dense_like(const at::Tensor& t, ScalarType dtype) {
       t.is_contiguous() ? at::MemoryFormat::Contiguous : at::MemoryFormat::ChannelsLast));
 }
 
-at::Tensor quantize_per_tensor(const at::Tensor& x_in, double scale, int64_t zero_point, ScalarType dtype) {
+// A channels-first image quantized into a channels-last output: per image row, each channel's W
+// values quantized into a scratch row (the per-tensor kernel), then interleaved into W pixels of
+// C bytes. The same values as quantizing then converting the layout, without the second pass.
+template <typename In, typename Out>
+void run_per_tensor_to_channels_last(TensorFn<In, Out> fn, void (*interleave)(const uint8_t*, int64_t, int64_t,
+                                                                              int64_t, uint8_t*),
+                                     const In* x, Out* y, int64_t N, int64_t C, int64_t H, int64_t W, float s,
+                                     int32_t z) {
+  parallel::parallel_for(0, N * H, std::max<int64_t>(1, kGrain / (C * W)), [&](int64_t b, int64_t e) {
+    static thread_local std::vector<uint8_t> scratch;
+    if (static_cast<int64_t>(scratch.size()) < C * W) scratch.resize(static_cast<size_t>(C * W));
+    Out* row = reinterpret_cast<Out*>(scratch.data());
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t n = r / H, h = r % H;
+      for (int64_t c = 0; c < C; ++c) fn(x + ((n * C + c) * H + h) * W, row + c * W, W, s, z);
+      interleave(scratch.data(), W, C, W, reinterpret_cast<uint8_t*>(y + r * W * C));
+    }
+  });
+}
+
+at::Tensor quantize_per_tensor(const at::Tensor& x_in, double scale, int64_t zero_point, ScalarType dtype,
+                               std::optional<at::MemoryFormat> memory_format) {
   check_quantize_input(x_in, dtype);
   const float s = checked_scale(scale, "scale");
   const int32_t z = checked_zero_point(zero_point, dtype, "zero_point");
+  const at::MemoryFormat format = memory_format.value_or(at::MemoryFormat::Preserve);
+  TORCH_CHECK_VALUE(format == at::MemoryFormat::Preserve || format == at::MemoryFormat::Contiguous ||
+                        format == at::MemoryFormat::ChannelsLast,
+                    "memory_format must be None, torch.preserve_format, torch.contiguous_format or "
+                    "torch.channels_last, got ", format);
+  TORCH_CHECK_VALUE(format != at::MemoryFormat::ChannelsLast || x_in.dim() == 4,
+                    "memory_format=torch.channels_last takes a 4-D x, got a ", x_in.dim(), "-D tensor");
+  if (format == at::MemoryFormat::ChannelsLast && !x_in.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    const at::Tensor x = x_in.contiguous();
+    at::Tensor q = runtime::empty_output(x.sizes(), x.options().dtype(dtype).memory_format(format));
+    if (x.numel() == 0) return q;
+    const auto& k = pick_kernels();
+    with_quantize_fns(x, q, [&](auto xp, auto qp, auto fn, auto) {
+      run_per_tensor_to_channels_last(fn, k.interleave_u8, xp, qp, x.size(0), x.size(1), x.size(2), x.size(3), s, z);
+    });
+    return q;
+  }
   const at::Tensor x = dense(x_in);
   at::Tensor q = dense_like(x, dtype);
   const int64_t n = x.numel();
-  if (n == 0) return q;
-  with_quantize_fns(x, q, [&](auto xp, auto qp, auto fn, auto) { run_per_tensor(fn, xp, qp, n, s, z); });
+  if (n > 0)
+    with_quantize_fns(x, q, [&](auto xp, auto qp, auto fn, auto) { run_per_tensor(fn, xp, qp, n, s, z); });
+  if (format == at::MemoryFormat::Contiguous && !q.is_contiguous()) return q.contiguous();
   return q;
 }
 
@@ -271,7 +312,8 @@ at::Tensor dequantize_per_channel(const at::Tensor& q_in, const at::Tensor& scal
 }  // namespace qbackend::ops
 
 TORCH_LIBRARY_FRAGMENT(qbackend, m) {
-  m.def("quantize_per_tensor(Tensor x, float scale, int zero_point, ScalarType dtype) -> Tensor");
+  m.def("quantize_per_tensor(Tensor x, float scale, int zero_point, ScalarType dtype, "
+        "MemoryFormat? memory_format=None) -> Tensor");
   m.def("quantize_per_channel(Tensor x, Tensor scales, Tensor zero_points, int axis, ScalarType dtype) -> Tensor");
   m.def("dequantize_per_tensor(Tensor q, float scale, int zero_point, ScalarType out_dtype=float) -> Tensor");
   m.def("dequantize_per_channel(Tensor q, Tensor scales, Tensor zero_points, int axis, "

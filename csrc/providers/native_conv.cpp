@@ -54,51 +54,118 @@ at::Tensor native_conv2d_prepack(const at::Tensor& weight, at::IntArrayRef strid
 // Bytes of gathered taps per block of rows: the block stays in L2 with the weight's panel.
 constexpr int64_t kTapBlockBytes = int64_t(192) << 10;
 
+// Bytes a tap buffer holds beyond its rows: a segment copy may write up to 64 bytes from a row's
+// last segment (CopySegment).
+constexpr int64_t kTapSlack = 64;
+
+// Copies the n bytes of one kernel row's taps. Short segments (the KW x C bytes of a stem's kernel
+// row: 9 for 3x3 over 3 channels, 21 for 7x7) move as one fixed-size 16/32/64-byte copy, which
+// writes past the segment into bytes the next segment (or the next row) overwrites afterwards, or
+// into the buffer's slack; it reads past the segment only where that stays inside x.
+inline void copy_segment(uint8_t* d, const uint8_t* src, int64_t n, const uint8_t* x_end) {
+  if (n <= 16 && src + 16 <= x_end) std::memcpy(d, src, 16);
+  else if (n <= 32 && src + 32 <= x_end) std::memcpy(d, src, 32);
+  else if (n <= 64 && src + 64 <= x_end) std::memcpy(d, src, 64);
+  else std::memcpy(d, src, static_cast<size_t>(n));
+}
+
 // The taps of output pixels [p0, p1) (pixel = (n * OH + oh) * OW + ow) as rows of dst, row-major
 // [p1 - p0, KH * KW * C]: row entry (kh * KW + kw) * C + c = x[n, c, oh * sh - ph + kh * dh,
-// ow * sw - pw + kw * dw], or `pad` (the zero point's byte) outside the image.
+// ow * sw - pw + kw * dw], or `pad` (the zero point's byte) outside the image. dst holds
+// kTapSlack bytes beyond the rows.
 struct Taps {
   const uint8_t* x;  // channels-last [N, H, W, C]
+  const uint8_t* x_end;  // one past x's last byte
   int64_t C, H, W, OH, OW, KH, KW;
   Conv2dParams p;
   uint8_t pad;
 
   int64_t row_bytes() const { return KH * KW * C; }
 
-  void gather(int64_t p0, int64_t p1, uint8_t* dst) const {
+  // One pixel's row, any position (padding written as `pad`).
+  void gather_pixel(int64_t n, int64_t oh, int64_t ow, uint8_t* row) const {
     const int64_t sh = p.stride[0], sw = p.stride[1], ph = p.padding[0], pw = p.padding[1];
     const int64_t dh = p.dilation[0], dw = p.dilation[1];
-    for (int64_t pix = p0; pix < p1; ++pix) {
-      const int64_t n = pix / (OH * OW), oh = pix / OW % OH, ow = pix % OW;
-      uint8_t* row = dst + (pix - p0) * row_bytes();
-      const int64_t iw0 = ow * sw - pw;
-      const bool row_inside = iw0 >= 0 && iw0 + (KW - 1) * dw < W;
-      for (int64_t kh = 0; kh < KH; ++kh) {
-        const int64_t ih = oh * sh - ph + kh * dh;
-        uint8_t* d = row + kh * KW * C;
-        if (ih < 0 || ih >= H) {
-          std::memset(d, pad, static_cast<size_t>(KW * C));
-          continue;
-        }
-        const uint8_t* src = x + ((n * H + ih) * W) * C;
-        if (row_inside && dw == 1) {  // the KW taps are adjacent pixels: one copy
-          std::memcpy(d, src + iw0 * C, static_cast<size_t>(KW * C));
-          continue;
-        }
-        for (int64_t kw = 0; kw < KW; ++kw) {
-          const int64_t iw = iw0 + kw * dw;
-          if (iw < 0 || iw >= W) std::memset(d + kw * C, pad, static_cast<size_t>(C));
-          else std::memcpy(d + kw * C, src + iw * C, static_cast<size_t>(C));
-        }
+    const int64_t seg = KW * C;
+    const int64_t iw0 = ow * sw - pw;
+    const bool row_inside = iw0 >= 0 && iw0 + (KW - 1) * dw < W;
+    const uint8_t* image = x + n * H * W * C;
+    for (int64_t kh = 0; kh < KH; ++kh) {
+      const int64_t ih = oh * sh - ph + kh * dh;
+      uint8_t* d = row + kh * seg;
+      if (ih < 0 || ih >= H) {
+        std::memset(d, pad, static_cast<size_t>(seg));
+        continue;
       }
+      const uint8_t* src = image + ih * W * C;
+      if (row_inside && dw == 1) {  // the KW taps are adjacent pixels: one copy
+        copy_segment(d, src + iw0 * C, seg, x_end);
+        continue;
+      }
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        const int64_t iw = iw0 + kw * dw;
+        if (iw < 0 || iw >= W) std::memset(d + kw * C, pad, static_cast<size_t>(C));
+        else std::memcpy(d + kw * C, src + iw * C, static_cast<size_t>(C));
+      }
+    }
+  }
+
+  // Pixels [ow0, ow1) of output row (n, oh), all inside the image horizontally and vertically, with
+  // adjacent taps: each kernel row one fixed-size copy of B >= KW * C bytes, from row pointers set
+  // once (the caller checked that reading B bytes stays inside x).
+  template <int B>
+  void gather_inside(int64_t n, int64_t oh, int64_t ow0, int64_t ow1, uint8_t* dst) const {
+    const int64_t seg = KW * C, K = row_bytes(), step = p.stride[1] * C;
+    const uint8_t* src[64];
+    for (int64_t kh = 0; kh < KH; ++kh)
+      src[kh] = x + ((n * H + oh * p.stride[0] - p.padding[0] + kh * p.dilation[0]) * W +
+                     ow0 * p.stride[1] - p.padding[1]) * C;
+    for (int64_t ow = ow0; ow < ow1; ++ow, dst += K)
+      for (int64_t kh = 0; kh < KH; ++kh) {
+        std::memcpy(dst + kh * seg, src[kh], B);
+        src[kh] += step;
+      }
+  }
+
+  void gather(int64_t p0, int64_t p1, uint8_t* dst) const {
+    const int64_t sh = p.stride[0], sw = p.stride[1], ph = p.padding[0], pw = p.padding[1];
+    const int64_t seg = KW * C, K = row_bytes();
+    // output columns whose taps are all inside horizontally: [lo, hi)
+    const int64_t lo = std::min(OW, (pw + sw - 1) / sw);
+    const int64_t hi = std::max(lo, std::min(OW, W - (KW - 1) * p.dilation[1] + pw > 0
+                                                     ? (W - (KW - 1) * p.dilation[1] + pw - 1) / sw + 1 : 0));
+    const int copy = p.dilation[1] != 1 ? 0 : seg <= 16 ? 16 : seg <= 32 ? 32 : seg <= 64 ? 64 : 0;
+    int64_t pix = p0;
+    while (pix < p1) {
+      const int64_t n = pix / (OH * OW), oh = pix / OW % OH, ow_begin = pix % OW;
+      const int64_t ow_end = std::min(OW, ow_begin + (p1 - pix));
+      uint8_t* row = dst + (pix - p0) * K;
+      const int64_t ih_first = oh * sh - ph, ih_last = ih_first + (KH - 1) * p.dilation[0];
+      int64_t a = std::max(ow_begin, lo), b = std::min(ow_end, hi);
+      bool fast = copy > 0 && ih_first >= 0 && ih_last < H && a < b;
+      if (fast) {  // the last copy of the run must stay inside x
+        const uint8_t* last = x + ((n * H + ih_last) * W + (b - 1) * sw - pw) * C;
+        fast = last + copy <= x_end;
+      }
+      if (!fast) a = b = ow_end;
+      for (int64_t ow = ow_begin; ow < a; ++ow) gather_pixel(n, oh, ow, row + (ow - ow_begin) * K);
+      if (a < b) {
+        uint8_t* d = row + (a - ow_begin) * K;
+        if (copy == 16) gather_inside<16>(n, oh, a, b, d);
+        else if (copy == 32) gather_inside<32>(n, oh, a, b, d);
+        else gather_inside<64>(n, oh, a, b, d);
+      }
+      for (int64_t ow = b; ow < ow_end; ++ow) gather_pixel(n, oh, ow, row + (ow - ow_begin) * K);
+      pix += ow_end - ow_begin;
     }
   }
 };
 
-// A buffer per thread for gathered taps, grown as needed and kept (no allocation per call).
+// A buffer per thread for gathered taps (and kTapSlack bytes), grown as needed and kept (no
+// allocation per call).
 uint8_t* tap_buffer(int64_t bytes) {
   static thread_local std::vector<uint8_t> buffer;
-  if (static_cast<int64_t>(buffer.size()) < bytes) buffer.resize(static_cast<size_t>(bytes));
+  if (static_cast<int64_t>(buffer.size()) < bytes + kTapSlack) buffer.resize(static_cast<size_t>(bytes + kTapSlack));
   return buffer.data();
 }
 
@@ -201,7 +268,7 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
   if (w.KH != 1 || w.KW != 1 || p.padding[0] != 0 || p.padding[1] != 0) {
     g.r = rp;
     g.out = yp;
-    const Taps t{xp, C, H, W, OH, OW, w.KH, w.KW, p, static_cast<uint8_t>(x_zero_point)};
+    const Taps t{xp, xp + xc.numel(), C, H, W, OH, OW, w.KH, w.KW, p, static_cast<uint8_t>(x_zero_point)};
     run_gathered(g, t, N * OH * OW);
     return;
   }

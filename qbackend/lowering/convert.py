@@ -49,7 +49,8 @@ from .embeddings import rewrite_embeddings
 from ..algorithms import gptq
 from ..algorithms import smoothquant as smoothing_search
 from ..algorithms.gptq import HessianStats
-from .graph_utils import positional_inputs
+from .graph_utils import module_of, positional_inputs
+from .input_layout import quantize_channels_last
 from .layers import build_layer
 from .records import activation_record, layer_record
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
@@ -372,8 +373,7 @@ def read_flattens_as_nhwc(state: ConvertState) -> ConvertState:
     rw = state.rewriter
     for flat in rw.nhwc:
         flat8 = rw.qmap[flat][0]
-        if not all(u.op == "call_module" and isinstance(state.gm.get_submodule(u.target), QuantizedLinear)
-                   and u.args == (flat8,) for u in flat8.users):
+        if not all(module_of(state.gm, u, QuantizedLinear) is not None and u.args == (flat8,) for u in flat8.users):
             raise RuntimeError(f"qbackend internal error: {flat8.name} is read by more than the Linears planned")
         nhwc_flatten.read_as_nhwc(state.gm.graph, flat8)
     return state
@@ -429,6 +429,12 @@ def fuse_float_cores(state: ConvertState) -> ConvertState:
     fused = fuse_attention(state.gm, bf16_products=config.bf16) if native else 0
     if fused + fuse_layer_norms(state.gm) + fuse_global_pools(state.gm):
         state.gm.graph.eliminate_dead_code()
+    return state
+
+
+def channels_last_inputs(state: ConvertState) -> ConvertState:
+    """Quantizes read only by convs write channels-last int8 (lowering/input_layout.py)."""
+    quantize_channels_last(state.gm)
     return state
 
 

@@ -9,27 +9,19 @@ from torch import fx
 
 from ..nn.pool import GlobalAvgPoolQuantize
 from ..nn.quant import Dequantize, Quantize
+from .graph_utils import module_of
 from .plan import is_global_avg_pool
-
-
-def _module_call(gm: fx.GraphModule, node, cls):
-    """The module of a call_module node of type cls, else None."""
-    if isinstance(node, fx.Node) and node.op == "call_module":
-        m = gm.get_submodule(node.target)
-        if isinstance(m, cls):
-            return m
-    return None
 
 
 def fuse_global_pools(gm: fx.GraphModule) -> int:
     """Rewrite the eligible dequantize + pool + quantize chains of gm in place; returns how many."""
     count = 0
     for qnode in list(gm.graph.nodes):
-        qmod = _module_call(gm, qnode, Quantize)
+        qmod = module_of(gm, qnode, Quantize)
         if qmod is None or qmod.channel_divisor is not None or not is_global_avg_pool(qnode.args[0]):
             continue
         pool = qnode.args[0]
-        dmod = _module_call(gm, pool.args[0], Dequantize)
+        dmod = module_of(gm, pool.args[0], Dequantize)
         if dmod is None:
             continue
         module = GlobalAvgPoolQuantize(dmod.scale, dmod.zero_point, dmod.dtype, qmod.scale, qmod.zero_point,

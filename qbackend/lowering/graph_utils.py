@@ -74,6 +74,15 @@ def is_float_tensor(node) -> bool:
     return isinstance(val, torch.Tensor) and val.dtype == torch.float32
 
 
+def module_of(gm: fx.GraphModule, node, cls):
+    """The module a call_module node of gm calls, where it is an instance of cls; else None."""
+    if isinstance(node, fx.Node) and node.op == "call_module":
+        m = gm.get_submodule(node.target)
+        if isinstance(m, cls):
+            return m
+    return None
+
+
 def module_path(node: fx.Node) -> str:
     """The path of the innermost module the node was traced in ("" for the root)."""
     stack = node.meta.get("nn_module_stack") or {}

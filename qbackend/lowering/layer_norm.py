@@ -15,7 +15,7 @@ from ..nn.layer_norm import LayerNormQuantize
 from ..nn.quant import Quantize
 from ..ops.layer_norm import residual_broadcasts
 from .fold import get_attr_value
-from .graph_utils import bound_args, node_value
+from .graph_utils import bound_args, module_of, node_value
 
 aten = torch.ops.aten
 _ARGS = ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable")
@@ -68,11 +68,10 @@ def fuse_layer_norms(gm: fx.GraphModule) -> int:
             continue
         if not all(w is None or _is_vector(gm, w, shape[0]) for w in (a.get("weight"), a.get("bias"))):
             continue
-        quants = [u for u in node.users
-                  if u.op == "call_module" and isinstance(gm.get_submodule(u.target), Quantize)]
+        quants = [u for u in node.users if module_of(gm, u, Quantize) is not None]
         if len(quants) != 1:
             continue
-        qnode, qmod = quants[0], gm.get_submodule(quants[0].target)
+        qnode, qmod = quants[0], module_of(gm, quants[0], Quantize)
         x, residual = a["input"], None
         pair = _residual(x, val.shape)
         if pair is not None:

@@ -42,6 +42,7 @@ CONVERT: tuple[Callable, ...] = (
     convert.shapes_from_int8,        # shape queries read int8 forms (float chains kept for shapes die)
     convert.drop_recorders,          # observers, statistics, export's guards; dead code
     convert.fuse_float_cores,        # attention cores, LayerNorms and global pools with the quantize behind them
+    convert.channels_last_inputs,    # quantizes read only by convs write channels-last
     convert.views_as_reshapes,       # views of the FP32 graph run on channels-last int8 outputs
     convert.donate_dead_residuals,   # residual convs write into dead int8 residuals
     convert.drop_unused_attributes,  # the float weights replaced

@@ -19,7 +19,13 @@ class Quantize(ActivationBorder, nn.Module):
 
     With `channel_divisor` d (float32 [C], SmoothQuant's factors), channel c of the last dimension
     is divided by d[c] first: one per-channel quantize with scales scale * d, as fast as per
-    tensor."""
+    tensor.
+
+    `channels_last` (set by the lowering where every reader is a conv): a 4-D input is quantized
+    into a channels-last output directly, the layout the conv kernels read (a channels-first
+    image otherwise costs the conv a layout copy of its int8 input)."""
+
+    channels_last: bool = False
 
     def __init__(self, scale: float, zero_point: int, dtype: torch.dtype = torch.uint8, qmax: int | None = None,
                  value: str | None = None, channel_divisor: torch.Tensor | None = None):
@@ -54,6 +60,8 @@ class Quantize(ActivationBorder, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.channel_divisor is not None:
             q = ops.quantize_per_channel(x, self._channel_scales, self._channel_zps, x.dim() - 1, self.dtype)
+        elif self.channels_last and x.dim() == 4:
+            q = ops.quantize_per_tensor(x, self.scale, self.zero_point, self.dtype, torch.channels_last)
         else:
             q = ops.quantize_per_tensor(x, self.scale, self.zero_point, self.dtype)
         if self.qmax is not None:
@@ -63,6 +71,7 @@ class Quantize(ActivationBorder, nn.Module):
     def extra_repr(self) -> str:
         s = f"{self.value}: {self.dtype}(scale={self.scale:.4g}, zp={self.zero_point})"
         s += f", qmax={self.qmax}" if self.qmax is not None else ""
+        s += ", channels-last output" if self.channels_last else ""
         return s + (f", channels divided by SmoothQuant factors [{self.channel_divisor.numel()}]"
                     if self.channel_divisor is not None else "")
 

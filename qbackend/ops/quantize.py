@@ -39,7 +39,16 @@ def _dense_like(t, dtype):
 
 
 @torch.library.register_fake("qbackend::quantize_per_tensor")
-def _quantize_per_tensor_fake(x, scale, zero_point, dtype):
+def _quantize_per_tensor_fake(x, scale, zero_point, dtype, memory_format=None):
+    torch._check_value(memory_format in (None, torch.preserve_format, torch.contiguous_format, torch.channels_last),
+                       lambda: "memory_format must be None, torch.preserve_format, torch.contiguous_format or "
+                               f"torch.channels_last, got {memory_format}")
+    if memory_format == torch.channels_last:
+        torch._check_value(x.dim() == 4, lambda: f"memory_format=torch.channels_last takes a 4-D x, got a "
+                                                 f"{x.dim()}-D tensor")
+        return torch.empty_like(x, dtype=dtype, memory_format=torch.channels_last)
+    if memory_format == torch.contiguous_format:
+        return torch.empty(x.shape, dtype=dtype, device=x.device)
     return _dense_like(x, dtype)
 
 

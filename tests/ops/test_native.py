@@ -154,6 +154,15 @@ def test_conv1x1_strided_and_in_place(stride, n, c, hw, oc):
     (1, 8, 12, 13, 9, (3, 3), (1, 1), (2, 2), (2, 2)),      # dilated: the taps are not adjacent
     (2, 5, 9, 8, 7, (1, 5), (1, 2), (0, 2), (1, 1)),
     (1, 20, 6, 6, 33, (1, 1), (1, 1), (1, 1), (1, 1)),      # a padded 1x1: an all-padding border
+    # stems: each kernel row one fixed-size copy inside the image, the general path at its borders
+    (1, 3, 33, 35, 32, (3, 3), (2, 2), (1, 1), (1, 1)),     # MobileNetV2's, odd sizes
+    (3, 3, 11, 12, 64, (7, 7), (2, 2), (3, 3), (1, 1)),     # ResNet's over several images
+    (4, 3, 96, 96, 64, (7, 7), (2, 2), (3, 3), (1, 1)),     # per-thread blocks starting mid-row
+    (1, 1, 9, 9, 16, (3, 3), (1, 1), (0, 0), (1, 1)),       # unpadded: copies near x's last byte
+    (2, 4, 10, 10, 8, (3, 3), (1, 1), (0, 0), (2, 1)),      # dilated rows, adjacent taps
+    (1, 3, 5, 40, 8, (5, 5), (1, 3), (2, 1), (1, 1)),
+    (2, 6, 8, 8, 16, (3, 3), (1, 1), (1, 1), (1, 1)),       # 18-byte kernel rows: 32-byte copies
+    (1, 21, 7, 9, 16, (1, 3), (1, 1), (0, 1), (1, 1)),      # 63-byte kernel rows: 64-byte copies
 ])
 def test_kxk_conv_sums_exactly(geometry, x_dtype, zp):
     """Convs with groups 1 beyond unpadded 1x1 gather each output pixel's taps (the zero point's

@@ -159,6 +159,28 @@ def test_quantize_large_vs_reference(dtype, in_dtype):
                         max_mismatch=1e-3 if in_dtype == torch.float32 else None)
 
 
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", QDTYPES)
+@pytest.mark.parametrize("shape", [(1, 3, 224, 224), (3, 3, 7, 33), (2, 4, 9, 48), (2, 1, 6, 20), (1, 5, 3, 17),
+                                   (2, 3, 0, 4)])
+def test_quantize_into_channels_last(shape, dtype, in_dtype):
+    """memory_format=torch.channels_last: a channels-first image quantized straight into a
+    channels-last output has the values of quantizing it as it is; the other formats keep to
+    their contracts (contiguous_format: contiguous even from a channels-last input)."""
+    zp = 128 if dtype == torch.uint8 else -3
+    x = random_input(shape, 5, 3.0, in_dtype)
+    q = OPS.quantize_per_tensor(x, 0.02, zp, dtype, torch.channels_last)
+    assert q.is_contiguous(memory_format=torch.channels_last) and q.shape == x.shape
+    check_quantized(q.contiguous(), x, 0.02, zp, dtype)
+    for xx in (x, x.contiguous(memory_format=torch.channels_last)):
+        assert torch.equal(OPS.quantize_per_tensor(xx, 0.02, zp, dtype, torch.channels_last), q)
+        c = OPS.quantize_per_tensor(xx, 0.02, zp, dtype, torch.contiguous_format)
+        assert c.is_contiguous() and torch.equal(c, q)
+        assert torch.equal(OPS.quantize_per_tensor(xx, 0.02, zp, dtype, torch.preserve_format),
+                           OPS.quantize_per_tensor(xx, 0.02, zp, dtype))
+    torch.library.opcheck(OPS.quantize_per_tensor.default, (x, 0.02, zp, dtype, torch.channels_last))
+
+
 @pytest.mark.parametrize("dtype", QDTYPES)
 @pytest.mark.parametrize("n", [1, 5, 16, 33, 100])
 def test_nan_inf(dtype, n):
@@ -348,6 +370,9 @@ for dt in (torch.uint8, torch.int8):
         q = ops.quantize_per_tensor(xx, 0.0371, zp, dt)
         out[f"q_{{name}}_{{dt}}"] = q
         out[f"dq_{{name}}_{{dt}}"] = ops.dequantize_per_tensor(q, 0.0371, zp, torch.bfloat16)
+for i, img in enumerate(inp["images"]):
+    for dt in (torch.uint8, torch.int8):
+        out[f"cl_{{i}}_{{dt}}"] = ops.quantize_per_tensor(img, 0.0371, 3, dt, torch.channels_last)
 for key, (xx, axis) in inp["pc"].items():
     zz = z[: xx.shape[axis]]
     q = ops.quantize_per_channel(xx, s[: xx.shape[axis]], zz, axis, torch.uint8)
@@ -366,6 +391,9 @@ def test_isa_paths_agree():
     z = torch.randint(0, 256, (7000,), generator=g)
     pc = {"run": (torch.randn(3, 5, 7000, generator=g), 1), "expanded": (torch.randn(50000, 3, generator=g), -1),
           "small": (torch.randn(7, 13, 5, generator=g), 1)}
+    # channels-first images into channels-last int8: the interleave's shuffles (3 and 4 channels,
+    # 16 pixels at a time) and its tail loop
+    images = [torch.randn(2, c, 5, w, generator=g) * 5 for c in (1, 2, 3, 4, 5) for w in (16, 37)]
     f = {k: v for k, v in qbackend._C.cpu_probe().items() if isinstance(v, tuple)}
     ok = {k: all(v) for k, v in f.items()}
     real = 0 if not (ok["avx2"] and ok["fma"]) else (
@@ -376,7 +404,7 @@ def test_isa_paths_agree():
              "avx2": ({"QBACKEND_ISA": "avx2"}, False, min(real, 1)), "scalar": ({}, True, 0)}
     with tempfile.TemporaryDirectory() as tmp:
         inp = os.path.join(tmp, "in.pt")
-        torch.save({"x": x, "s": s, "z": z, "pc": pc}, inp)
+        torch.save({"x": x, "s": s, "z": z, "pc": pc, "images": images}, inp)
 
         def run(name):
             env, scalar, _ = paths[name]
@@ -395,6 +423,12 @@ def test_isa_paths_agree():
         check_quantized(base[f"q_f32_{dt}"], x, 0.0371, zp, dt)
         check_quantized(base[f"q_bf16_{dt}"], x.bfloat16(), 0.0371, zp, dt)
         check_dequantized(base[f"dq_f32_{dt}"], base[f"q_f32_{dt}"], 0.0371, zp, torch.bfloat16)
+    for i, img in enumerate(images):
+        for dt in QDTYPES:
+            q = base[f"cl_{i}_{dt}"]
+            assert q.is_contiguous(memory_format=torch.channels_last)
+            assert torch.equal(q, OPS.quantize_per_tensor(img, 0.0371, 3, dt).contiguous(
+                memory_format=torch.channels_last)), (i, dt)
     for key, (xx, axis) in pc.items():
         c = xx.shape[axis]
         check_quantized(base["pc_" + key], xx, s[:c], z[:c], torch.uint8, axis, max_mismatch=1e-3)
@@ -416,6 +450,10 @@ ERROR_CASES = {
         ("x_int", "op(torch.ones(3, dtype=torch.int32), 0.1, 0, torch.uint8)", "TypeError", "x must"),
         ("x_f64", "op(torch.ones(3, dtype=torch.float64), 0.1, 0, torch.uint8)", "TypeError", "x must"),
         ("scale_zero", f"op({X}, 0.0, 0, torch.uint8)", "ValueError", "scale must"),
+        ("channels_last_3d_x", "op(torch.randn(2, 3, 4), 0.1, 0, torch.uint8, torch.channels_last)", "ValueError",
+         "memory_format=torch.channels_last takes a 4-D x"),
+        ("memory_format_3d", "op(torch.randn(1, 2, 3, 4, 5), 0.1, 0, torch.uint8, torch.channels_last_3d)",
+         "ValueError", "memory_format must be"),
         ("scale_negative", f"op({X}, -1.0, 0, torch.uint8)", "ValueError", "scale must"),
         ("scale_nan", f"op({X}, float('nan'), 0, torch.uint8)", "ValueError", "scale must"),
         ("scale_inf", f"op({X}, float('inf'), 0, torch.uint8)", "ValueError", "scale must"),
