@@ -112,19 +112,33 @@ struct Taps {
 
   // Pixels [ow0, ow1) of output row (n, oh), all inside the image horizontally and vertically, with
   // adjacent taps: each kernel row one fixed-size copy of B >= KW * C bytes, from row pointers set
-  // once (the caller checked that reading B bytes stays inside x).
-  template <int B>
+  // once (the caller checked that reading B bytes stays inside x). RH > 0: KH == RH, known here,
+  // so that the row pointers stay in registers.
+  template <int B, int RH>
   void gather_inside(int64_t n, int64_t oh, int64_t ow0, int64_t ow1, uint8_t* dst) const {
+    const int64_t rows = RH > 0 ? RH : KH;
     const int64_t seg = KW * C, K = row_bytes(), step = p.stride[1] * C;
-    const uint8_t* src[64];
-    for (int64_t kh = 0; kh < KH; ++kh)
+    const uint8_t* src[RH > 0 ? RH : 64];
+    for (int64_t kh = 0; kh < rows; ++kh)
       src[kh] = x + ((n * H + oh * p.stride[0] - p.padding[0] + kh * p.dilation[0]) * W +
                      ow0 * p.stride[1] - p.padding[1]) * C;
-    for (int64_t ow = ow0; ow < ow1; ++ow, dst += K)
-      for (int64_t kh = 0; kh < KH; ++kh) {
+    for (int64_t ow = ow0; ow < ow1; ++ow, dst += K) {
+#pragma GCC unroll 8
+      for (int64_t kh = 0; kh < rows; ++kh) {
         std::memcpy(dst + kh * seg, src[kh], B);
         src[kh] += step;
       }
+    }
+  }
+
+  template <int B>
+  void gather_inside(int64_t n, int64_t oh, int64_t ow0, int64_t ow1, uint8_t* dst) const {
+    switch (KH) {
+      case 3: return gather_inside<B, 3>(n, oh, ow0, ow1, dst);
+      case 5: return gather_inside<B, 5>(n, oh, ow0, ow1, dst);
+      case 7: return gather_inside<B, 7>(n, oh, ow0, ow1, dst);
+      default: return gather_inside<B, 0>(n, oh, ow0, ow1, dst);
+    }
   }
 
   void gather(int64_t p0, int64_t p1, uint8_t* dst) const {
