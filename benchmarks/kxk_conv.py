@@ -4,7 +4,9 @@ FBGEMM), at batch 1 and 32, with and without a fused int8 residual (ResNet-18's 
 3x3 conv with the residual): the measurement behind the native provider's KxK conv2d row in
 qbackend/dispatch/rules.py.
 
-    python benchmarks/kxk_conv.py [--threads 2] [--quick] [--out benchmarks/results/kxk_conv.md]
+    python benchmarks/kxk_conv.py [--threads 2] [--quick] [--stems] [--out benchmarks/results/kxk_conv.md]
+
+--stems: only the convs over 1-3 input channels (the stems rule's rows).
 
 Timing and table as benchmarks/pointwise_conv.py (uint8 channels-last input, relu, uint8 output;
 ratio = the faster of oneDNN and FBGEMM / native, > 1: native is faster).
@@ -27,4 +29,9 @@ LAYERS = [("R18/R50", 3, 64, 224, 7, 2, 3), ("R18/R50", 64, 64, 56, 3, 1, 1), ("
           ("CIFAR", 3, 64, 32, 3, 1, 1)]
 
 if __name__ == "__main__":
-    sys.exit(run_table("KxK convolutions with groups 1: native vs oneDNN vs FBGEMM", LAYERS))
+    argv = sys.argv[1:]
+    if "--stems" in argv:
+        argv.remove("--stems")
+        sys.exit(run_table("KxK stems (1-3 input channels): native vs oneDNN vs FBGEMM",
+                           [layer for layer in LAYERS if layer[1] <= 3], argv))
+    sys.exit(run_table("KxK convolutions with groups 1: native vs oneDNN vs FBGEMM", LAYERS, argv))
