@@ -78,7 +78,9 @@ def test_native_rows():
     assert rules.choose("conv2d", vnni, small_dw).provider == "native"  # 75k input values
     assert rules.choose("conv2d", vnni, dict(small_dw, n=32)).provider == "onednn"
     stem = dict(CONV, c_in=3, h=224, w=224, kernel=(7, 7), stride=2)
-    assert rules.choose("conv2d", vnni, stem).provider != "native"  # 3 channels: oneDNN's direct conv
+    assert rules.choose("conv2d", vnni, stem).provider == "native"  # 3 channels: the stem rule, any size
+    assert rules.choose("conv2d", vnni, dict(stem, n=32)).provider == "native"
+    assert rules.choose("conv2d", vnni, dict(stem, c_in=16, n=32)).provider == "onednn"  # dense, 25.7M values
     # ResNet-50's stride-2 downsamples: native since it gathers the strided pixels into one GEMM
     # (1.06x the best of FBGEMM and oneDNN from 1024 channels at batch 1); FBGEMM without native.
     down = dict(pointwise, c_in=1024, c_out=2048, h=14, w=14, stride=(2, 2))
