@@ -1,0 +1,259 @@
+"""Where a CNN's forward goes, layer by layer: qbackend's converted model beside OpenVINO's per-layer
+performance counters on the same model, weights and calibration data.
+
+    python benchmarks/layer_profile.py [--model mobilenet_v2] [--batch 1] [--threads 2] [--calls 40]
+                                       [--rounds 7] [--out benchmarks/results/<cpu>/layer_profile_<model>_b<batch>.md]
+
+qbackend: the model from qbackend.quantize (default config, forward plans on); torch.profiler gives
+each op call's wall time in the order the plan runs them. The k-th conv or Linear op is the k-th
+int8 layer of `qbackend_layers` (graph order); every other op (quantize, pooling, views) is listed
+by name. OpenVINO: NNCF's default INT8 quantization, compiled for this input shape (latency hint,
+`--threads` threads) with PERF_COUNT on; its counters give each executed node's real time. OpenVINO
+renames a conv after the scale it absorbed, so its k-th conv or fully connected node (with what it
+fused) is matched to qbackend's k-th layer by order, where the counts agree; its other nodes (input
+quantize and reorder, pooling) are listed apart.
+
+Each side is timed (whole forwards, no profiler) and profiled in blocks of `--calls` forwards, the
+sides alternating for `--rounds` rounds, each block after a 0.2 s pause (the other library's
+spinning threads go idle) and 5 untimed forwards; each figure is the median over the rounds. The per-layer
+sum against the whole forward shows each side's time outside its layers (dispatch, allocation).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import qbackend  # noqa: E402
+from _machine import cpu_line, git_state, load_average, write_report  # noqa: E402
+from qbackend.models import MODELS  # noqa: E402
+from qbackend.models.case import generator  # noqa: E402
+from qbackend.models.synthetic import synthetic_images  # noqa: E402
+
+LAYER_OPS = ("conv2d", "linear")  # op names (qbackend::<provider>_conv2d[_add_], ..._linear) of int8 layers
+
+
+SETTLE_S = 0.2  # pause before each block: the other side's spinning thread pool goes idle
+WARMUP = 5      # forwards before each block, untimed
+
+
+def _settle(run, x) -> None:
+    time.sleep(SETTLE_S)
+    for _ in range(WARMUP):
+        run(x)
+
+
+def _block_time(run, x, calls: int) -> float:
+    """Seconds per forward over `calls` forwards (after settling)."""
+    _settle(run, x)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        run(x)
+    return (time.perf_counter() - t0) / calls
+
+
+class QbackendSide:
+    """qbackend's converted model: whole-forward time, and each op call's time under torch.profiler."""
+
+    def __init__(self, qmodel, x):
+        self.qmodel, self.x = qmodel, x
+        self.layers = [name for name, rec in qmodel.qbackend_layers.items() if rec.kind in LAYER_OPS]
+        with torch.inference_mode():
+            for _ in range(20):
+                qmodel(x)
+
+    def time(self, calls: int) -> float:
+        with torch.inference_mode():
+            return _block_time(self.qmodel, self.x, calls)
+
+    def profile(self, calls: int) -> list[tuple[str, str, float]]:
+        """[(layer or "-", op name, us per forward)] in the order the plan runs the ops."""
+        with torch.inference_mode():
+            _settle(self.qmodel, self.x)
+        with torch.inference_mode(), torch.profiler.profile() as prof:
+            for _ in range(calls):
+                self.qmodel(self.x)
+        ops = sorted((e for e in prof.events() if e.cpu_parent is None and "::" in e.name),
+                     key=lambda e: e.time_range.start)
+        per_call = len(ops) // calls
+        if per_call * calls != len(ops):
+            raise RuntimeError(f"the profiler saw {len(ops)} op calls over {calls} forwards: not a whole number each")
+        rows, k = [], 0
+        for i in range(per_call):
+            name = ops[i].name
+            us = sum(ops[c * per_call + i].time_range.elapsed_us() for c in range(calls)) / calls
+            op = name.split("::")[-1].rstrip("_")
+            if name.startswith("qbackend::") and (op.endswith(LAYER_OPS) or op.endswith("conv2d_add")):
+                label = self.layers[k] if k < len(self.layers) else f"? {name}"
+                k += 1
+            else:
+                label = "-"
+            rows.append((label, name, us))
+        return rows
+
+
+def _is_layer_node(info) -> bool:
+    """An OpenVINO node that runs a conv or a fully connected layer (with what it fused)."""
+    kind = info.exec_type.lower()
+    return "conv" in kind or "gemm" in kind or info.node_type in ("FullyConnected", "MatMul")
+
+
+class OpenVinoSide:
+    """OpenVINO INT8 (NNCF defaults) compiled for x's shape with PERF_COUNT on: whole-forward time,
+    and each executed node's real time from its counters."""
+
+    def __init__(self, model, calibration, x, threads: int):
+        import openvino as ov
+
+        from peers import openvino_peer
+
+        q, _ = openvino_peer.quantize(openvino_peer.convert(model, (x,)), calibration)
+        m = q.clone()
+        m.reshape({m.inputs[0]: ov.PartialShape(list(x.shape))})
+        self.compiled = ov.Core().compile_model(m, "CPU", {
+            "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "PERF_COUNT": True})
+        self.precision = openvino_peer.precision(self.compiled)
+        self.request = self.compiled.create_infer_request()
+        self.arr = x.numpy()
+        self.x = x
+        for _ in range(20):
+            self._run(x)
+
+    def _run(self, _):
+        self.request.infer([self.arr], share_inputs=True)
+
+    def time(self, calls: int) -> float:
+        return _block_time(self._run, self.x, calls)
+
+    def profile(self, calls: int) -> list[tuple[str, str, bool, float]]:
+        """[(node name, exec type, is a layer, us per forward)] in execution order."""
+        sums: dict = collections.OrderedDict()
+        _settle(self._run, self.x)
+        for _ in range(calls):
+            self._run(self.x)
+            for info in self.request.get_profiling_info():
+                if info.real_time.total_seconds() <= 0:
+                    continue
+                us, _, _ = sums.get(info.node_name, (0.0, None, None))
+                sums[info.node_name] = (us + info.real_time.total_seconds() * 1e6, info.exec_type,
+                                        _is_layer_node(info))
+        return [(name, kind, layer, us / calls) for name, (us, kind, layer) in sums.items()]
+
+
+def _median(values):
+    v = sorted(values)
+    return v[len(v) // 2]
+
+
+def interleaved(q: QbackendSide, o: OpenVinoSide, rounds: int, calls: int):
+    """Both sides timed and profiled in alternation, `rounds` times; per row and for the totals the
+    median over the rounds."""
+    q_times, o_times, q_runs, o_runs = [], [], [], []
+    for _ in range(rounds):
+        q_times.append(q.time(calls))
+        o_times.append(o.time(calls))
+        q_runs.append(q.profile(calls))
+        o_runs.append(o.profile(calls))
+    q_rows = [(label, name, _median([run[i][2] for run in q_runs])) for i, (label, name, _) in enumerate(q_runs[0])]
+    o_rows = [(name, kind, layer, _median([run[i][3] for run in o_runs if i < len(run)]))
+              for i, (name, kind, layer, _) in enumerate(o_runs[0])]
+    return _median(q_times), q_rows, _median(o_times), o_rows
+
+
+def _shape(rec) -> str:
+    s = rec.shape
+    if rec.kind == "linear":
+        return f"linear {s.get('k')}->{s.get('n')}"
+    k = s["kernel"]
+    kind = "dw" if s["groups"] > 1 and s["groups"] == s["c_in"] else f"{k[0]}x{k[1]}"
+    return f"{kind} {s['c_in']}->{s['c_out']} @{s['h']} s{s['stride'][0]}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="mobilenet_v2", choices=["mobilenet_v2", "resnet18", "resnet50"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=40, help="forwards per block")
+    ap.add_argument("--rounds", type=int, default=7, help="blocks per side, the sides alternating")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    case = MODELS[args.model](batch_size=8, num_calibration_batches=4, num_eval_batches=1, image_size=224, seed=0)
+    x = synthetic_images(args.batch, 224, generator(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = qbackend.quantize(case.model, (x,), case.calibration)
+    o_side = OpenVinoSide(case.model, case.calibration, x, args.threads)
+    q_total, q_rows, ov_total, ov_rows = interleaved(QbackendSide(qmodel, x), o_side, args.rounds, args.calls)
+    precision = o_side.precision
+
+    lines = [f"# Per-layer time: qbackend and OpenVINO, {args.model}, batch {args.batch}", "", cpu_line(),
+             f"- threads: {args.threads}; torch {torch.__version__}, qbackend {qbackend.__version__} ({git_state()}); "
+             f"OpenVINO float ops in {precision}",
+             f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start "
+             f"{load_average()}",
+             f"- command: `python benchmarks/layer_profile.py --model {args.model} --batch {args.batch} "
+             f"--threads {args.threads} --calls {args.calls} --rounds {args.rounds}`",
+             f"- us per forward, the median over {args.rounds} blocks of {args.calls} forwards per side, the sides "
+             "alternating; qbackend: profiler wall time of each op call of the forward plan (the profiler adds "
+             "a little to each); OpenVINO: PERF_COUNT real time per node", ""]
+    ov_layer_rows = [r for r in ov_rows if r[2]]
+    q_layers = [label for label, _, _ in q_rows if label != "-"]
+    matched = len(ov_layer_rows) == len(q_layers)
+    lines += ["The k-th conv or fully connected node of OpenVINO (its convs are renamed after the scale it "
+              "absorbed) is matched to the k-th int8 layer of qbackend: " + ("the counts agree." if matched else
+              f"the counts differ ({len(ov_layer_rows)} against {len(q_layers)}): no OpenVINO column."), "",
+              "| layer | shape | qbackend op | qbackend us | OpenVINO us | OpenVINO kernel | qbackend / OpenVINO |",
+              "|---|---|---|---|---|---|---|"]
+    by_kind = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    k = 0
+    for label, op, us in q_rows:
+        if label == "-":
+            lines.append(f"| - | - | `{op}` | {us:.1f} | - | - | - |")
+            by_kind["other ops"][0] += us
+            continue
+        rec = qmodel.qbackend_layers[label]
+        shape = _shape(rec)
+        kind = shape.split(" ")[0] if rec.kind == "conv2d" else "linear"
+        kind = "stem" if rec.kind == "conv2d" and rec.shape["c_in"] < 16 else kind
+        by_kind[kind][0] += us
+        by_kind[kind][2] += 1
+        ov = f"- | - | -"
+        if matched:
+            _, exec_type, _, ov_us = ov_layer_rows[k]
+            by_kind[kind][1] += ov_us
+            ov = f"{ov_us:.1f} | {exec_type} | {us / ov_us:.2f}"
+        k += 1
+        lines.append(f"| {label} | {shape} | `{op.split('::')[1]}` ({rec.route.provider}) | {us:.1f} | {ov} |")
+    rest = [r for r in ov_rows if not (matched and r[2])]
+    for _, _, _, us in rest:
+        by_kind["other ops"][1] += us
+    lines += ["", "OpenVINO's other nodes (input quantize and reorder, pooling, what it did not fuse):", "",
+              "| node | us | kernel |", "|---|---|---|"]
+    lines += [f"| `{name[:90]}` | {us:.1f} | {kind} |" for name, kind, _, us in rest if us >= 0.5]
+    q_sum = sum(us for _, _, us in q_rows)
+    ov_sum = sum(r[3] for r in ov_rows)
+    lines += ["", "## By kind", "", "| kind | layers | qbackend us | OpenVINO us | qbackend / OpenVINO |", "|---|---|---|---|---|"]
+    for kind, (qu, ou, n) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
+        ratio = f"{qu / ou:.2f}" if ou and qu else "-"
+        lines.append(f"| {kind} | {n or '-'} | {qu:.1f} | {ou:.1f} | {ratio} |")
+    lines += [f"| sum of the rows | | {q_sum:.1f} | {ov_sum:.1f} | {q_sum / ov_sum:.2f} |",
+              f"| whole forward (timed without the profiler / counters) | | {q_total * 1e6:.1f} | "
+              f"{ov_total * 1e6:.1f} | {q_total / ov_total:.2f} |",
+              f"| outside the rows | | {q_total * 1e6 - q_sum:.1f} | {ov_total * 1e6 - ov_sum:.1f} | |",
+              "", f"Load average at the end: {load_average()}."]
+    write_report("\n".join(lines) + "\n", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
