@@ -86,13 +86,51 @@ inline void border_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t ba
   }
 }
 
+// Stride 1, no dilation: the group lanes of output columns [ow0, ow1) of group g, whose 4 input
+// columns base .. base + 3 all lie inside the image, by sliding: the lanes of column ow + 1 are
+// those of ow shifted down one byte with input column base + 4 in the top byte (one widened load
+// per output column instead of one per tap). Bytes beyond the group's taps weigh 0.
+template <bool I8>
+void slide_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t g, int64_t ow0, int64_t ow1, int32_t* dst) {
+  const int64_t Cp = depthwise_cp(a.C);
+  const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
+  const int64_t base0 = ow0 - a.pw + 4 * g;
+  for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
+    const int64_t valid = a.C - c0;
+    __m512i v = _mm512_ternarylogic_epi32(column(a, src, base0, c0, valid),
+                                          _mm512_slli_epi32(column(a, src, base0 + 1, c0, valid), 8),
+                                          _mm512_slli_epi32(column(a, src, base0 + 2, c0, valid), 16), 0xFE);
+    v = _mm512_or_si512(v, _mm512_slli_epi32(column(a, src, base0 + 3, c0, valid), 24));
+    if constexpr (I8) v = _mm512_xor_si512(v, flip);
+    int32_t* d = dst + (g * a.OW + ow0) * Cp + c0;
+    for (int64_t ow = ow0;;) {
+      _mm512_storeu_si512(d, v);
+      if (++ow == ow1) break;
+      d += Cp;
+      __m512i next = column(a, src, base0 + (ow - ow0) + 3, c0, valid);
+      if constexpr (I8) next = _mm512_xor_si512(next, _mm512_set1_epi32(0x80));
+      v = _mm512_or_si512(_mm512_srli_epi32(v, 8), _mm512_slli_epi32(next, 24));
+    }
+  }
+}
+
 // Input row (n, ih) as tap rows: dst [G][OW][Cp] int32 lanes.
 void build_tap_row(const DepthwiseArgs& a, int64_t n, int64_t ih, int32_t* dst) {
   const int64_t Cp = depthwise_cp(a.C), G = depthwise_groups(a.KW);
   const uint8_t* src = a.x + (n * a.H + ih) * a.W * a.C;
+  const bool slides = a.sw == 1 && a.dw == 1;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t taps = std::min<int64_t>(4, a.KW - 4 * g);
+    // with sliding: the output columns whose 4 group bytes (taps and filler) lie inside the image
+    const int64_t s0 = slides && taps >= 2 ? std::max<int64_t>(0, a.pw - 4 * g) : a.OW;
+    const int64_t s1 = slides && taps >= 2 ? std::min<int64_t>(a.OW, a.W - 3 + a.pw - 4 * g) : a.OW;
     for (int64_t ow = 0; ow < a.OW; ++ow) {
+      if (ow == s0 && s1 - s0 >= 2) {
+        if (a.x_int8) slide_groups<true>(a, src, g, s0, s1, dst);
+        else slide_groups<false>(a, src, g, s0, s1, dst);
+        ow = s1 - 1;
+        continue;
+      }
       const int64_t base = ow * a.sw - a.pw + 4 * g * a.dw;
       int32_t* d = dst + (g * a.OW + ow) * Cp;
       if (base < 0 || base + (taps - 1) * a.dw >= a.W) {

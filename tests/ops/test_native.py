@@ -245,6 +245,12 @@ def test_conv_packed_weights_are_checked():
     (1, 20, 6, 23, (3, 9), (1, 2), (1, 4), (1, 1)),      # 9 taps a row: groups of 4, 4 and 1
     (1, 33, 9, 17, (2, 7), (2, 3), (1, 3), (1, 2)),      # dilated groups (4 + 3 taps), stride 3, padding on both sides
     (1, 144, 30, 30, (3, 3), (2, 2), (1, 1), (1, 1)),    # rows split over the threads at stride 2
+    # stride 1 without dilation: inside the image each group's lanes slide one column at a time
+    (1, 32, 5, 12, (1, 7), (1, 1), (0, 3), (1, 1)),      # groups of 4 and 3 taps
+    (1, 40, 6, 9, (3, 2), (1, 1), (0, 0), (1, 1)),       # 2 taps: the last columns built whole
+    (2, 64, 8, 30, (5, 5), (1, 1), (2, 2), (1, 1)),      # 4 + 1 taps: the single tap not slid
+    (1, 48, 3, 20, (3, 3), (1, 1), (0, 5), (1, 1)),      # wide padding: the slide starts late
+    (1, 16, 4, 5, (3, 3), (1, 1), (1, 1), (1, 1)),       # 5 columns: a short slide
 ])
 @DEPTHWISE_KERNEL
 def test_depthwise_conv_sums_exactly(geometry, x_dtype, zp):
