@@ -72,7 +72,10 @@ def test_native_rows():
     assert rules.choose("conv2d", vnni, dict(CONV, n=32)).provider == "onednn"  # 6.4M
     assert rules.choose("conv2d", vnni, dict(CONV, groups=64)).provider == "native"  # depthwise, 64ch at 56x56
     wide_dw = dict(CONV, c_in=32, c_out=32, groups=32, h=112, w=112)  # 401k input values, 32 channels
-    assert rules.choose("conv2d", vnni, wide_dw).provider == "onednn"
+    assert rules.choose("conv2d", vnni, wide_dw).provider == "native"  # stride 1, up to 32 channels: any size
+    assert rules.choose("conv2d", vnni, dict(wide_dw, n=32)).provider == "native"
+    assert rules.choose("conv2d", vnni, dict(wide_dw, stride=2)).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(wide_dw, c_in=96, c_out=96, groups=96, stride=2)).provider == "onednn"
     assert rules.choose("conv2d", vnni, dict(CONV, groups=64, n=3)).provider == "onednn"  # 602k
     small_dw = dict(CONV, c_in=384, c_out=384, groups=384, h=14, w=14)
     assert rules.choose("conv2d", vnni, small_dw).provider == "native"  # 75k input values

@@ -20,13 +20,13 @@ SIZES = (1, 2, 3, 8, 12, 13, 16, 40)
 
 
 class DepthwiseNet(nn.Module):
-    """Stem 3x3 (3 -> 16), depthwise 3x3 (16 channels at 28x28), 1x1 (16 -> 32), pool, Linear."""
+    """Stem 3x3 (3 -> 48), depthwise 3x3 (48 channels at 28x28), 1x1 (48 -> 32), pool, Linear."""
 
     def __init__(self):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
-        self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), nn.BatchNorm2d(16), nn.ReLU())
-        self.pw = nn.Sequential(nn.Conv2d(16, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(3, 48, 3, padding=1, bias=False), nn.BatchNorm2d(48), nn.ReLU())
+        self.dw = nn.Sequential(nn.Conv2d(48, 48, 3, padding=1, groups=48, bias=False), nn.BatchNorm2d(48), nn.ReLU())
+        self.pw = nn.Sequential(nn.Conv2d(48, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
         self.fc = nn.Linear(32, 10)
 
     def forward(self, x):
@@ -77,10 +77,10 @@ def test_every_size_runs_on_the_rule_tables_provider(converted):
         else:
             assert m.packed.batch_routes is None, name
     if cpu_features().isa_class == "avx512_vnni":
-        # the depthwise conv is native up to 160k input values (n <= 12 here), oneDNN beyond; the stem
-        # (3 input channels) is native at every size
+        # the depthwise conv (48 channels: over 32, under 64) is native up to 160k input values (n <= 4
+        # here), oneDNN beyond; the stem (3 input channels) is native at every size
         dw = qmodel.layer("dw.0")
-        assert dw.packed.batch_routes.ranges == ((12, "native"), (None, "onednn"))
+        assert dw.packed.batch_routes.ranges == ((4, "native"), (None, "onednn"))
         stem = qmodel.layer("stem.0")
         assert stem.packed.batch_routes is None and stem.provider == "native"
         assert "dw.0" in split
