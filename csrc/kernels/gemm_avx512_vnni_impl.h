@@ -251,6 +251,90 @@ struct Tiles {
       row_table<I8, 4>(std::make_integer_sequence<int, kMaxRows>{})};
 };
 
+// The requantizing epilogue's per-column terms of one panel (integer output without gelu), worked
+// out once for all of its row tiles: the zero-point correction, s' = w_scale * x_scale / out_scale
+// and b' = bias / out_scale per column (the per-tile epilogue recomputes them for every 6 rows,
+// which costs a short-K GEMM about a third of its instructions).
+template <int NV>
+struct RequantTerms {
+  __m512i zp_colsum[NV];
+  __m512 s2[NV], b2[NV];
+  __mmask16 mask[NV];
+  __m512 q_lo, q_hi, r2;
+  __m512i out_zp;
+  bool u8;
+
+  RequantTerms(const GemmArgs& g, int64_t n_base) {
+    u8 = g.out_type == GemmOut::u8;
+    const float q_min = u8 ? 0.0f : -128.0f, q_max = u8 ? 255.0f : 127.0f;
+    const float lo = q_min - static_cast<float>(g.out_zp);
+    q_lo = _mm512_set1_ps(g.post == GemmPost::relu ? std::max(lo, 0.0f) : lo);
+    q_hi = _mm512_set1_ps(q_max - static_cast<float>(g.out_zp));
+    out_zp = _mm512_set1_epi32(g.out_zp);
+    r2 = _mm512_set1_ps(g.r_scale * g.out_inv_scale);
+    const __m512 inv = _mm512_set1_ps(g.out_inv_scale);
+    for (int v = 0; v < NV; ++v) {
+      const int64_t n0 = n_base + v * 16;
+      mask[v] = avx512::tail_mask(std::min<int64_t>(16, g.N - n0));
+      zp_colsum[v] = _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + n0), _mm512_set1_epi32(g.a_zp));
+      const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[v], g.w_scales + n0), _mm512_set1_ps(g.x_scale));
+      const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(mask[v], g.bias + n0) : _mm512_setzero_ps();
+      s2[v] = _mm512_mul_ps(scale, inv);
+      b2[v] = _mm512_mul_ps(bias, inv);
+    }
+  }
+};
+
+// The direct-requant epilogue of epilogue() with the column terms given (the same operations in
+// the same order: bit-identical results).
+template <int MR, int NV>
+__attribute__((always_inline)) inline void requant_epilogue(const GemmArgs& g, const __m512i* sums, int64_t m0,
+                                                            int64_t n_base, const RequantTerms<NV>& t) {
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const int64_t n0 = n_base + v * 16;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      __m512 y = _mm512_fmadd_ps(sum_to_float(sums[r * NV + v], t.zp_colsum[v]), t.s2[v], t.b2[v]);
+      if (g.r) y = _mm512_fmadd_ps(residual(g, m0 + r, n0, t.mask[v]), t.r2, y);
+      const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, t.q_lo), t.q_hi)), t.out_zp);
+      uint8_t* dst = static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0;
+      avx512::store(dst, t.mask[v], t.u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q));
+    }
+  }
+}
+
+// Rows [mb, me) of panel p in full 6-row tiles with the requantizing epilogue, the column terms
+// worked out once; returns the first row not done (the caller runs the last, partial tile).
+template <int NV, bool I8>
+int64_t requant_full_tiles(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, const int8_t* pf_base,
+                           int64_t slice, int64_t pf_bytes, int lines) {
+  const RequantTerms<NV> terms(g, p * kGemmPanel);
+  const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K);
+  int64_t m = mb, i = 0;
+  for (; m + kMaxRows <= me; m += kMaxRows, ++i) {
+    __m512i sums[kMaxRows * NV];
+    const uint8_t* a = g.a + m * g.lda;
+    const int8_t* pf = lines && i * slice < pf_bytes ? pf_base + i * slice : nullptr;
+    if (pf && lines == 1) dot_tile<kMaxRows, NV, I8, 1>(a, g.lda, B, NV * 64, g.K, sums, pf);
+    else if (pf && lines == 2) dot_tile<kMaxRows, NV, I8, 2>(a, g.lda, B, NV * 64, g.K, sums, pf);
+    else dot_tile<kMaxRows, NV, I8>(a, g.lda, B, NV * 64, g.K, sums);
+    requant_epilogue<kMaxRows, NV>(g, sums, m, p * kGemmPanel, terms);
+  }
+  return m;
+}
+
+template <bool I8>
+int64_t requant_full_tiles(const GemmArgs& g, int64_t p, int64_t nv, int64_t mb, int64_t me, const int8_t* pf_base,
+                           int64_t slice, int64_t pf_bytes, int lines) {
+  switch (nv) {
+    case 1: return requant_full_tiles<1, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines);
+    case 2: return requant_full_tiles<2, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines);
+    case 3: return requant_full_tiles<3, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines);
+    default: return requant_full_tiles<4, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines);
+  }
+}
+
 // Rows [mb, me) of panel p on the VNNI register tiles. With `next` and at least two row tiles,
 // the tiles share the prefetch of the next panel: tile i takes its i-th slice of
 // min(2, ceil(vectors / tiles)) lines per k-group (with three tiles, two of them cover it all).
@@ -265,8 +349,14 @@ inline void vnni_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me
   const int64_t next_vectors = next.bytes / (kgroups * 64);
   const int lines = next.p && tiles >= 2 ? static_cast<int>(std::min<int64_t>(2, (next_vectors + tiles - 1) / tiles)) : 0;
   const int64_t slice = lines * kgroups * 64;
-  int64_t i = 0;
-  for (int64_t m = mb; m < me; m += kMaxRows, ++i) {
+  int64_t i = 0, m = mb;
+  if ((g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu) {
+    const int64_t nv = (cols + 15) / 16;
+    m = g.a_int8 ? requant_full_tiles<true>(g, p, nv, mb, me, next.p, slice, next.bytes, lines)
+                 : requant_full_tiles<false>(g, p, nv, mb, me, next.p, slice, next.bytes, lines);
+    i = (m - mb) / kMaxRows;
+  }
+  for (; m < me; m += kMaxRows, ++i) {
     const int8_t* pf = lines && i * slice < next.bytes ? next.p + i * slice : nullptr;
     by_rows[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p, pf, lines);
   }
