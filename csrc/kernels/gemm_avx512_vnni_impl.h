@@ -165,6 +165,75 @@ inline __m512 residual(const GemmArgs& g, int64_t m, int64_t n0, __mmask16 mask)
 inline __m512 sum_to_float(__m512i s, __m512i zp_colsum) { return _mm512_cvtepi32_ps(_mm512_sub_epi32(s, zp_colsum)); }
 inline __m512 sum_to_float(__m512 s, __m512i) { return s; }
 
+// The per-column terms of one 16-column vector of the output (columns n0..): its lane mask, the
+// zero-point correction a_zp x colsum (int32 sums; 0 for fp32 sums), and scale = w_scale x x_scale
+// and bias.
+struct Column {
+  __mmask16 mask;
+  __m512i zp_colsum;
+  __m512 scale, bias;
+
+  Column(const GemmArgs& g, int64_t n0, int32_t a_zp, bool int_sums) {
+    mask = avx512::tail_mask(std::min<int64_t>(16, g.N - n0));
+    zp_colsum = int_sums ? _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + n0), _mm512_set1_epi32(a_zp))
+                         : _mm512_setzero_si512();
+    scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, g.w_scales + n0), _mm512_set1_ps(g.x_scale));
+    bias = g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + n0) : _mm512_setzero_ps();
+  }
+};
+
+// Integer output without gelu: q = clamp(round(acc * s' + b' [+ (res - res_zp) * r'])) + out_zp
+// with s' = scale / out_scale, b' = bias / out_scale and r' = res_scale / out_scale folded once
+// per column, the clamp (and relu: q >= out_zp) in float before rounding. 9 vector ops per 16
+// outputs instead of 13: the short-K GEMMs (1x1 convs from 16-128 channels) are bound by their
+// epilogue. RequantColumn: a column's s', b' (and mask, correction); RequantOutput: the terms
+// every column shares.
+struct RequantColumn {
+  __mmask16 mask;
+  __m512i zp_colsum;
+  __m512 s2, b2;
+
+  RequantColumn() = default;
+  RequantColumn(const GemmArgs& g, int64_t n0, int32_t a_zp, bool int_sums) {
+    const Column c(g, n0, a_zp, int_sums);
+    const __m512 inv = _mm512_set1_ps(g.out_inv_scale);
+    mask = c.mask;
+    zp_colsum = c.zp_colsum;
+    s2 = _mm512_mul_ps(c.scale, inv);
+    b2 = _mm512_mul_ps(c.bias, inv);
+  }
+};
+
+struct RequantOutput {
+  __m512 q_lo, q_hi, r2;  // bounds of round(y / out_scale) relative to out_zp (and relu's y >= 0)
+  __m512i out_zp;
+  bool u8;
+
+  explicit RequantOutput(const GemmArgs& g) {
+    u8 = g.out_type == GemmOut::u8;
+    const float q_min = u8 ? 0.0f : -128.0f, q_max = u8 ? 255.0f : 127.0f;
+    const float lo = q_min - static_cast<float>(g.out_zp);
+    q_lo = _mm512_set1_ps(g.post == GemmPost::relu ? std::max(lo, 0.0f) : lo);
+    q_hi = _mm512_set1_ps(q_max - static_cast<float>(g.out_zp));
+    out_zp = _mm512_set1_epi32(g.out_zp);
+    r2 = _mm512_set1_ps(g.r_scale * g.out_inv_scale);
+  }
+};
+
+// Rows m0 .. m0 + MR of column vector v (columns n0..) of a block of sums, requantized and stored.
+template <int MR, int NV, class Sum>
+__attribute__((always_inline)) inline void requant_rows(const GemmArgs& g, const Sum* sums, int v, int64_t m0,
+                                                        int64_t n0, const RequantColumn& c, const RequantOutput& o) {
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    __m512 t = _mm512_fmadd_ps(sum_to_float(sums[r * NV + v], c.zp_colsum), c.s2, c.b2);
+    if (g.r) t = _mm512_fmadd_ps(residual(g, m0 + r, n0, c.mask), o.r2, t);
+    const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, o.q_lo), o.q_hi)), o.out_zp);
+    uint8_t* dst = static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0;
+    avx512::store(dst, c.mask, o.u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q));
+  }
+}
+
 // The epilogue of an MR x (NV * 16) block of sums (sums[r * NV + v]: int32 __m512i, or exact
 // integer values in fp32 __m512) of rows m0.. and columns n_base..: per 16-column vector, the
 // per-column terms are loaded once for the MR rows. a_zp is the zero point int32 sums are taken
@@ -172,51 +241,27 @@ inline __m512 sum_to_float(__m512 s, __m512i) { return s; }
 template <int MR, int NV, class Sum = __m512i>
 __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const Sum* sums, int64_t m0, int64_t n_base, int32_t a_zp) {
   constexpr bool int_sums = std::is_same_v<Sum, __m512i>;
-  const bool int_out = g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8;
-  const bool direct_requant = int_out && g.post != GemmPost::gelu;
-  // Bounds of round(y / out_scale) for the output range (and relu's y >= 0), relative to out_zp.
-  const float q_min = g.out_type == GemmOut::u8 ? 0.0f : -128.0f, q_max = g.out_type == GemmOut::u8 ? 255.0f : 127.0f;
-  const float lo = q_min - static_cast<float>(g.out_zp);
-  const __m512 q_lo = _mm512_set1_ps(g.post == GemmPost::relu ? std::max(lo, 0.0f) : lo);
-  const __m512 q_hi = _mm512_set1_ps(q_max - static_cast<float>(g.out_zp));
-  const __m512i out_zp = _mm512_set1_epi32(g.out_zp);
+  if ((g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu) {
+    const RequantOutput o(g);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const int64_t n0 = n_base + v * 16;
+      requant_rows<MR, NV>(g, sums, v, m0, n0, RequantColumn(g, n0, a_zp, int_sums), o);
+    }
+    return;
+  }
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
     const int64_t n0 = n_base + v * 16;
-    const int64_t valid = std::min<int64_t>(16, g.N - n0);
-    const __mmask16 mask = avx512::tail_mask(valid);
-    __m512i zp_colsum = _mm512_setzero_si512();
-    if constexpr (int_sums) zp_colsum = _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + n0), _mm512_set1_epi32(a_zp));
-    const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, g.w_scales + n0), _mm512_set1_ps(g.x_scale));
-    const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + n0) : _mm512_setzero_ps();
-    if (direct_requant) {
-      // Integer output without gelu: q = clamp(round(acc * s' + b' [+ (res - res_zp) * r'])) + out_zp
-      // with s' = scale / out_scale, b' = bias / out_scale and r' = res_scale / out_scale folded
-      // once per column, the clamp (and relu: q >= out_zp) in float before rounding. 9 vector ops
-      // per 16 outputs instead of 13: the short-K GEMMs (1x1 convs from 16-128 channels) are
-      // bound by their epilogue.
-      const __m512 inv = _mm512_set1_ps(g.out_inv_scale);
-      const __m512 s2 = _mm512_mul_ps(scale, inv), b2 = _mm512_mul_ps(bias, inv);
-      const __m512 r2 = _mm512_set1_ps(g.r_scale * g.out_inv_scale);
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        __m512 t = _mm512_fmadd_ps(sum_to_float(sums[r * NV + v], zp_colsum), s2, b2);
-        if (g.r) t = _mm512_fmadd_ps(residual(g, m0 + r, n0, mask), r2, t);
-        const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, q_lo), q_hi)), out_zp);
-        uint8_t* dst = static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0;
-        const __m128i bytes = g.out_type == GemmOut::u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q);
-        avx512::store(dst, mask, bytes);
-      }
-      continue;
-    }
+    const Column c(g, n0, a_zp, int_sums);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const int64_t m = m0 + r;
-      __m512 y = _mm512_fmadd_ps(sum_to_float(sums[r * NV + v], zp_colsum), scale, bias);
-      if (g.r) y = _mm512_fmadd_ps(residual(g, m, n0, mask), _mm512_set1_ps(g.r_scale), y);
+      __m512 y = _mm512_fmadd_ps(sum_to_float(sums[r * NV + v], c.zp_colsum), c.scale, c.bias);
+      if (g.r) y = _mm512_fmadd_ps(residual(g, m, n0, c.mask), _mm512_set1_ps(g.r_scale), y);
       if (g.post == GemmPost::relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
       else if (g.post == GemmPost::gelu) y = gelu(y);
-      store(g, y, m, n0, mask);
+      store(g, y, m, n0, c.mask);
     }
   }
 }
@@ -251,59 +296,18 @@ struct Tiles {
       row_table<I8, 4>(std::make_integer_sequence<int, kMaxRows>{})};
 };
 
-// The requantizing epilogue's per-column terms of one panel (integer output without gelu), worked
-// out once for all of its row tiles: the zero-point correction, s' = w_scale * x_scale / out_scale
-// and b' = bias / out_scale per column. The per-tile epilogue works them out for every 6 rows,
-// which on short-K GEMMs (1x1 convs over 16-64 channels) costs 10-19% of their time (one thread,
-// AMD Zen 5).
+// The requantizing epilogue's terms of one panel (integer output without gelu), worked out once
+// for all of its row tiles. The per-tile epilogue works them out for every 6 rows, which on
+// short-K GEMMs (1x1 convs over 16-64 channels) costs 10-19% of their time (one thread, AMD Zen 5).
 template <int NV>
 struct RequantTerms {
-  __m512i zp_colsum[NV];
-  __m512 s2[NV], b2[NV];
-  __mmask16 mask[NV];
-  __m512 q_lo, q_hi, r2;
-  __m512i out_zp;
-  bool u8;
+  RequantOutput out;
+  RequantColumn col[NV];
 
-  RequantTerms(const GemmArgs& g, int64_t n_base) {
-    u8 = g.out_type == GemmOut::u8;
-    const float q_min = u8 ? 0.0f : -128.0f, q_max = u8 ? 255.0f : 127.0f;
-    const float lo = q_min - static_cast<float>(g.out_zp);
-    q_lo = _mm512_set1_ps(g.post == GemmPost::relu ? std::max(lo, 0.0f) : lo);
-    q_hi = _mm512_set1_ps(q_max - static_cast<float>(g.out_zp));
-    out_zp = _mm512_set1_epi32(g.out_zp);
-    r2 = _mm512_set1_ps(g.r_scale * g.out_inv_scale);
-    const __m512 inv = _mm512_set1_ps(g.out_inv_scale);
-    for (int v = 0; v < NV; ++v) {
-      const int64_t n0 = n_base + v * 16;
-      mask[v] = avx512::tail_mask(std::min<int64_t>(16, g.N - n0));
-      zp_colsum[v] = _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + n0), _mm512_set1_epi32(g.a_zp));
-      const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[v], g.w_scales + n0), _mm512_set1_ps(g.x_scale));
-      const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(mask[v], g.bias + n0) : _mm512_setzero_ps();
-      s2[v] = _mm512_mul_ps(scale, inv);
-      b2[v] = _mm512_mul_ps(bias, inv);
-    }
+  RequantTerms(const GemmArgs& g, int64_t n_base) : out(g) {
+    for (int v = 0; v < NV; ++v) col[v] = RequantColumn(g, n_base + v * 16, g.a_zp, true);
   }
 };
-
-// The direct-requant epilogue of epilogue() with the column terms given (the same operations in
-// the same order: bit-identical results).
-template <int MR, int NV>
-__attribute__((always_inline)) inline void requant_epilogue(const GemmArgs& g, const __m512i* sums, int64_t m0,
-                                                            int64_t n_base, const RequantTerms<NV>& t) {
-#pragma GCC unroll 4
-  for (int v = 0; v < NV; ++v) {
-    const int64_t n0 = n_base + v * 16;
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      __m512 y = _mm512_fmadd_ps(sum_to_float(sums[r * NV + v], t.zp_colsum[v]), t.s2[v], t.b2[v]);
-      if (g.r) y = _mm512_fmadd_ps(residual(g, m0 + r, n0, t.mask[v]), t.r2, y);
-      const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, t.q_lo), t.q_hi)), t.out_zp);
-      uint8_t* dst = static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0;
-      avx512::store(dst, t.mask[v], t.u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q));
-    }
-  }
-}
 
 // Rows [mb, me) of panel p in full 6-row tiles with the requantizing epilogue, the column terms
 // worked out once; returns the first row not done (the caller runs the last, partial tile).
@@ -320,7 +324,9 @@ int64_t requant_full_tiles(const GemmArgs& g, int64_t p, int64_t mb, int64_t me,
     if (pf && lines == 1) dot_tile<kMaxRows, NV, I8, 1>(a, g.lda, B, NV * 64, g.K, sums, pf);
     else if (pf && lines == 2) dot_tile<kMaxRows, NV, I8, 2>(a, g.lda, B, NV * 64, g.K, sums, pf);
     else dot_tile<kMaxRows, NV, I8>(a, g.lda, B, NV * 64, g.K, sums);
-    requant_epilogue<kMaxRows, NV>(g, sums, m, p * kGemmPanel, terms);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      requant_rows<kMaxRows, NV>(g, sums, v, m, p * kGemmPanel + v * 16, terms.col[v], terms.out);
   }
   return m;
 }
