@@ -19,7 +19,7 @@ from ..core.routes import Route
 from ..dispatch import route
 from ..nn.attention import FusedAttention
 from ..nn.quant import Quantize
-from .graph_utils import bound_args, node_value
+from .graph_utils import bound_args, module_of, node_value
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 _ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
@@ -66,10 +66,9 @@ def fuse_attention(gm: fx.GraphModule, bf16_products: bool) -> int:
             continue
         readers = list(node.users)
         quant = None
-        if len(readers) == 1 and readers[0].op == "call_module":
-            m = gm.get_submodule(readers[0].target)
-            if isinstance(m, Quantize) and m.channel_divisor is None:
-                quant = (readers[0], m)
+        m = module_of(gm, readers[0], Quantize) if len(readers) == 1 else None
+        if m is not None and m.channel_divisor is None:
+            quant = (readers[0], m)
         kwargs = dict(scale=a.get("scale"), is_causal=bool(a.get("is_causal", False)), bf16_products=bf16_products,
                       out_dtype=node_value(a["query"]).dtype)  # SDPA's output dtype, unless a quantize is fused
         if quant is not None:

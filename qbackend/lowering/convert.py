@@ -337,7 +337,7 @@ _RECORDERS = (ActivationObserver, smoothing_search.ChannelStats, HessianStats)
 
 def _recorder_test(gm: fx.GraphModule):
     """node -> whether it calls one of gm's recorders (_RECORDERS)."""
-    return lambda node: node.op == "call_module" and isinstance(gm.get_submodule(node.target), _RECORDERS)
+    return lambda node: module_of(gm, node, _RECORDERS) is not None
 
 
 def plan_nhwc_flattens(state: ConvertState) -> ConvertState:
@@ -489,15 +489,13 @@ def donate_dead_residuals(state: ConvertState) -> ConvertState:
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     fresh_modules = (QuantizedConv2d, QuantizedLinear, Quantize)
     for node in gm.graph.nodes:
-        if node.op != "call_module" or len(node.args) != 2:
-            continue
-        module = gm.get_submodule(node.target)
-        if not isinstance(module, QuantizedConv2d) or not module.has_accum:
+        module = module_of(gm, node, QuantizedConv2d)
+        if module is None or len(node.args) != 2 or not module.has_accum:
             continue
         x, acc = node.args
         if acc is x:
             continue
-        fresh = (acc.op == "call_module" and isinstance(gm.get_submodule(acc.target), fresh_modules)) or \
+        fresh = module_of(gm, acc, fresh_modules) is not None or \
             (acc.op == "call_function" and acc.target is ops_ns.max_pool2d.default)
         if fresh and all(order[u] < order[node] for u in acc.users if u is not node):
             module.accum_donated = True
