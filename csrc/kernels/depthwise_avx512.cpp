@@ -1,8 +1,10 @@
 // The native depthwise conv (contract: depthwise_kernels.h) on AVX512-VNNI: each input row is laid
 // out once per thread as tap rows (for every output column and 4-tap group, the 4 input bytes of
 // 16 channels that the group reads, one int32 lane per channel), then blocks of up to 8 output
-// pixels x 64 channels accumulate one vpdpbusd per kernel row and tap group in int32 registers and
-// go through the native GEMM's epilogue (gemm_avx512_vnni_impl.h). Call only when has(Isa::Avx512Vnni).
+// pixels x 64 channels accumulate one vpdpbusd per kernel row and tap group in int32 registers,
+// starting from the zero point's share, and are requantized with per-channel terms worked out once
+// per call (other outputs: the native GEMM's epilogue, gemm_avx512_vnni_impl.h). 3-row kernels of
+// up to 4 taps a row have their loop unrolled. Call only when has(Isa::Avx512Vnni).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -143,14 +145,112 @@ void build_tap_row(const DepthwiseArgs& a, int64_t n, int64_t ih, int32_t* dst) 
   }
 }
 
+// The epilogue's per-channel terms, worked out once per call for all of its output rows:
+// init = -xu_zp x colsum, the accumulators' start (so the dot products end as the exact
+// zero-point-corrected sums); and for the requantizing epilogue (integer output, no gelu, no
+// residual) s2 = w_scale x x_scale / out_scale and b2 = bias / out_scale, the same products in the
+// same order as the GEMM's RequantColumn, so the output is that epilogue's bit for bit.
+struct Terms {
+  const int32_t* init;
+  const float* s2;
+  const float* b2;
+  bool requant;     // the requantizing epilogue applies
+  __m512 q_lo, q_hi;  // round(y / out_scale) bounds relative to out_zp (relu: >= 0)
+  __m512i out_zp16;   // out_zp in every int16 lane
+  bool u8;
+};
+
+Terms make_terms(const DepthwiseArgs& a, uint8_t* buf) {
+  const GemmArgs& g = a.epi;
+  const int64_t Cp = depthwise_cp(a.C);
+  int32_t* init = reinterpret_cast<int32_t*>(buf);
+  float* s2 = reinterpret_cast<float*>(buf) + Cp;
+  float* b2 = s2 + Cp;
+  const __m512i neg_zp = _mm512_set1_epi32(-uint8_zero_point(a));
+  const __m512 inv = _mm512_set1_ps(g.out_inv_scale), xs = _mm512_set1_ps(g.x_scale);
+  for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
+    const __mmask16 m = avx512::tail_mask(std::min<int64_t>(16, a.C - c0));
+    _mm512_storeu_si512(init + c0, _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + c0), neg_zp));
+    const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g.w_scales + c0), xs);
+    const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(m, g.bias + c0) : _mm512_setzero_ps();
+    _mm512_storeu_ps(s2 + c0, _mm512_mul_ps(scale, inv));
+    _mm512_storeu_ps(b2 + c0, _mm512_mul_ps(bias, inv));
+  }
+  const RequantOutput o(g);
+  return Terms{init, s2, b2,
+               (g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu && !g.r,
+               o.q_lo, o.q_hi, _mm512_set1_epi16(static_cast<int16_t>(g.out_zp)), o.u8};
+}
+
+// Requantizes MR pixels x 64 channels (four full vectors) and stores them as one 64-byte row each:
+// per vector clamp(acc x s2 + b2) rounded to int32 as in requant_rows, then the four vectors packed
+// to int16 (exact: the values lie within the bounds), out_zp added there (exact: the sums lie in
+// the output's range) and packed to bytes; the packs interleave the vectors per 128-bit lane, which
+// one dword permutation undoes.
+template <int MR>
+__attribute__((always_inline)) inline void store_packed(const DepthwiseArgs& a, const Terms& t, const __m512i* acc,
+                                                        int64_t m0, int64_t c0) {
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  __m512 s2[4], b2[4];
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    s2[v] = _mm512_loadu_ps(t.s2 + c0 + v * 16);
+    b2[v] = _mm512_loadu_ps(t.b2 + c0 + v * 16);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    __m512i q[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r * 4 + v]), s2[v], b2[v]);
+      q[v] = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, t.q_lo), t.q_hi));
+    }
+    const __m512i lo = _mm512_adds_epi16(_mm512_packs_epi32(q[0], q[1]), t.out_zp16);
+    const __m512i hi = _mm512_adds_epi16(_mm512_packs_epi32(q[2], q[3]), t.out_zp16);
+    const __m512i bytes = t.u8 ? _mm512_packus_epi16(lo, hi) : _mm512_packs_epi16(lo, hi);
+    uint8_t* dst = static_cast<uint8_t*>(a.epi.out) + (m0 + r) * a.epi.ldc + c0;
+    _mm512_storeu_si512(dst, _mm512_permutexvar_epi32(order, bytes));
+  }
+}
+
+// The same requantization for MR pixels x NV vectors of which the last may be partial: each vector
+// narrowed and stored on its own (requant_rows with the terms of the call).
+template <int MR, int NV>
+__attribute__((always_inline)) inline void store_vectors(const DepthwiseArgs& a, const Terms& t, const __m512i* acc,
+                                                         int64_t m0, int64_t c0) {
+  const __m512i out_zp = _mm512_set1_epi32(a.epi.out_zp);
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const int64_t n0 = c0 + v * 16;
+    const __mmask16 mask = avx512::tail_mask(std::min<int64_t>(16, a.C - n0));
+    const __m512 s2 = _mm512_loadu_ps(t.s2 + n0), b2 = _mm512_loadu_ps(t.b2 + n0);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r * NV + v]), s2, b2);
+      const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, t.q_lo), t.q_hi)), out_zp);
+      uint8_t* dst = static_cast<uint8_t*>(a.epi.out) + (m0 + r) * a.epi.ldc + n0;
+      avx512::store(dst, mask, t.u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q));
+    }
+  }
+}
+
 // MR output pixels (ow0.., pixel index m0..) x NV 16-channel vectors (c0..) of one output row whose
 // tap rows are rows[0 .. KH).
-template <int MR, int NV>
-void block(const DepthwiseArgs& a, const int32_t* const* rows, int64_t m0, int64_t ow0, int64_t c0) {
-  const int64_t Cp = depthwise_cp(a.C), G = depthwise_groups(a.KW);
+// KH3: the kernel is 3 x (up to 4) taps, its loop unrolled at compile time (with a runtime trip
+// count the compiler rotates the accumulators through other registers on every iteration).
+template <int MR, int NV, bool KH3>
+void block(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, int64_t m0, int64_t ow0, int64_t c0) {
+  const int64_t Cp = depthwise_cp(a.C);
+  const int64_t KH = KH3 ? 3 : a.KH, G = KH3 ? 1 : depthwise_groups(a.KW);
   __m512i acc[MR * NV];
-  for (int i = 0; i < MR * NV; ++i) acc[i] = _mm512_setzero_si512();
-  for (int64_t kh = 0; kh < a.KH; ++kh) {
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const __m512i init = _mm512_loadu_si512(t.init + c0 + v * 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) acc[r * NV + v] = init;
+  }
+#pragma GCC unroll 3
+  for (int64_t kh = 0; kh < KH; ++kh) {
     for (int64_t g = 0; g < G; ++g) {
       const int32_t* q = rows[kh] + (g * a.OW + ow0) * Cp + c0;
       const int8_t* wp = a.w + ((kh * G + g) * Cp + c0) * 4;
@@ -165,30 +265,44 @@ void block(const DepthwiseArgs& a, const int32_t* const* rows, int64_t m0, int64
       }
     }
   }
-  epilogue<MR, NV>(a.epi, acc, m0, c0, uint8_zero_point(a));
+  if (t.requant) {
+    if constexpr (NV == 4) {
+      if (c0 + 64 <= a.C) return store_packed<MR>(a, t, acc, m0, c0);
+    }
+    return store_vectors<MR, NV>(a, t, acc, m0, c0);
+  }
+  epilogue<MR, NV>(a.epi, acc, m0, c0, 0);  // the sums are zero-point corrected already
 }
 
 // An output row's pixels [0, OW) for the channel block c0.. of nv vectors, in blocks of MR pixels.
-template <int MR, int NV>
-void pixels(const DepthwiseArgs& a, const int32_t* const* rows, int64_t m_row, int64_t c0) {
+template <int MR, int NV, bool KH3>
+void pixels(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, int64_t m_row, int64_t c0) {
   int64_t ow = 0;
-  for (; ow + MR <= a.OW; ow += MR) block<MR, NV>(a, rows, m_row + ow, ow, c0);
-  for (; ow < a.OW; ++ow) block<1, NV>(a, rows, m_row + ow, ow, c0);
+  for (; ow + MR <= a.OW; ow += MR) block<MR, NV, KH3>(a, t, rows, m_row + ow, ow, c0);
+  for (; ow < a.OW; ++ow) block<1, NV, KH3>(a, t, rows, m_row + ow, ow, c0);
 }
 
-void row_pixels(const DepthwiseArgs& a, const int32_t* const* rows, int64_t m_row, int64_t c0, int64_t nv) {
+template <int MR, int NV>
+void pixels(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, int64_t m_row, int64_t c0) {
+  if (a.KH == 3 && a.KW <= 4) pixels<MR, NV, true>(a, t, rows, m_row, c0);
+  else pixels<MR, NV, false>(a, t, rows, m_row, c0);
+}
+
+void row_pixels(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, int64_t m_row, int64_t c0,
+                int64_t nv) {
   switch (nv) {  // up to 16 accumulators
-    case 1: pixels<8, 1>(a, rows, m_row, c0); break;
-    case 2: pixels<8, 2>(a, rows, m_row, c0); break;
-    case 3: pixels<4, 3>(a, rows, m_row, c0); break;
-    default: pixels<4, 4>(a, rows, m_row, c0); break;
+    case 1: pixels<8, 1>(a, t, rows, m_row, c0); break;
+    case 2: pixels<8, 2>(a, t, rows, m_row, c0); break;
+    case 3: pixels<4, 3>(a, t, rows, m_row, c0); break;
+    default: pixels<4, 4>(a, t, rows, m_row, c0); break;
   }
 }
 
 }  // namespace
 
 size_t depthwise_scratch_bytes(const DepthwiseArgs& a) {
-  return static_cast<size_t>((ring_rows(a) + 1) * tap_row_lanes(a)) * sizeof(int32_t);
+  // the ring, the padding row and the epilogue's three [Cp] terms
+  return static_cast<size_t>((ring_rows(a) + 1) * tap_row_lanes(a) + 3 * depthwise_cp(a.C)) * sizeof(int32_t);
 }
 
 void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch) {
@@ -196,6 +310,7 @@ void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t ro
   int32_t* ring = reinterpret_cast<int32_t*>(scratch);
   int32_t* pad_row = ring + R * lanes;  // input rows above and below the image: every byte the zero point
   std::memset(pad_row, uint8_zero_point(a), static_cast<size_t>(lanes) * sizeof(int32_t));
+  const Terms terms = make_terms(a, reinterpret_cast<uint8_t*>(pad_row + lanes));
   std::array<int64_t, kMaxRing> tag;  // the (n * H + ih) each ring slot holds, -1: none
   std::fill(tag.begin(), tag.begin() + R, int64_t(-1));
   std::array<const int32_t*, 64> rows{};
@@ -217,7 +332,7 @@ void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t ro
     }
     const int64_t m_row = row * a.OW;
     for (int64_t c0 = 0; c0 < a.C; c0 += 64)
-      row_pixels(a, rows.data(), m_row, c0, std::min<int64_t>(4, (a.C - c0 + 15) / 16));
+      row_pixels(a, terms, rows.data(), m_row, c0, std::min<int64_t>(4, (a.C - c0 + 15) / 16));
   }
 }
 
