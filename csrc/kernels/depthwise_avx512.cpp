@@ -38,11 +38,11 @@ inline __m512i column(const DepthwiseArgs& a, const uint8_t* src, int64_t iw, in
 // Tap group lanes of an output column whose TAPS input columns base, base + dw, ... all lie inside
 // the image: byte t of lane c = x[base + t * dw][c] (as uint8: int8 bytes with their sign bit flipped).
 template <int TAPS, bool I8>
-inline void interior_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t base, int32_t* dst) {
+inline void interior_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t base, int64_t cb, int32_t* dst) {
   const int64_t Cp = depthwise_cp(a.C);
   // The sign bits of the bytes of real taps (the other bytes weigh 0).
   const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u >> (8 * (4 - TAPS))));
-  for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
+  for (int64_t c0 = cb; c0 < Cp; c0 += 16) {
     const int64_t valid = a.C - c0;
     __m512i v = column(a, src, base, c0, valid);
     if constexpr (TAPS == 2) {
@@ -58,20 +58,21 @@ inline void interior_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t 
 }
 
 template <bool I8>
-void interior(const DepthwiseArgs& a, const uint8_t* src, int64_t base, int64_t taps, int32_t* dst) {
+void interior(const DepthwiseArgs& a, const uint8_t* src, int64_t base, int64_t taps, int64_t cb, int32_t* dst) {
   switch (taps) {
-    case 1: interior_groups<1, I8>(a, src, base, dst); break;
-    case 2: interior_groups<2, I8>(a, src, base, dst); break;
-    case 3: interior_groups<3, I8>(a, src, base, dst); break;
-    default: interior_groups<4, I8>(a, src, base, dst); break;
+    case 1: interior_groups<1, I8>(a, src, base, cb, dst); break;
+    case 2: interior_groups<2, I8>(a, src, base, cb, dst); break;
+    case 3: interior_groups<3, I8>(a, src, base, cb, dst); break;
+    default: interior_groups<4, I8>(a, src, base, cb, dst); break;
   }
 }
 
 // The same for an output column that reads padding: taps outside [0, W) read the zero point.
-inline void border_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t base, int64_t taps, int32_t* dst) {
+inline void border_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t base, int64_t taps, int64_t cb,
+                          int32_t* dst) {
   const int64_t Cp = depthwise_cp(a.C);
   const int32_t zp = uint8_zero_point(a);
-  for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
+  for (int64_t c0 = cb; c0 < Cp; c0 += 16) {
     __m512i v = _mm512_setzero_si512();
     for (int64_t t = 0; t < taps; ++t) {
       const int64_t iw = base + t * a.dw;
@@ -93,11 +94,12 @@ inline void border_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t ba
 // those of ow shifted down one byte with input column base + 4 in the top byte (one widened load
 // per output column instead of one per tap). Bytes beyond the group's taps weigh 0.
 template <bool I8>
-void slide_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t g, int64_t ow0, int64_t ow1, int32_t* dst) {
+void slide_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t g, int64_t ow0, int64_t ow1, int64_t cb,
+                  int32_t* dst) {
   const int64_t Cp = depthwise_cp(a.C);
   const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
   const int64_t base0 = ow0 - a.pw + 4 * g;
-  for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
+  for (int64_t c0 = cb; c0 < Cp; c0 += 16) {
     const int64_t valid = a.C - c0;
     __m512i v = _mm512_ternarylogic_epi32(column(a, src, base0, c0, valid),
                                           _mm512_slli_epi32(column(a, src, base0 + 1, c0, valid), 8),
@@ -116,33 +118,80 @@ void slide_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t g, int64_t
   }
 }
 
-// Input row (n, ih) as tap rows: dst [G][OW][Cp] int32 lanes.
-void build_tap_row(const DepthwiseArgs& a, int64_t n, int64_t ih, int32_t* dst) {
-  const int64_t Cp = depthwise_cp(a.C), G = depthwise_groups(a.KW);
+// The lanes of the whole 64-channel blocks (channels [0, whole)) of one output column and group:
+// its 4 input columns cols[0..4) (a column outside the image, or past the group's taps, is `pad`:
+// bytes of the zero point in x's dtype) interleaved bytewise, 64 channels at a time, which leaves
+// the lanes in the interleaved order of depthwise_kernels.h.
+template <bool I8>
+inline void interleave_groups(const uint8_t* const* cols, int64_t whole, int32_t* dst) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t c0 = 0; c0 < whole; c0 += 64) {
+    __m512i v[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      v[t] = _mm512_loadu_si512(cols[t] + c0);
+      if constexpr (I8) v[t] = _mm512_xor_si512(v[t], flip);
+    }
+    const __m512i ab_lo = _mm512_unpacklo_epi8(v[0], v[1]), ab_hi = _mm512_unpackhi_epi8(v[0], v[1]);
+    const __m512i cd_lo = _mm512_unpacklo_epi8(v[2], v[3]), cd_hi = _mm512_unpackhi_epi8(v[2], v[3]);
+    _mm512_storeu_si512(dst + c0, _mm512_unpacklo_epi16(ab_lo, cd_lo));
+    _mm512_storeu_si512(dst + c0 + 16, _mm512_unpackhi_epi16(ab_lo, cd_lo));
+    _mm512_storeu_si512(dst + c0 + 32, _mm512_unpacklo_epi16(ab_hi, cd_hi));
+    _mm512_storeu_si512(dst + c0 + 48, _mm512_unpackhi_epi16(ab_hi, cd_hi));
+  }
+}
+
+// Input row (n, ih) as tap rows: dst [G][OW][Cp] int32 lanes. pad: at least C bytes of x's zero point.
+void build_tap_row(const DepthwiseArgs& a, int64_t n, int64_t ih, const uint8_t* pad, int32_t* dst) {
+  const int64_t Cp = depthwise_cp(a.C), G = depthwise_groups(a.KW), whole = depthwise_whole_blocks(a.C);
   const uint8_t* src = a.x + (n * a.H + ih) * a.W * a.C;
   const bool slides = a.sw == 1 && a.dw == 1;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t taps = std::min<int64_t>(4, a.KW - 4 * g);
+    if (whole > 0) {
+      for (int64_t ow = 0; ow < a.OW; ++ow) {
+        const uint8_t* cols[4];
+        for (int64_t t = 0; t < 4; ++t) {
+          const int64_t iw = ow * a.sw - a.pw + (4 * g + t) * a.dw;
+          cols[t] = t < taps && iw >= 0 && iw < a.W ? src + iw * a.C : pad;
+        }
+        if (a.x_int8) interleave_groups<true>(cols, whole, dst + (g * a.OW + ow) * Cp);
+        else interleave_groups<false>(cols, whole, dst + (g * a.OW + ow) * Cp);
+      }
+    }
+    if (whole == a.C) continue;
+    // the channels past the whole blocks, 16 at a time in their own order
     // with sliding: the output columns whose 4 group bytes (taps and filler) lie inside the image
     const int64_t s0 = slides && taps >= 2 ? std::max<int64_t>(0, a.pw - 4 * g) : a.OW;
     const int64_t s1 = slides && taps >= 2 ? std::min<int64_t>(a.OW, a.W - 3 + a.pw - 4 * g) : a.OW;
     for (int64_t ow = 0; ow < a.OW; ++ow) {
       if (ow == s0 && s1 - s0 >= 2) {
-        if (a.x_int8) slide_groups<true>(a, src, g, s0, s1, dst);
-        else slide_groups<false>(a, src, g, s0, s1, dst);
+        if (a.x_int8) slide_groups<true>(a, src, g, s0, s1, whole, dst);
+        else slide_groups<false>(a, src, g, s0, s1, whole, dst);
         ow = s1 - 1;
         continue;
       }
       const int64_t base = ow * a.sw - a.pw + 4 * g * a.dw;
       int32_t* d = dst + (g * a.OW + ow) * Cp;
       if (base < 0 || base + (taps - 1) * a.dw >= a.W) {
-        border_groups(a, src, base, taps, d);
+        border_groups(a, src, base, taps, whole, d);
         continue;
       }
-      if (a.x_int8) interior<true>(a, src, base, taps, d);
-      else interior<false>(a, src, base, taps, d);
+      if (a.x_int8) interior<true>(a, src, base, taps, whole, d);
+      else interior<false>(a, src, base, taps, whole, d);
     }
   }
+}
+
+// The 4 vectors of a whole 64-channel block between lane order and channel order (either way: the
+// lane order swaps the 128-bit block index with the vector index, a 4 x 4 transpose of blocks).
+inline void transpose_blocks(__m512i* v) {
+  const __m512i t0 = _mm512_shuffle_i32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_i32x4(v[0], v[1], 0xEE);
+  const __m512i t2 = _mm512_shuffle_i32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_i32x4(v[2], v[3], 0xEE);
+  v[0] = _mm512_shuffle_i32x4(t0, t2, 0x88);
+  v[1] = _mm512_shuffle_i32x4(t0, t2, 0xDD);
+  v[2] = _mm512_shuffle_i32x4(t1, t3, 0x88);
+  v[3] = _mm512_shuffle_i32x4(t1, t3, 0xDD);
 }
 
 // The epilogue's per-channel terms, worked out once per call for all of its output rows:
@@ -176,21 +225,28 @@ Terms make_terms(const DepthwiseArgs& a, uint8_t* buf) {
     _mm512_storeu_ps(s2 + c0, _mm512_mul_ps(scale, inv));
     _mm512_storeu_ps(b2 + c0, _mm512_mul_ps(bias, inv));
   }
+  for (float* terms : {s2, b2}) {  // in lane order (colsum, and so init, is already)
+    for (int64_t c0 = 0; c0 < depthwise_whole_blocks(a.C); c0 += 64) {
+      __m512i v[4];
+      for (int i = 0; i < 4; ++i) v[i] = _mm512_castps_si512(_mm512_loadu_ps(terms + c0 + 16 * i));
+      transpose_blocks(v);
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(terms + c0 + 16 * i, _mm512_castsi512_ps(v[i]));
+    }
+  }
   const RequantOutput o(g);
   return Terms{init, s2, b2,
                (g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu && !g.r,
                o.q_lo, o.q_hi, _mm512_set1_epi16(static_cast<int16_t>(g.out_zp)), o.u8};
 }
 
-// Requantizes MR pixels x 64 channels (four full vectors) and stores them as one 64-byte row each:
-// per vector clamp(acc x s2 + b2) rounded to int32 as in requant_rows, then the four vectors packed
-// to int16 (exact: the values lie within the bounds), out_zp added there (exact: the sums lie in
-// the output's range) and packed to bytes; the packs interleave the vectors per 128-bit lane, which
-// one dword permutation undoes.
+// Requantizes MR pixels x a whole 64-channel block (four vectors in lane order) and stores them as
+// one 64-byte row each: per vector clamp(acc x s2 + b2) rounded to int32 as in requant_rows, then
+// the four vectors packed to int16 (exact: the values lie within the bounds), out_zp added there
+// (exact: the sums lie in the output's range) and packed to bytes. The packs interleave the vectors
+// per 128-bit block, which puts lane order back into channel order.
 template <int MR>
 __attribute__((always_inline)) inline void store_packed(const DepthwiseArgs& a, const Terms& t, const __m512i* acc,
                                                         int64_t m0, int64_t c0) {
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   __m512 s2[4], b2[4];
 #pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) {
@@ -209,7 +265,7 @@ __attribute__((always_inline)) inline void store_packed(const DepthwiseArgs& a, 
     const __m512i hi = _mm512_adds_epi16(_mm512_packs_epi32(q[2], q[3]), t.out_zp16);
     const __m512i bytes = t.u8 ? _mm512_packus_epi16(lo, hi) : _mm512_packs_epi16(lo, hi);
     uint8_t* dst = static_cast<uint8_t*>(a.epi.out) + (m0 + r) * a.epi.ldc + c0;
-    _mm512_storeu_si512(dst, _mm512_permutexvar_epi32(order, bytes));
+    _mm512_storeu_si512(dst, bytes);
   }
 }
 
@@ -265,12 +321,14 @@ void block(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, i
       }
     }
   }
-  if (t.requant) {
-    if constexpr (NV == 4) {
-      if (c0 + 64 <= a.C) return store_packed<MR>(a, t, acc, m0, c0);
+  if constexpr (NV == 4) {
+    if (c0 + 64 <= a.C) {  // a whole block, in lane order
+      if (t.requant) return store_packed<MR>(a, t, acc, m0, c0);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) transpose_blocks(acc + 4 * r);
     }
-    return store_vectors<MR, NV>(a, t, acc, m0, c0);
   }
+  if (t.requant) return store_vectors<MR, NV>(a, t, acc, m0, c0);
   epilogue<MR, NV>(a.epi, acc, m0, c0, 0);  // the sums are zero-point corrected already
 }
 
@@ -301,8 +359,9 @@ void row_pixels(const DepthwiseArgs& a, const Terms& t, const int32_t* const* ro
 }  // namespace
 
 size_t depthwise_scratch_bytes(const DepthwiseArgs& a) {
-  // the ring, the padding row and the epilogue's three [Cp] terms
-  return static_cast<size_t>((ring_rows(a) + 1) * tap_row_lanes(a) + 3 * depthwise_cp(a.C)) * sizeof(int32_t);
+  // the ring, the padding row, the epilogue's three [Cp] terms and a pixel of the zero point
+  return static_cast<size_t>((ring_rows(a) + 1) * tap_row_lanes(a) + 3 * depthwise_cp(a.C)) * sizeof(int32_t) +
+         static_cast<size_t>(depthwise_cp(a.C));
 }
 
 void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch) {
@@ -311,6 +370,8 @@ void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t ro
   int32_t* pad_row = ring + R * lanes;  // input rows above and below the image: every byte the zero point
   std::memset(pad_row, uint8_zero_point(a), static_cast<size_t>(lanes) * sizeof(int32_t));
   const Terms terms = make_terms(a, reinterpret_cast<uint8_t*>(pad_row + lanes));
+  uint8_t* pad_pixel = reinterpret_cast<uint8_t*>(pad_row + lanes + 3 * depthwise_cp(a.C));
+  std::memset(pad_pixel, static_cast<uint8_t>(a.x_zp), static_cast<size_t>(depthwise_cp(a.C)));
   std::array<int64_t, kMaxRing> tag;  // the (n * H + ih) each ring slot holds, -1: none
   std::fill(tag.begin(), tag.begin() + R, int64_t(-1));
   std::array<const int32_t*, 64> rows{};
@@ -325,7 +386,7 @@ void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t ro
       const int64_t slot = ih % R;
       int32_t* buf = ring + slot * lanes;
       if (tag[slot] != n * a.H + ih) {
-        build_tap_row(a, n, ih, buf);
+        build_tap_row(a, n, ih, pad_pixel, buf);
         tag[slot] = n * a.H + ih;
       }
       rows[kh] = buf;

@@ -12,8 +12,13 @@
 // channels. Each input row is laid out once per thread as those 4-byte tap groups
 // ("tap rows", below) and read by every output row that covers it.
 //
+// Channel order of the lanes (tap rows, packed weight, accumulators): within each whole block of
+// 64 channels, lane 16 j + 4 l + i holds channel 16 l + 4 j + i (the order in which interleaving
+// the bytes of 4 input columns, 64 channels each, leaves them; packing the int32 results to bytes
+// undoes it). Channels of a last block of fewer than 64 keep their own order.
+//
 // Packed weight (the provider's header aside): int32 colsum [Cp] (sum of each channel's taps, 0 in
-// the padding), then int8 w4 [KH][G][Cp][4] with w4[kh][g][c][t] = w[c][kh][4g + t] (0 where
+// the padding), then int8 w4 [KH][G][Cp][4] with w4[kh][g][lane(c)][t] = w[c][kh][4g + t] (0 where
 // 4g + t >= KW or c >= C); G = ceil(KW / 4), Cp = C rounded up to 16.
 #pragma once
 #include <cstddef>
@@ -27,6 +32,14 @@ constexpr int64_t kDepthwiseMaxTaps = 512;  // KH * KW (64 per side at most)
 
 inline int64_t depthwise_cp(int64_t C) { return (C + 15) / 16 * 16; }  // channels padded to vectors
 inline int64_t depthwise_groups(int64_t KW) { return (KW + 3) / 4; }    // 4-tap groups per kernel row
+// Channels in whole 64-channel blocks (their lanes interleaved, above).
+inline int64_t depthwise_whole_blocks(int64_t C) { return C / 64 * 64; }
+// The lane of channel c (above).
+inline int64_t depthwise_lane(int64_t C, int64_t c) {
+  if (c >= depthwise_whole_blocks(C)) return c;
+  const int64_t b = c / 64 * 64, l = (c % 64) / 16, j = (c % 16) / 4, i = c % 4;
+  return b + 16 * j + 4 * l + i;
+}
 
 struct DepthwiseArgs {
   const uint8_t* x = nullptr;  // [N, H, W, C] bytes (u8, or s8 when x_int8)

@@ -12,7 +12,7 @@
 namespace qbackend::native {
 namespace {
 
-constexpr char kMagic[8] = {'Q', 'B', 'N', 'D', 'W', 'C', '0', '2'};
+constexpr char kMagic[8] = {'Q', 'B', 'N', 'D', 'W', 'C', '0', '3'};
 constexpr int64_t kHeaderBytes = 64;
 // Multiply-adds below which a conv runs on the calling thread (a region costs a few us).
 constexpr int64_t kParallelWork = int64_t(1) << 17;
@@ -55,11 +55,12 @@ at::Tensor pack_depthwise(const at::Tensor& weight) {
   const at::Tensor wc = weight.contiguous();
   const int8_t* src = wc.const_data_ptr<int8_t>();
   for (int64_t c = 0; c < C; ++c) {
+    const int64_t lane = kernels::depthwise_lane(C, c);
     for (int64_t kh = 0; kh < KH; ++kh)
       for (int64_t kw = 0; kw < KW; ++kw) {
         const int8_t v = src[(c * KH + kh) * KW + kw];
-        colsum[c] += v;
-        w4[((kh * G + kw / 4) * Cp + c) * 4 + kw % 4] = v;
+        colsum[lane] += v;
+        w4[((kh * G + kw / 4) * Cp + lane) * 4 + kw % 4] = v;
       }
   }
   return out;

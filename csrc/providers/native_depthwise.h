@@ -4,8 +4,9 @@
 //
 // Packed depthwise weight (uint8 tensor [KH, KW, L], like the GEMM conv weights, so that the fake
 // impls know the kernel size):
-//   [0, 64)                          header: "QBNDWC02", int64 C, int64 KH, int64 KW, zeros
-//   [64, 64 + 4 Cp)                  int32 colsum [Cp] (each channel's sum of taps: the zero-point correction)
+//   [0, 64)                          header: "QBNDWC03", int64 C, int64 KH, int64 KW, zeros
+//   [64, 64 + 4 Cp)                  int32 colsum [Cp] (each channel's sum of taps: the zero-point
+//                                    correction), in the kernel's lane order (depthwise_kernels.h)
 //   [64 + 4 Cp, ... + 4 KH G Cp)     int8 w4 [KH][G][Cp][4] (depthwise_kernels.h; G = ceil(KW / 4),
 //                                    Cp = C rounded up to 16, 0 beyond C and KW)
 #pragma once

@@ -251,6 +251,9 @@ def test_conv_packed_weights_are_checked():
     (2, 64, 8, 30, (5, 5), (1, 1), (2, 2), (1, 1)),      # 4 + 1 taps: the single tap not slid
     (1, 48, 3, 20, (3, 3), (1, 1), (0, 5), (1, 1)),      # wide padding: the slide starts late
     (1, 16, 4, 5, (3, 3), (1, 1), (1, 1), (1, 1)),       # 5 columns: a short slide
+    # whole 64-channel blocks: their lanes interleave 4 input columns bytewise (the rest as above)
+    (1, 64, 9, 17, (2, 7), (2, 3), (1, 3), (1, 2)),      # dilated groups of 4 + 3 taps, padding both sides
+    (1, 136, 8, 8, (3, 3), (1, 1), (1, 1), (1, 1)),      # two whole blocks and 8 channels slid
 ])
 @DEPTHWISE_KERNEL
 def test_depthwise_conv_sums_exactly(geometry, x_dtype, zp):
