@@ -169,6 +169,9 @@ class Quantity:
     def __floordiv__(self, other) -> "Quotient":
         return Quotient(self, other if isinstance(other, Quantity) else Num(other))
 
+    def __mod__(self, other) -> "Remainder":
+        return Remainder(self, other if isinstance(other, Quantity) else Num(other))
+
 
 class Var(Quantity):
     """A fact by name."""
@@ -216,6 +219,17 @@ class Quotient(Quantity):
 
     def value(self, f: Mapping):
         return self.num.value(f) // self.den.value(f)
+
+
+class Remainder(Quantity):
+    """The remainder of the integer division of two quantities (rendered "a%b")."""
+
+    def __init__(self, num: Quantity, den: Quantity):
+        self.num, self.den = num, den
+        self.text = f"{num.text}%{den.text}"
+
+    def value(self, f: Mapping):
+        return self.num.value(f) % self.den.value(f)
 
 
 @dataclass(frozen=True, repr=False, eq=False)
