@@ -367,8 +367,9 @@ size_t depthwise_scratch_bytes(const DepthwiseArgs& a) {
 void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch) {
   const int64_t lanes = tap_row_lanes(a), R = ring_rows(a);
   int32_t* ring = reinterpret_cast<int32_t*>(scratch);
-  int32_t* pad_row = ring + R * lanes;  // input rows above and below the image: every byte the zero point
-  std::memset(pad_row, uint8_zero_point(a), static_cast<size_t>(lanes) * sizeof(int32_t));
+  // input rows above and below the image: every byte the zero point, filled when first read
+  int32_t* pad_row = ring + R * lanes;
+  bool pad_row_filled = false;
   const Terms terms = make_terms(a, reinterpret_cast<uint8_t*>(pad_row + lanes));
   uint8_t* pad_pixel = reinterpret_cast<uint8_t*>(pad_row + lanes + 3 * depthwise_cp(a.C));
   std::memset(pad_pixel, static_cast<uint8_t>(a.x_zp), static_cast<size_t>(depthwise_cp(a.C)));
@@ -380,6 +381,10 @@ void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t ro
     for (int64_t kh = 0; kh < a.KH; ++kh) {
       const int64_t ih = oh * a.sh - a.ph + kh * a.dh;
       if (ih < 0 || ih >= a.H) {
+        if (!pad_row_filled) {
+          std::memset(pad_row, uint8_zero_point(a), static_cast<size_t>(lanes) * sizeof(int32_t));
+          pad_row_filled = true;
+        }
         rows[kh] = pad_row;
         continue;
       }
