@@ -333,11 +333,24 @@ void block(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, i
 }
 
 // An output row's pixels [0, OW) for the channel block c0.. of nv vectors, in blocks of MR pixels.
+// The last pixels of a row take one block of their number (a block reads the weights and the
+// epilogue's terms once for all of its pixels).
 template <int MR, int NV, bool KH3>
 void pixels(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, int64_t m_row, int64_t c0) {
   int64_t ow = 0;
   for (; ow + MR <= a.OW; ow += MR) block<MR, NV, KH3>(a, t, rows, m_row + ow, ow, c0);
-  for (; ow < a.OW; ++ow) block<1, NV, KH3>(a, t, rows, m_row + ow, ow, c0);
+  if constexpr (MR > 4) {
+    if (ow + 4 <= a.OW) {
+      block<4, NV, KH3>(a, t, rows, m_row + ow, ow, c0);
+      ow += 4;
+    }
+  }
+  switch (a.OW - ow) {
+    case 3: block<3, NV, KH3>(a, t, rows, m_row + ow, ow, c0); break;
+    case 2: block<2, NV, KH3>(a, t, rows, m_row + ow, ow, c0); break;
+    case 1: block<1, NV, KH3>(a, t, rows, m_row + ow, ow, c0); break;
+    default: break;
+  }
 }
 
 template <int MR, int NV>
