@@ -120,6 +120,8 @@ at::Tensor max_pool2d(const at::Tensor& x_in, at::IntArrayRef kernel_size, at::I
 // y_zp) with S the exact int32 sum over the H x W pixels and m = x_scale / (y_scale H W) in fp32
 // (the difference is exact in fp32 below 2^24: H W <= 65536). Channels-last input: the sums run
 // over contiguous channel rows, which the compiler vectorizes.
+constexpr float kRoundMagic = 12582912.0f;  // 1.5 x 2^23
+
 template <typename TX, typename TY>
 void global_average(const TX* x, TY* y, int64_t N, int64_t C, int64_t HW, int32_t x_zp, float m, int32_t y_zp) {
   constexpr int32_t lo = std::numeric_limits<TY>::lowest(), hi = std::numeric_limits<TY>::max();
@@ -136,7 +138,11 @@ void global_average(const TX* x, TY* y, int64_t N, int64_t C, int64_t HW, int32_
       }
       TY* __restrict out = y + n * C;
       for (int64_t c = 0; c < C; ++c) {
-        const float v = std::nearbyint(static_cast<float>(s[c] - offset) * m) + static_cast<float>(y_zp);
+        // Rounded half to even by adding and taking away 1.5 x 2^23 (exact below 2^22 in magnitude,
+        // and vectorizable, where std::nearbyint is a library call per channel on the baseline ISA);
+        // values beyond +-512 clamp to the same bound either way.
+        const float t = std::min(512.0f, std::max(-512.0f, static_cast<float>(s[c] - offset) * m));
+        const float v = ((t + kRoundMagic) - kRoundMagic) + static_cast<float>(y_zp);
         out[c] = static_cast<TY>(std::min<float>(hi, std::max<float>(lo, v)));
       }
     }

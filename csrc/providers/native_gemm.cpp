@@ -15,8 +15,9 @@ namespace {
 
 constexpr char kMagic[8] = {'Q', 'B', 'N', 'G', 'E', 'M', 'M', '1'};
 // Products of M * N * K from which the second thread is used (below, a fork/join costs more than
-// it saves): see benchmarks/results/kernels.md, native column, 1 vs 2 threads.
-constexpr int64_t kParallelWork = int64_t(1) << 22;
+// it saves): MobileNetV2's 144 -> 32 @28 (3.6M) and 192 -> 64 @14 (2.4M) 1x1 convs took 9.5 and
+// 7.1 us on one thread, 6.4 and 4.9 us on two, in the model (Zen 5, torch.profiler, batch 1).
+constexpr int64_t kParallelWork = int64_t(1) << 21;
 // Weights from this many bytes are split over the threads even for a few rows: those GEMMs are
 // bound by reading the weight, and each core brings its own bandwidth (768 x 3072 at M = 1).
 constexpr int64_t kParallelWeightBytes = int64_t(1) << 19;

@@ -104,6 +104,25 @@ def test_global_avg_pool_is_exact_away_from_ties():
                                                                                             dtype=torch.int8))
 
 
+def test_global_avg_pool_rounds_ties_to_even():
+    """Means at exact half levels (two pixels with an odd sum) round to the even level, as round-half-even
+    does, for both output types, and means beyond the output's range clamp."""
+    sums = torch.arange(0, 64)  # pixel pairs (s // 2, s - s // 2): mean s / 2
+    x = torch.stack([sums // 2, sums - sums // 2], dim=-1).to(torch.uint8).reshape(1, 64, 1, 2)
+    y = OPS.global_avg_pool2d(x, 1.0, 0, 1.0, 0, torch.uint8)
+    assert torch.equal(y.flatten(), torch.round(sums.double() / 2).to(torch.uint8))  # torch.round: half to even
+    y8 = OPS.global_avg_pool2d(x, 1.0, 0, 1.0, -40, torch.int8)
+    assert torch.equal(y8.flatten(), (torch.round(sums.double() / 2) - 40).to(torch.int8))
+    big = torch.full((1, 16, 2, 2), 255, dtype=torch.uint8)
+    assert torch.equal(OPS.global_avg_pool2d(big, 1.0, 0, 1e-4, 0, torch.uint8).flatten(), torch.full((16,), 255,
+                                                                                                    dtype=torch.uint8))
+    assert torch.equal(OPS.global_avg_pool2d(big, 1.0, 255, 1e-4, 100, torch.int8).flatten(),
+                       torch.full((16,), 100, dtype=torch.int8))
+    neg = torch.zeros((1, 16, 2, 2), dtype=torch.uint8)
+    assert torch.equal(OPS.global_avg_pool2d(neg, 1.0, 255, 1e-4, 0, torch.int8).flatten(), torch.full((16,), -128,
+                                                                                                     dtype=torch.int8))
+
+
 @pytest.mark.parametrize("args,match", [
     ((torch.zeros(2, 3, 4, dtype=torch.uint8), 0.1, 0, 0.1, 0, torch.uint8), "x must be 4-D"),
     ((torch.zeros(1, 3, 4, 4, dtype=torch.uint8), 0.1, 0, 0.1, 0, torch.float32), "output_dtype"),
