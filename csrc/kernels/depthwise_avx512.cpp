@@ -197,16 +197,15 @@ inline void transpose_blocks(__m512i* v) {
 // The epilogue's per-channel terms, worked out once per call for all of its output rows:
 // init = -xu_zp x colsum, the accumulators' start (so the dot products end as the exact
 // zero-point-corrected sums); and for the requantizing epilogue (integer output, no gelu, no
-// residual) s2 = w_scale x x_scale / out_scale and b2 = bias / out_scale, the same products in the
-// same order as the GEMM's RequantColumn, so the output is that epilogue's bit for bit.
+// residual) the GEMM's RequantColumn terms s2 and b2 of every channel, so the output is that
+// epilogue's bit for bit.
 struct Terms {
   const int32_t* init;
   const float* s2;
   const float* b2;
-  bool requant;     // the requantizing epilogue applies
-  __m512 q_lo, q_hi;  // round(y / out_scale) bounds relative to out_zp (relu: >= 0)
+  bool requant;       // the requantizing epilogue applies
+  RequantOutput out;  // its terms shared by every channel
   __m512i out_zp16;   // out_zp in every int16 lane
-  bool u8;
 };
 
 Terms make_terms(const DepthwiseArgs& a, uint8_t* buf) {
@@ -216,14 +215,11 @@ Terms make_terms(const DepthwiseArgs& a, uint8_t* buf) {
   float* s2 = reinterpret_cast<float*>(buf) + Cp;
   float* b2 = s2 + Cp;
   const __m512i neg_zp = _mm512_set1_epi32(-uint8_zero_point(a));
-  const __m512 inv = _mm512_set1_ps(g.out_inv_scale), xs = _mm512_set1_ps(g.x_scale);
   for (int64_t c0 = 0; c0 < Cp; c0 += 16) {
-    const __mmask16 m = avx512::tail_mask(std::min<int64_t>(16, a.C - c0));
     _mm512_storeu_si512(init + c0, _mm512_mullo_epi32(_mm512_loadu_si512(g.colsum + c0), neg_zp));
-    const __m512 scale = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g.w_scales + c0), xs);
-    const __m512 bias = g.bias ? _mm512_maskz_loadu_ps(m, g.bias + c0) : _mm512_setzero_ps();
-    _mm512_storeu_ps(s2 + c0, _mm512_mul_ps(scale, inv));
-    _mm512_storeu_ps(b2 + c0, _mm512_mul_ps(bias, inv));
+    const RequantColumn col(g, c0, 0, true);
+    _mm512_storeu_ps(s2 + c0, col.s2);
+    _mm512_storeu_ps(b2 + c0, col.b2);
   }
   for (float* terms : {s2, b2}) {  // in lane order (colsum, and so init, is already)
     for (int64_t c0 = 0; c0 < depthwise_whole_blocks(a.C); c0 += 64) {
@@ -233,10 +229,9 @@ Terms make_terms(const DepthwiseArgs& a, uint8_t* buf) {
       for (int i = 0; i < 4; ++i) _mm512_storeu_ps(terms + c0 + 16 * i, _mm512_castsi512_ps(v[i]));
     }
   }
-  const RequantOutput o(g);
   return Terms{init, s2, b2,
                (g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu && !g.r,
-               o.q_lo, o.q_hi, _mm512_set1_epi16(static_cast<int16_t>(g.out_zp)), o.u8};
+               RequantOutput(g), _mm512_set1_epi16(static_cast<int16_t>(g.out_zp))};
 }
 
 // Requantizes MR pixels x a whole 64-channel block (four vectors in lane order) and stores them as
@@ -259,34 +254,30 @@ __attribute__((always_inline)) inline void store_packed(const DepthwiseArgs& a, 
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r * 4 + v]), s2[v], b2[v]);
-      q[v] = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, t.q_lo), t.q_hi));
+      q[v] = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, t.out.q_lo), t.out.q_hi));
     }
     const __m512i lo = _mm512_adds_epi16(_mm512_packs_epi32(q[0], q[1]), t.out_zp16);
     const __m512i hi = _mm512_adds_epi16(_mm512_packs_epi32(q[2], q[3]), t.out_zp16);
-    const __m512i bytes = t.u8 ? _mm512_packus_epi16(lo, hi) : _mm512_packs_epi16(lo, hi);
+    const __m512i bytes = t.out.u8 ? _mm512_packus_epi16(lo, hi) : _mm512_packs_epi16(lo, hi);
     uint8_t* dst = static_cast<uint8_t*>(a.epi.out) + (m0 + r) * a.epi.ldc + c0;
     _mm512_storeu_si512(dst, bytes);
   }
 }
 
-// The same requantization for MR pixels x NV vectors of which the last may be partial: each vector
-// narrowed and stored on its own (requant_rows with the terms of the call).
+// The same requantization for MR pixels x NV vectors in channel order, the last maybe partial:
+// the GEMM's requant_rows with the columns' terms of the call.
 template <int MR, int NV>
 __attribute__((always_inline)) inline void store_vectors(const DepthwiseArgs& a, const Terms& t, const __m512i* acc,
                                                          int64_t m0, int64_t c0) {
-  const __m512i out_zp = _mm512_set1_epi32(a.epi.out_zp);
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
     const int64_t n0 = c0 + v * 16;
-    const __mmask16 mask = avx512::tail_mask(std::min<int64_t>(16, a.C - n0));
-    const __m512 s2 = _mm512_loadu_ps(t.s2 + n0), b2 = _mm512_loadu_ps(t.b2 + n0);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r * NV + v]), s2, b2);
-      const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, t.q_lo), t.q_hi)), out_zp);
-      uint8_t* dst = static_cast<uint8_t*>(a.epi.out) + (m0 + r) * a.epi.ldc + n0;
-      avx512::store(dst, mask, t.u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q));
-    }
+    RequantColumn col;
+    col.mask = avx512::tail_mask(std::min<int64_t>(16, a.C - n0));
+    col.zp_colsum = _mm512_setzero_si512();  // the sums start corrected (Terms::init)
+    col.s2 = _mm512_loadu_ps(t.s2 + n0);
+    col.b2 = _mm512_loadu_ps(t.b2 + n0);
+    requant_rows<MR, NV>(a.epi, acc, v, m0, n0, col, t.out);
   }
 }
 
