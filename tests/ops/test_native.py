@@ -276,6 +276,36 @@ def test_depthwise_conv_sums_exactly(geometry, x_dtype, zp):
     assert torch.equal(y.to(torch.int64), exact)
 
 
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("geometry", [
+    # (n, c, h, w, stride): output rows split over 2, 3 or 4 threads, each building its own tap rows
+    (1, 960, 7, 7, 1),       # 7 rows: parts of 2 or 3 rows, each reading the rows around it
+    (1, 328, 7, 7, 1),       # 5 whole blocks and 8 channels
+    (1, 576, 14, 14, 2),     # stride 2
+    (1, 384, 14, 14, 1),
+    (1, 96, 40, 40, 1),
+    (3, 200, 9, 9, 1),       # several images: parts crossing an image boundary
+])
+@DEPTHWISE_KERNEL
+def test_depthwise_thread_splits_sum_exactly(geometry, threads):
+    """The call's output rows split over 2-4 threads (each with its own ring of tap rows): every
+    split gives the exact integer conv."""
+    n, c, h, w, stride = geometry
+    g = torch.Generator().manual_seed(c + h + threads)
+    wt = torch.randint(-128, 128, (c, 1, 3, 3), dtype=torch.int8, generator=g)
+    x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
+    pw = PackedConv2dWeight(wt, torch.ones(c), None, (stride, stride), (1, 1), (1, 1), c, "native")
+    exact = torch.nn.functional.conv2d((x.to(torch.int64) - 7).double(), wt.double(), None, stride, 1, 1,
+                                       c).to(torch.int64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = pw.conv2d(x, 1.0, 7, 1.0, 0, torch.float32, "none")
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(y.to(torch.int64), exact)
+
+
 @pytest.mark.parametrize("out_dtype,post_op", [(torch.uint8, "relu"), (torch.int8, "none"), (torch.uint8, "none")])
 @pytest.mark.parametrize("c,kernel,stride", [(40, 3, 1), (128, 3, 2), (200, 3, 1), (64, 5, 1), (72, 3, 1)])
 @DEPTHWISE_KERNEL
