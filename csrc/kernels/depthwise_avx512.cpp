@@ -1,6 +1,7 @@
-// The native depthwise conv (contract: depthwise_kernels.h) on AVX512-VNNI: each input row is laid
-// out once per thread as tap rows (for every output column and 4-tap group, the 4 input bytes of
-// 16 channels that the group reads, one int32 lane per channel), then blocks of up to 8 output
+// The native depthwise conv (contract: depthwise_kernels.h) on AVX512-VNNI, one block of 64
+// channels at a time: each input row is laid out once per thread and block as tap rows (for every
+// output column and 4-tap group, the 4 input bytes of each channel that the group reads, one int32
+// lane per channel; a ring of the rows the current output row reads), then blocks of up to 8 output
 // pixels x 64 channels accumulate one vpdpbusd per kernel row and tap group in int32 registers,
 // starting from the zero point's share, and are requantized with per-channel terms worked out once
 // per call (other outputs: the native GEMM's epilogue, gemm_avx512_vnni_impl.h). 3-row kernels of
@@ -20,11 +21,16 @@ QB_TARGET(QB_ISA_AVX512_VNNI)
 namespace qbackend::kernels {
 namespace {
 
-constexpr int64_t kMaxRing = 256;  // input rows one output row spans: (KH - 1) * dh + 1 (checked by the op)
+// Input bytes a chunk of rows spans at most (unless one row is larger): what the channel blocks
+// read in turn, kept within L2 (1-2 MB per core on the CPUs with AVX512-VNNI).
+constexpr int64_t kChunkInputBytes = int64_t(192) << 10;
 
 int64_t ring_rows(const DepthwiseArgs& a) { return (a.KH - 1) * a.dh + 1; }
-// int32 lanes of one tap row: [G][OW][Cp].
-int64_t tap_row_lanes(const DepthwiseArgs& a) { return depthwise_groups(a.KW) * a.OW * depthwise_cp(a.C); }
+// Lanes a tap row holds per output column and group: one channel block's (64 channels, or all of
+// them when fewer).
+int64_t block_lanes(const DepthwiseArgs& a) { return std::min<int64_t>(64, depthwise_cp(a.C)); }
+// int32 lanes of one tap row (one channel block's): [G][OW][block_lanes].
+int64_t tap_row_lanes(const DepthwiseArgs& a) { return depthwise_groups(a.KW) * a.OW * block_lanes(a); }
 int32_t uint8_zero_point(const DepthwiseArgs& a) { return a.x_zp + (a.x_int8 ? 128 : 0); }
 
 // 16 channels of input column iw (c0.., `valid` of them) widened to int32 lanes, as uint8.
@@ -37,6 +43,7 @@ inline __m512i column(const DepthwiseArgs& a, const uint8_t* src, int64_t iw, in
 
 // Tap group lanes of an output column whose TAPS input columns base, base + dw, ... all lie inside
 // the image: byte t of lane c = x[base + t * dw][c] (as uint8: int8 bytes with their sign bit flipped).
+// Channels [cb, Cp) (the last block's), to dst[c - cb].
 template <int TAPS, bool I8>
 inline void interior_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t base, int64_t cb, int32_t* dst) {
   const int64_t Cp = depthwise_cp(a.C);
@@ -53,7 +60,7 @@ inline void interior_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t 
       if constexpr (TAPS == 4) v = _mm512_or_si512(v, _mm512_slli_epi32(column(a, src, base + 3 * a.dw, c0, valid), 24));
     }
     if constexpr (I8) v = _mm512_xor_si512(v, flip);
-    _mm512_storeu_si512(dst + c0, v);
+    _mm512_storeu_si512(dst + (c0 - cb), v);
   }
 }
 
@@ -85,7 +92,7 @@ inline void border_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t ba
       }
       v = _mm512_or_si512(v, _mm512_sllv_epi32(b, _mm512_set1_epi32(static_cast<int>(8 * t))));
     }
-    _mm512_storeu_si512(dst + c0, v);
+    _mm512_storeu_si512(dst + (c0 - cb), v);
   }
 }
 
@@ -96,7 +103,7 @@ inline void border_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t ba
 template <bool I8>
 void slide_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t g, int64_t ow0, int64_t ow1, int64_t cb,
                   int32_t* dst) {
-  const int64_t Cp = depthwise_cp(a.C);
+  const int64_t Cp = depthwise_cp(a.C), BW = block_lanes(a);
   const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
   const int64_t base0 = ow0 - a.pw + 4 * g;
   for (int64_t c0 = cb; c0 < Cp; c0 += 16) {
@@ -106,11 +113,11 @@ void slide_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t g, int64_t
                                           _mm512_slli_epi32(column(a, src, base0 + 2, c0, valid), 16), 0xFE);
     v = _mm512_or_si512(v, _mm512_slli_epi32(column(a, src, base0 + 3, c0, valid), 24));
     if constexpr (I8) v = _mm512_xor_si512(v, flip);
-    int32_t* d = dst + (g * a.OW + ow0) * Cp + c0;
+    int32_t* d = dst + (g * a.OW + ow0) * BW + (c0 - cb);
     for (int64_t ow = ow0;;) {
       _mm512_storeu_si512(d, v);
       if (++ow == ow1) break;
-      d += Cp;
+      d += BW;
       __m512i next = column(a, src, base0 + (ow - ow0) + 3, c0, valid);
       if constexpr (I8) next = _mm512_xor_si512(next, _mm512_set1_epi32(0x80));
       v = _mm512_or_si512(_mm512_srli_epi32(v, 8), _mm512_slli_epi32(next, 24));
@@ -118,67 +125,82 @@ void slide_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t g, int64_t
   }
 }
 
-// The lanes of the whole 64-channel blocks (channels [0, whole)) of one output column and group:
-// its 4 input columns cols[0..4) (a column outside the image, or past the group's taps, is `pad`:
-// bytes of the zero point in x's dtype) interleaved bytewise, 64 channels at a time, which leaves
-// the lanes in the interleaved order of depthwise_kernels.h.
+// The lanes of a whole 64-channel block (channels c0..) of one output column and group: its 4
+// input columns cols[0..4) (a column outside the image, or past the group's taps, is `pad`: bytes
+// of the zero point in x's dtype) interleaved bytewise, which leaves the lanes in the interleaved
+// order of depthwise_kernels.h.
 template <bool I8>
-inline void interleave_groups(const uint8_t* const* cols, int64_t whole, int32_t* dst) {
+inline void interleave_groups(const uint8_t* const* cols, int64_t c0, int32_t* dst) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t c0 = 0; c0 < whole; c0 += 64) {
-    __m512i v[4];
+  __m512i v[4];
 #pragma GCC unroll 4
-    for (int t = 0; t < 4; ++t) {
-      v[t] = _mm512_loadu_si512(cols[t] + c0);
-      if constexpr (I8) v[t] = _mm512_xor_si512(v[t], flip);
+  for (int t = 0; t < 4; ++t) {
+    v[t] = _mm512_loadu_si512(cols[t] + c0);
+    if constexpr (I8) v[t] = _mm512_xor_si512(v[t], flip);
+  }
+  const __m512i ab_lo = _mm512_unpacklo_epi8(v[0], v[1]), ab_hi = _mm512_unpackhi_epi8(v[0], v[1]);
+  const __m512i cd_lo = _mm512_unpacklo_epi8(v[2], v[3]), cd_hi = _mm512_unpackhi_epi8(v[2], v[3]);
+  _mm512_storeu_si512(dst, _mm512_unpacklo_epi16(ab_lo, cd_lo));
+  _mm512_storeu_si512(dst + 16, _mm512_unpackhi_epi16(ab_lo, cd_lo));
+  _mm512_storeu_si512(dst + 32, _mm512_unpacklo_epi16(ab_hi, cd_hi));
+  _mm512_storeu_si512(dst + 48, _mm512_unpackhi_epi16(ab_hi, cd_hi));
+}
+
+// Where each output column's tap groups read in an input row: [G][OW][4] byte offsets iw * C of
+// the columns iw = ow * sw - pw + (4 g + t) * dw, or -1 for a column outside the image or past the
+// group's taps (which reads the padding pixel). The same for every row and channel block.
+void column_offsets(const DepthwiseArgs& a, int64_t* off) {
+  const int64_t G = depthwise_groups(a.KW);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t taps = std::min<int64_t>(4, a.KW - 4 * g);
+    for (int64_t ow = 0; ow < a.OW; ++ow) {
+      for (int64_t t = 0; t < 4; ++t) {
+        const int64_t iw = ow * a.sw - a.pw + (4 * g + t) * a.dw;
+        *off++ = t < taps && iw >= 0 && iw < a.W ? iw * a.C : -1;
+      }
     }
-    const __m512i ab_lo = _mm512_unpacklo_epi8(v[0], v[1]), ab_hi = _mm512_unpackhi_epi8(v[0], v[1]);
-    const __m512i cd_lo = _mm512_unpacklo_epi8(v[2], v[3]), cd_hi = _mm512_unpackhi_epi8(v[2], v[3]);
-    _mm512_storeu_si512(dst + c0, _mm512_unpacklo_epi16(ab_lo, cd_lo));
-    _mm512_storeu_si512(dst + c0 + 16, _mm512_unpackhi_epi16(ab_lo, cd_lo));
-    _mm512_storeu_si512(dst + c0 + 32, _mm512_unpacklo_epi16(ab_hi, cd_hi));
-    _mm512_storeu_si512(dst + c0 + 48, _mm512_unpackhi_epi16(ab_hi, cd_hi));
   }
 }
 
-// Input row (n, ih) as tap rows: dst [G][OW][Cp] int32 lanes. pad: at least C bytes of x's zero point.
-void build_tap_row(const DepthwiseArgs& a, int64_t n, int64_t ih, const uint8_t* pad, int32_t* dst) {
-  const int64_t Cp = depthwise_cp(a.C), G = depthwise_groups(a.KW), whole = depthwise_whole_blocks(a.C);
+// Channel block cb.. of input row (n, ih) as tap rows: dst [G][OW][block_lanes] int32 lanes.
+// pad: at least C bytes of x's zero point; col_off: column_offsets.
+void build_tap_row(const DepthwiseArgs& a, int64_t n, int64_t ih, int64_t cb, const uint8_t* pad,
+                   const int64_t* col_off, int32_t* dst) {
+  const int64_t BW = block_lanes(a), G = depthwise_groups(a.KW);
   const uint8_t* src = a.x + (n * a.H + ih) * a.W * a.C;
   const bool slides = a.sw == 1 && a.dw == 1;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t taps = std::min<int64_t>(4, a.KW - 4 * g);
-    if (whole > 0) {
-      for (int64_t ow = 0; ow < a.OW; ++ow) {
+    if (cb + 64 <= a.C) {  // a whole block
+      const int64_t* off = col_off + g * a.OW * 4;
+      for (int64_t ow = 0; ow < a.OW; ++ow, off += 4) {
         const uint8_t* cols[4];
-        for (int64_t t = 0; t < 4; ++t) {
-          const int64_t iw = ow * a.sw - a.pw + (4 * g + t) * a.dw;
-          cols[t] = t < taps && iw >= 0 && iw < a.W ? src + iw * a.C : pad;
-        }
-        if (a.x_int8) interleave_groups<true>(cols, whole, dst + (g * a.OW + ow) * Cp);
-        else interleave_groups<false>(cols, whole, dst + (g * a.OW + ow) * Cp);
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) cols[t] = off[t] >= 0 ? src + off[t] : pad;
+        if (a.x_int8) interleave_groups<true>(cols, cb, dst + (g * a.OW + ow) * BW);
+        else interleave_groups<false>(cols, cb, dst + (g * a.OW + ow) * BW);
       }
+      continue;
     }
-    if (whole == a.C) continue;
-    // the channels past the whole blocks, 16 at a time in their own order
+    // the last channels, 16 at a time in their own order
     // with sliding: the output columns whose 4 group bytes (taps and filler) lie inside the image
     const int64_t s0 = slides && taps >= 2 ? std::max<int64_t>(0, a.pw - 4 * g) : a.OW;
     const int64_t s1 = slides && taps >= 2 ? std::min<int64_t>(a.OW, a.W - 3 + a.pw - 4 * g) : a.OW;
     for (int64_t ow = 0; ow < a.OW; ++ow) {
       if (ow == s0 && s1 - s0 >= 2) {
-        if (a.x_int8) slide_groups<true>(a, src, g, s0, s1, whole, dst);
-        else slide_groups<false>(a, src, g, s0, s1, whole, dst);
+        if (a.x_int8) slide_groups<true>(a, src, g, s0, s1, cb, dst);
+        else slide_groups<false>(a, src, g, s0, s1, cb, dst);
         ow = s1 - 1;
         continue;
       }
       const int64_t base = ow * a.sw - a.pw + 4 * g * a.dw;
-      int32_t* d = dst + (g * a.OW + ow) * Cp;
+      int32_t* d = dst + (g * a.OW + ow) * BW;
       if (base < 0 || base + (taps - 1) * a.dw >= a.W) {
-        border_groups(a, src, base, taps, whole, d);
+        border_groups(a, src, base, taps, cb, d);
         continue;
       }
-      if (a.x_int8) interior<true>(a, src, base, taps, whole, d);
-      else interior<false>(a, src, base, taps, whole, d);
+      if (a.x_int8) interior<true>(a, src, base, taps, cb, d);
+      else interior<false>(a, src, base, taps, cb, d);
     }
   }
 }
@@ -287,7 +309,7 @@ __attribute__((always_inline)) inline void store_vectors(const DepthwiseArgs& a,
 // count the compiler rotates the accumulators through other registers on every iteration).
 template <int MR, int NV, bool KH3>
 void block(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, int64_t m0, int64_t ow0, int64_t c0) {
-  const int64_t Cp = depthwise_cp(a.C);
+  const int64_t Cp = depthwise_cp(a.C), BW = block_lanes(a);
   const int64_t KH = KH3 ? 3 : a.KH, G = KH3 ? 1 : depthwise_groups(a.KW);
   __m512i acc[MR * NV];
 #pragma GCC unroll 4
@@ -299,7 +321,7 @@ void block(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, i
 #pragma GCC unroll 3
   for (int64_t kh = 0; kh < KH; ++kh) {
     for (int64_t g = 0; g < G; ++g) {
-      const int32_t* q = rows[kh] + (g * a.OW + ow0) * Cp + c0;
+      const int32_t* q = rows[kh] + (g * a.OW + ow0) * BW;
       const int8_t* wp = a.w + ((kh * G + g) * Cp + c0) * 4;
       __m512i wv[NV];
 #pragma GCC unroll 4
@@ -308,7 +330,7 @@ void block(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, i
       for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v)
-          acc[r * NV + v] = _mm512_dpbusd_epi32(acc[r * NV + v], _mm512_loadu_si512(q + r * Cp + v * 16), wv[v]);
+          acc[r * NV + v] = _mm512_dpbusd_epi32(acc[r * NV + v], _mm512_loadu_si512(q + r * BW + v * 16), wv[v]);
       }
     }
   }
@@ -363,46 +385,62 @@ void row_pixels(const DepthwiseArgs& a, const Terms& t, const int32_t* const* ro
 }  // namespace
 
 size_t depthwise_scratch_bytes(const DepthwiseArgs& a) {
-  // the ring, the padding row, the epilogue's three [Cp] terms and a pixel of the zero point
-  return static_cast<size_t>((ring_rows(a) + 1) * tap_row_lanes(a) + 3 * depthwise_cp(a.C)) * sizeof(int32_t) +
-         static_cast<size_t>(depthwise_cp(a.C));
+  // a ring per channel block, the padding row, the epilogue's three [Cp] terms, a pixel of the zero
+  // point, the column offsets and the rings' tags
+  const int64_t blocks = (a.C + 63) / 64;
+  return static_cast<size_t>((blocks * ring_rows(a) + 1) * tap_row_lanes(a) + 3 * depthwise_cp(a.C)) *
+             sizeof(int32_t) +
+         static_cast<size_t>(depthwise_cp(a.C)) +
+         static_cast<size_t>(depthwise_groups(a.KW) * a.OW * 4 + blocks * ring_rows(a)) * sizeof(int64_t);
 }
 
 void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch) {
-  const int64_t lanes = tap_row_lanes(a), R = ring_rows(a);
-  int32_t* ring = reinterpret_cast<int32_t*>(scratch);
+  const int64_t lanes = tap_row_lanes(a), R = ring_rows(a), blocks = (a.C + 63) / 64;
+  int32_t* rings = reinterpret_cast<int32_t*>(scratch);  // [blocks][R][lanes]
   // input rows above and below the image: every byte the zero point, filled when first read
-  int32_t* pad_row = ring + R * lanes;
+  int32_t* pad_row = rings + blocks * R * lanes;
   bool pad_row_filled = false;
   const Terms terms = make_terms(a, reinterpret_cast<uint8_t*>(pad_row + lanes));
   uint8_t* pad_pixel = reinterpret_cast<uint8_t*>(pad_row + lanes + 3 * depthwise_cp(a.C));
   std::memset(pad_pixel, static_cast<uint8_t>(a.x_zp), static_cast<size_t>(depthwise_cp(a.C)));
-  std::array<int64_t, kMaxRing> tag;  // the (n * H + ih) each ring slot holds, -1: none
-  std::fill(tag.begin(), tag.begin() + R, int64_t(-1));
+  int64_t* col_off = reinterpret_cast<int64_t*>(pad_pixel + depthwise_cp(a.C));
+  if (a.C >= 64) column_offsets(a, col_off);
+  int64_t* tags = col_off + depthwise_groups(a.KW) * a.OW * 4;  // [blocks][R]: the n * H + ih a slot holds, -1: none
+  std::fill(tags, tags + blocks * R, int64_t(-1));
   std::array<const int32_t*, 64> rows{};
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const int64_t n = row / a.OH, oh = row % a.OH;
-    for (int64_t kh = 0; kh < a.KH; ++kh) {
-      const int64_t ih = oh * a.sh - a.ph + kh * a.dh;
-      if (ih < 0 || ih >= a.H) {
-        if (!pad_row_filled) {
-          std::memset(pad_row, uint8_zero_point(a), static_cast<size_t>(lanes) * sizeof(int32_t));
-          pad_row_filled = true;
+  // Rows in chunks whose input stays in L2, and within a chunk one channel block at a time over
+  // its rows, so that the block's ring of tap rows (KH rows of OW x 64 lanes) stays in L1 while the
+  // rows read it, where all channels' would not. Each block keeps its ring across chunks.
+  const int64_t chunk = std::max<int64_t>(1, kChunkInputBytes / std::max<int64_t>(1, a.sh * a.W * a.C));
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += chunk) {
+    const int64_t r1 = std::min(row_end, r0 + chunk);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t c0 = 64 * b, nv = std::min<int64_t>(4, (a.C - c0 + 15) / 16);
+      int32_t* ring = rings + b * R * lanes;
+      int64_t* tag = tags + b * R;
+      for (int64_t row = r0; row < r1; ++row) {
+        const int64_t n = row / a.OH, oh = row % a.OH;
+        for (int64_t kh = 0; kh < a.KH; ++kh) {
+          const int64_t ih = oh * a.sh - a.ph + kh * a.dh;
+          if (ih < 0 || ih >= a.H) {
+            if (!pad_row_filled) {
+              std::memset(pad_row, uint8_zero_point(a), static_cast<size_t>(lanes) * sizeof(int32_t));
+              pad_row_filled = true;
+            }
+            rows[kh] = pad_row;
+            continue;
+          }
+          const int64_t slot = ih % R;
+          int32_t* buf = ring + slot * lanes;
+          if (tag[slot] != n * a.H + ih) {
+            build_tap_row(a, n, ih, c0, pad_pixel, col_off, buf);
+            tag[slot] = n * a.H + ih;
+          }
+          rows[kh] = buf;
         }
-        rows[kh] = pad_row;
-        continue;
+        row_pixels(a, terms, rows.data(), row * a.OW, c0, nv);
       }
-      const int64_t slot = ih % R;
-      int32_t* buf = ring + slot * lanes;
-      if (tag[slot] != n * a.H + ih) {
-        build_tap_row(a, n, ih, pad_pixel, buf);
-        tag[slot] = n * a.H + ih;
-      }
-      rows[kh] = buf;
     }
-    const int64_t m_row = row * a.OW;
-    for (int64_t c0 = 0; c0 < a.C; c0 += 64)
-      row_pixels(a, terms, rows.data(), m_row, c0, std::min<int64_t>(4, (a.C - c0 + 15) / 16));
   }
 }
 

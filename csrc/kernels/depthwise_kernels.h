@@ -9,8 +9,8 @@
 // 2^31), where xu is the activation's uint8 view (int8 bytes read as x ^ 0x80, zero point + 128)
 // and the padding reads xu_zp. The taps of a kernel row go in groups of 4 along kw (the last group
 // zero-weighted past KW), so one u8 x s8 dot-product instruction (vpdpbusd) adds 4 taps of 16
-// channels. Each input row is laid out once per thread as those 4-byte tap groups
-// ("tap rows", below) and read by every output row that covers it.
+// channels. Each input row is laid out once per thread and 64-channel block as those 4-byte tap
+// groups ("tap rows", below) and read by every output row that covers it.
 //
 // Channel order of the lanes (tap rows, packed weight, accumulators): within each whole block of
 // 64 channels, lane 16 j + 4 l + i holds channel 16 l + 4 j + i (the order in which interleaving

@@ -131,11 +131,11 @@ RULES: tuple[Rule, ...] = (
     Rule("conv2d", VNNI, "native", "KxK convs as GEMMs over gathered taps: 1.04-1.16x the best library on ResNet's "
          "3x3 convs at batch 1, 1.00-1.03x at batch 32 up to 2M output values", "kxk_conv.md",
          (groups == 1) & (c_in >= 16) & (OUT_VALUES <= 2_000_000)),
-    Rule("conv2d", VNNI, "native", "depthwise convs of whole 64-channel blocks at any size (Zen 5: 1.28-1.43x oneDNN "
-         "at batch 32), others up to 160k input values (460k from 64 channels) and stride 1 up to 32 channels; "
-         "larger ones stay with oneDNN", "epyc_zen5/depthwise_conv.md",
-         DEPTHWISE & ((c_in % 64 == 0) | (n * h * w * c_in <= 160_000)
-                      | ((n * h * w * c_in <= 460_000) & (c_in >= 64)) | ((c_in <= 32) & (stride == 1)))),
+    Rule("conv2d", VNNI, "native", "depthwise convs of whole 64-channel blocks or stride 1 at any size, others up "
+         "to 4M input values (Zen 5, MobileNetV2's: 1.06-2.98x oneDNN at batch 1, 1.39-1.68x at batch 32; "
+         "stride 2 with 96/144 channels 0.89-0.99x)",
+         "epyc_zen5/depthwise_conv.md",
+         DEPTHWISE & ((c_in % 64 == 0) | (stride == 1) | (n * h * w * c_in <= 4_000_000))),
     Rule("conv2d", VNNI, "fbgemm", "without the native provider: FBGEMM wins stride-2 1x1 convs from 1024 input "
          "channels (1.13x oneDNN at batch 1)", "pointwise_conv.md",
          ONE_BY_ONE & (stride == 2) & (c_in >= 1024)),

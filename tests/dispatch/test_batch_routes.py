@@ -15,7 +15,7 @@ def batch_routes(op, shape, eight_bit_input=True, upto=None):
     where every size has one provider)."""
     return size_ranges(op, shape, lambda s: route(op, s, eight_bit_input=eight_bit_input).provider, upto)
 
-DEPTHWISE = {"n": 8, "c_in": 160, "c_out": 160, "h": 28, "w": 28, "kernel": (3, 3), "stride": (1, 1),
+DEPTHWISE = {"n": 8, "c_in": 160, "c_out": 160, "h": 28, "w": 28, "kernel": (3, 3), "stride": (2, 2),
              "padding": (1, 1), "groups": 160, "int8_residual": 0}
 DENSE_3X3 = {"n": 8, "c_in": 64, "c_out": 64, "h": 56, "w": 56, "kernel": (3, 3), "stride": (1, 1),
              "padding": (1, 1), "groups": 1, "int8_residual": 1}
@@ -45,11 +45,12 @@ def test_ranges_give_the_routers_choice_at_every_size(op, shape, eight):
 
 @pytest.mark.skipif(cpu_features().isa_class != "avx512_vnni", reason="the native conv rows of the AVX512-VNNI class")
 def test_native_conv_ranges_end_where_the_rules_say():
-    # depthwise with 160 channels (two whole 64-channel blocks and 32): native while n*h*w*c_in <= 460k,
-    # then oneDNN; with 192 (three whole blocks) native at every size
+    # depthwise stride 2 with 160 channels (two whole 64-channel blocks and 32): native while
+    # n*h*w*c_in <= 4M, then oneDNN; with 192 (three whole blocks) or at stride 1 native at every size
     assert batch_routes("conv2d", dict(DEPTHWISE, c_in=192, c_out=192, groups=192)).ranges == ((None, "native"),)
+    assert batch_routes("conv2d", dict(DEPTHWISE, stride=(1, 1))).ranges == ((None, "native"),)
     routes = batch_routes("conv2d", DEPTHWISE)
-    last_native = 460_000 // (28 * 28 * 160)
+    last_native = 4_000_000 // (28 * 28 * 160)
     assert routes.ranges == ((last_native, "native"), (None, "onednn")), routes.describe()
     # dense 3x3 (groups 1, c_in >= 16): native while n*oh*ow*c_out <= 2M
     routes = batch_routes("conv2d", DENSE_3X3)

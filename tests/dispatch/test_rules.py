@@ -72,18 +72,21 @@ def test_native_rows():
     assert rules.choose("conv2d", vnni, dict(CONV, n=32)).provider == "onednn"  # 6.4M
     assert rules.choose("conv2d", vnni, dict(CONV, groups=64)).provider == "native"  # depthwise, 64ch at 56x56
     wide_dw = dict(CONV, c_in=32, c_out=32, groups=32, h=112, w=112)  # 401k input values, 32 channels
-    assert rules.choose("conv2d", vnni, wide_dw).provider == "native"  # stride 1, up to 32 channels: any size
+    assert rules.choose("conv2d", vnni, wide_dw).provider == "native"  # stride 1: any size
     assert rules.choose("conv2d", vnni, dict(wide_dw, n=32)).provider == "native"
-    assert rules.choose("conv2d", vnni, dict(wide_dw, stride=2)).provider == "onednn"
-    assert rules.choose("conv2d", vnni, dict(wide_dw, c_in=96, c_out=96, groups=96, stride=2)).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(wide_dw, stride=2)).provider == "native"  # stride 2: up to 4M values
+    assert rules.choose("conv2d", vnni, dict(wide_dw, stride=2, n=32)).provider == "onednn"  # 12.8M
+    assert rules.choose("conv2d", vnni, dict(wide_dw, c_in=96, c_out=96, groups=96, stride=2)).provider == "native"
+    assert rules.choose("conv2d", vnni, dict(wide_dw, c_in=96, c_out=96, groups=96, stride=2, n=4)).provider == "onednn"
     assert rules.choose("conv2d", vnni, dict(CONV, groups=64, n=3)).provider == "native"  # 602k, a whole block
-    assert rules.choose("conv2d", vnni, dict(CONV, c_in=80, c_out=80, groups=80, n=2)).provider == "onednn"  # 502k
+    assert rules.choose("conv2d", vnni, dict(CONV, c_in=80, c_out=80, groups=80, n=2)).provider == "native"  # stride 1
     small_dw = dict(CONV, c_in=384, c_out=384, groups=384, h=14, w=14)
     assert rules.choose("conv2d", vnni, small_dw).provider == "native"  # 75k input values
-    assert rules.choose("conv2d", vnni, dict(small_dw, n=32)).provider == "native"  # whole 64-channel blocks
+    assert rules.choose("conv2d", vnni, dict(small_dw, n=32, stride=2)).provider == "native"  # whole 64-channel blocks
     odd_dw = dict(CONV, c_in=144, c_out=144, groups=144, h=56, w=56)  # 452k input values, 2 blocks + 16
     assert rules.choose("conv2d", vnni, odd_dw).provider == "native"
-    assert rules.choose("conv2d", vnni, dict(odd_dw, n=32)).provider == "onednn"
+    assert rules.choose("conv2d", vnni, dict(odd_dw, n=32)).provider == "native"  # stride 1
+    assert rules.choose("conv2d", vnni, dict(odd_dw, n=32, stride=2)).provider == "onednn"  # 14.4M
     stem = dict(CONV, c_in=3, h=224, w=224, kernel=(7, 7), stride=2)
     assert rules.choose("conv2d", vnni, stem).provider == "native"  # 3 channels: the stem rule, any size
     assert rules.choose("conv2d", vnni, dict(stem, n=32)).provider == "native"

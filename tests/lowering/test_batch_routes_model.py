@@ -20,13 +20,14 @@ SIZES = (1, 2, 3, 8, 12, 13, 16, 40)
 
 
 class DepthwiseNet(nn.Module):
-    """Stem 3x3 (3 -> 48), depthwise 3x3 (48 channels at 28x28), 1x1 (48 -> 32), pool, Linear."""
+    """Stem 3x3 (3 -> 96), depthwise 3x3 stride 2 (96 channels at 56x56), 1x1 (96 -> 32), pool, Linear."""
 
     def __init__(self):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 48, 3, padding=1, bias=False), nn.BatchNorm2d(48), nn.ReLU())
-        self.dw = nn.Sequential(nn.Conv2d(48, 48, 3, padding=1, groups=48, bias=False), nn.BatchNorm2d(48), nn.ReLU())
-        self.pw = nn.Sequential(nn.Conv2d(48, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(3, 96, 3, padding=1, bias=False), nn.BatchNorm2d(96), nn.ReLU())
+        self.dw = nn.Sequential(nn.Conv2d(96, 96, 3, stride=2, padding=1, groups=96, bias=False), nn.BatchNorm2d(96),
+                                nn.ReLU())
+        self.pw = nn.Sequential(nn.Conv2d(96, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
         self.fc = nn.Linear(32, 10)
 
     def forward(self, x):
@@ -35,7 +36,7 @@ class DepthwiseNet(nn.Module):
 
 
 def _images(n, seed):
-    return torch.randn(n, 3, 28, 28, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(n, 3, 56, 56, generator=torch.Generator().manual_seed(seed))
 
 
 def _convert(config=None):
@@ -77,10 +78,10 @@ def test_every_size_runs_on_the_rule_tables_provider(converted):
         else:
             assert m.packed.batch_routes is None, name
     if cpu_features().isa_class == "avx512_vnni":
-        # the depthwise conv (48 channels: over 32, under 64) is native up to 160k input values (n <= 4
-        # here), oneDNN beyond; the stem (3 input channels) is native at every size
+        # the depthwise conv (stride 2, 96 channels: not whole 64-channel blocks) is native up to 4M
+        # input values (n <= 13 here), oneDNN beyond; the stem (3 input channels) is native at every size
         dw = qmodel.layer("dw.0")
-        assert dw.packed.batch_routes.ranges == ((4, "native"), (None, "onednn"))
+        assert dw.packed.batch_routes.ranges == ((13, "native"), (None, "onednn"))
         stem = qmodel.layer("stem.0")
         assert stem.packed.batch_routes is None and stem.provider == "native"
         assert "dw.0" in split
