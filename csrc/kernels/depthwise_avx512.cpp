@@ -99,28 +99,37 @@ inline void border_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t ba
 // Stride 1, no dilation: the group lanes of output columns [ow0, ow1) of group g, whose 4 input
 // columns base .. base + 3 all lie inside the image, by sliding: the lanes of column ow + 1 are
 // those of ow shifted down one byte with input column base + 4 in the top byte (one widened load
-// per output column instead of one per tap). Bytes beyond the group's taps weigh 0.
+// per output column instead of one per tap). Bytes beyond the group's taps weigh 0. Two columns a
+// step: ow + 2 comes from ow (two bytes down, two new ones on top), so that the chain of shifts
+// from column to column is half as long (its latency bounded the loop).
 template <bool I8>
 void slide_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t g, int64_t ow0, int64_t ow1, int64_t cb,
                   int32_t* dst) {
-  const int64_t Cp = depthwise_cp(a.C), BW = block_lanes(a);
-  const __m512i flip = _mm512_set1_epi32(static_cast<int32_t>(0x80808080u));
+  const int64_t C = a.C, Cp = depthwise_cp(C), BW = block_lanes(a);  // locals: the stores may alias a
+  const __m512i flip1 = _mm512_set1_epi32(0x80);
   const int64_t base0 = ow0 - a.pw + 4 * g;
+  int32_t* const d0 = dst + (g * a.OW + ow0) * BW;
   for (int64_t c0 = cb; c0 < Cp; c0 += 16) {
-    const int64_t valid = a.C - c0;
-    __m512i v = _mm512_ternarylogic_epi32(column(a, src, base0, c0, valid),
-                                          _mm512_slli_epi32(column(a, src, base0 + 1, c0, valid), 8),
-                                          _mm512_slli_epi32(column(a, src, base0 + 2, c0, valid), 16), 0xFE);
-    v = _mm512_or_si512(v, _mm512_slli_epi32(column(a, src, base0 + 3, c0, valid), 24));
-    if constexpr (I8) v = _mm512_xor_si512(v, flip);
-    int32_t* d = dst + (g * a.OW + ow0) * BW + (c0 - cb);
-    for (int64_t ow = ow0;;) {
+    const __mmask16 mask = avx512::tail_mask(std::min<int64_t>(16, C - c0));
+    const uint8_t* in = src + base0 * C + c0;  // input column base0, channels c0..
+    auto next = [&](int64_t k) {  // input column base0 + k, widened (as uint8)
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, in + k * C));
+      if constexpr (I8) return _mm512_xor_si512(v, flip1);
+      return v;
+    };
+    __m512i v = _mm512_ternarylogic_epi32(next(0), _mm512_slli_epi32(next(1), 8), _mm512_slli_epi32(next(2), 16),
+                                          0xFE);
+    v = _mm512_or_si512(v, _mm512_slli_epi32(next(3), 24));
+    int32_t* d = d0 + (c0 - cb);
+    for (int64_t k = 0;; k += 2) {  // v: column ow0 + k
       _mm512_storeu_si512(d, v);
-      if (++ow == ow1) break;
-      d += BW;
-      __m512i next = column(a, src, base0 + (ow - ow0) + 3, c0, valid);
-      if constexpr (I8) next = _mm512_xor_si512(next, _mm512_set1_epi32(0x80));
-      v = _mm512_or_si512(_mm512_srli_epi32(v, 8), _mm512_slli_epi32(next, 24));
+      if (ow0 + k + 1 == ow1) break;
+      const __m512i n4 = next(k + 4);
+      _mm512_storeu_si512(d + BW, _mm512_or_si512(_mm512_srli_epi32(v, 8), _mm512_slli_epi32(n4, 24)));
+      if (ow0 + k + 2 == ow1) break;
+      v = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 16), _mm512_slli_epi32(n4, 16),
+                                    _mm512_slli_epi32(next(k + 5), 24), 0xFE);
+      d += 2 * BW;
     }
   }
 }
@@ -261,6 +270,7 @@ Terms make_terms(const DepthwiseArgs& a, uint8_t* buf) {
 // the four vectors packed to int16 (exact: the values lie within the bounds), out_zp added there
 // (exact: the sums lie in the output's range) and packed to bytes. The packs interleave the vectors
 // per 128-bit block, which puts lane order back into channel order.
+// (Terms are read into locals first: the stores may alias them.)
 template <int MR>
 __attribute__((always_inline)) inline void store_packed(const DepthwiseArgs& a, const Terms& t, const __m512i* acc,
                                                         int64_t m0, int64_t c0) {
@@ -270,19 +280,22 @@ __attribute__((always_inline)) inline void store_packed(const DepthwiseArgs& a, 
     s2[v] = _mm512_loadu_ps(t.s2 + c0 + v * 16);
     b2[v] = _mm512_loadu_ps(t.b2 + c0 + v * 16);
   }
+  const __m512 q_lo = t.out.q_lo, q_hi = t.out.q_hi;
+  const __m512i out_zp16 = t.out_zp16;
+  const bool u8 = t.out.u8;
+  const int64_t ldc = a.epi.ldc;
+  uint8_t* const out = static_cast<uint8_t*>(a.epi.out) + m0 * ldc + c0;
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     __m512i q[4];
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r * 4 + v]), s2[v], b2[v]);
-      q[v] = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, t.out.q_lo), t.out.q_hi));
+      q[v] = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, q_lo), q_hi));
     }
-    const __m512i lo = _mm512_adds_epi16(_mm512_packs_epi32(q[0], q[1]), t.out_zp16);
-    const __m512i hi = _mm512_adds_epi16(_mm512_packs_epi32(q[2], q[3]), t.out_zp16);
-    const __m512i bytes = t.out.u8 ? _mm512_packus_epi16(lo, hi) : _mm512_packs_epi16(lo, hi);
-    uint8_t* dst = static_cast<uint8_t*>(a.epi.out) + (m0 + r) * a.epi.ldc + c0;
-    _mm512_storeu_si512(dst, bytes);
+    const __m512i lo = _mm512_adds_epi16(_mm512_packs_epi32(q[0], q[1]), out_zp16);
+    const __m512i hi = _mm512_adds_epi16(_mm512_packs_epi32(q[2], q[3]), out_zp16);
+    _mm512_storeu_si512(out + r * ldc, u8 ? _mm512_packus_epi16(lo, hi) : _mm512_packs_epi16(lo, hi));
   }
 }
 
@@ -307,9 +320,11 @@ __attribute__((always_inline)) inline void store_vectors(const DepthwiseArgs& a,
 // tap rows are rows[0 .. KH).
 // KH3: the kernel is 3 x (up to 4) taps, its loop unrolled at compile time (with a runtime trip
 // count the compiler rotates the accumulators through other registers on every iteration).
-template <int MR, int NV, bool KH3>
+// BW: block_lanes(a), a compile-time constant so that the pixels' loads take constant offsets
+// from one address per tap row.
+template <int MR, int NV, bool KH3, int BW>
 void block(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, int64_t m0, int64_t ow0, int64_t c0) {
-  const int64_t Cp = depthwise_cp(a.C), BW = block_lanes(a);
+  const int64_t Cp = depthwise_cp(a.C);
   const int64_t KH = KH3 ? 3 : a.KH, G = KH3 ? 1 : depthwise_groups(a.KW);
   __m512i acc[MR * NV];
 #pragma GCC unroll 4
@@ -348,28 +363,36 @@ void block(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, i
 // An output row's pixels [0, OW) for the channel block c0.. of nv vectors, in blocks of MR pixels.
 // The last pixels of a row take one block of their number (a block reads the weights and the
 // epilogue's terms once for all of its pixels).
-template <int MR, int NV, bool KH3>
+template <int MR, int NV, bool KH3, int BW>
 void pixels(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, int64_t m_row, int64_t c0) {
   int64_t ow = 0;
-  for (; ow + MR <= a.OW; ow += MR) block<MR, NV, KH3>(a, t, rows, m_row + ow, ow, c0);
+  for (; ow + MR <= a.OW; ow += MR) block<MR, NV, KH3, BW>(a, t, rows, m_row + ow, ow, c0);
   if constexpr (MR > 4) {
     if (ow + 4 <= a.OW) {
-      block<4, NV, KH3>(a, t, rows, m_row + ow, ow, c0);
+      block<4, NV, KH3, BW>(a, t, rows, m_row + ow, ow, c0);
       ow += 4;
     }
   }
   switch (a.OW - ow) {
-    case 3: block<3, NV, KH3>(a, t, rows, m_row + ow, ow, c0); break;
-    case 2: block<2, NV, KH3>(a, t, rows, m_row + ow, ow, c0); break;
-    case 1: block<1, NV, KH3>(a, t, rows, m_row + ow, ow, c0); break;
+    case 3: block<3, NV, KH3, BW>(a, t, rows, m_row + ow, ow, c0); break;
+    case 2: block<2, NV, KH3, BW>(a, t, rows, m_row + ow, ow, c0); break;
+    case 1: block<1, NV, KH3, BW>(a, t, rows, m_row + ow, ow, c0); break;
     default: break;
   }
 }
 
 template <int MR, int NV>
 void pixels(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, int64_t m_row, int64_t c0) {
-  if (a.KH == 3 && a.KW <= 4) pixels<MR, NV, true>(a, t, rows, m_row, c0);
-  else pixels<MR, NV, false>(a, t, rows, m_row, c0);
+  // block_lanes: 64, or all channels (NV vectors) when fewer
+  constexpr int kNarrow = 16 * NV;
+  const bool narrow = a.C < 64;
+  if (a.KH == 3 && a.KW <= 4) {
+    if (narrow) pixels<MR, NV, true, kNarrow>(a, t, rows, m_row, c0);
+    else pixels<MR, NV, true, 64>(a, t, rows, m_row, c0);
+  } else {
+    if (narrow) pixels<MR, NV, false, kNarrow>(a, t, rows, m_row, c0);
+    else pixels<MR, NV, false, 64>(a, t, rows, m_row, c0);
+  }
 }
 
 void row_pixels(const DepthwiseArgs& a, const Terms& t, const int32_t* const* rows, int64_t m_row, int64_t c0,

@@ -221,16 +221,29 @@ struct RequantOutput {
 };
 
 // Rows m0 .. m0 + MR of column vector v (columns n0..) of a block of sums, requantized and stored.
+// Every term is read into a local first: the stores go through byte pointers, which may alias g, c
+// and o, so their fields would otherwise be loaded again after each row's store.
 template <int MR, int NV, class Sum>
 __attribute__((always_inline)) inline void requant_rows(const GemmArgs& g, const Sum* sums, int v, int64_t m0,
                                                         int64_t n0, const RequantColumn& c, const RequantOutput& o) {
+  const __m512 s2 = c.s2, b2 = c.b2, q_lo = o.q_lo, q_hi = o.q_hi, r2 = o.r2;
+  const __m512i zp_colsum = c.zp_colsum, out_zp = o.out_zp, r_zp = _mm512_set1_epi32(g.r_zp);
+  const __mmask16 mask = c.mask;
+  const bool u8 = o.u8, r_int8 = g.r_int8, full = mask == static_cast<__mmask16>(0xffff);
+  const int64_t ldc = g.ldc, ldr = g.ldr;
+  uint8_t* const out = static_cast<uint8_t*>(g.out) + m0 * ldc + n0;
+  const uint8_t* const res = g.r ? g.r + m0 * ldr + n0 : nullptr;
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
-    __m512 t = _mm512_fmadd_ps(sum_to_float(sums[r * NV + v], c.zp_colsum), c.s2, c.b2);
-    if (g.r) t = _mm512_fmadd_ps(residual(g, m0 + r, n0, c.mask), o.r2, t);
-    const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, o.q_lo), o.q_hi)), o.out_zp);
-    uint8_t* dst = static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n0;
-    avx512::store(dst, c.mask, o.u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q));
+    __m512 t = _mm512_fmadd_ps(sum_to_float(sums[r * NV + v], zp_colsum), s2, b2);
+    if (res) {
+      const uint8_t* rp = res + r * ldr;
+      const __m128i rb = full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rp)) : _mm_maskz_loadu_epi8(mask, rp);
+      const __m512i ri = r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
+      t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ri, r_zp)), r2, t);
+    }
+    const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, q_lo), q_hi)), out_zp);
+    avx512::store(out + r * ldc, mask, u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q));
   }
 }
 
