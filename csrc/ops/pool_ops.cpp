@@ -17,9 +17,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common/checks.h"
+#include "cpu/probe.h"
+#include "kernels/pool_kernels.h"
 #include "runtime/activation_cache.h"
 #include "runtime/parallel.h"
 
@@ -119,22 +122,29 @@ at::Tensor max_pool2d(const at::Tensor& x_in, at::IntArrayRef kernel_size, at::I
 // Global average pooling, int8 in and out: y[n][c] = clamp(round_half_even(m * (S[n][c] - H W x_zp)) +
 // y_zp) with S the exact int32 sum over the H x W pixels and m = x_scale / (y_scale H W) in fp32
 // (the difference is exact in fp32 below 2^24: H W <= 65536). Channels-last input: the sums run
-// over contiguous channel rows, which the compiler vectorizes.
+// over contiguous channel rows (kernels/pool_avx2.cpp where the CPU has AVX2, else a loop the
+// compiler vectorizes for the baseline ISA).
 constexpr float kRoundMagic = 12582912.0f;  // 1.5 x 2^23
 
 template <typename TX, typename TY>
 void global_average(const TX* x, TY* y, int64_t N, int64_t C, int64_t HW, int32_t x_zp, float m, int32_t y_zp) {
   constexpr int32_t lo = std::numeric_limits<TY>::lowest(), hi = std::numeric_limits<TY>::max();
   const int32_t offset = static_cast<int32_t>(HW) * x_zp;
+  const bool avx2 = cpu::has(cpu::Isa::Avx2);
   parallel::parallel_for(0, N, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, HW * C)), [&](int64_t b, int64_t e) {
     std::vector<int32_t> sum(static_cast<size_t>(C));
     for (int64_t n = b; n < e; ++n) {
-      std::fill(sum.begin(), sum.end(), 0);
       int32_t* __restrict s = sum.data();
-      for (int64_t p = 0; p < HW; ++p) {
-        const TX* __restrict in = x + (n * HW + p) * C;
+      if (avx2) {
+        kernels::channel_sums_avx2(reinterpret_cast<const uint8_t*>(x + n * HW * C), HW, C,
+                                   std::is_same_v<TX, int8_t>, s);
+      } else {
+        std::fill(sum.begin(), sum.end(), 0);
+        for (int64_t p = 0; p < HW; ++p) {
+          const TX* __restrict in = x + (n * HW + p) * C;
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) s[c] += in[c];
+          for (int64_t c = 0; c < C; ++c) s[c] += in[c];
+        }
       }
       TY* __restrict out = y + n * C;
       for (int64_t c = 0; c < C; ++c) {

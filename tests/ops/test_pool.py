@@ -104,6 +104,49 @@ def test_global_avg_pool_is_exact_away_from_ties():
                                                                                             dtype=torch.int8))
 
 
+GAP_PATHS_CHILD = """
+import sys, torch, qbackend
+if {scalar}:
+    qbackend._C.set_isa_cap(0)
+inp = torch.load({inp!r})
+out = [torch.ops.qbackend.global_avg_pool2d(x, 0.1, zp, 0.1, 0, torch.uint8 if x.dtype == torch.uint8 else torch.int8)
+       for x, zp in inp]
+torch.save({{"level": int(qbackend._C.usable_isa()), "out": out}}, {outp!r})
+"""
+
+
+def test_global_avg_pool_sums_exactly_on_every_path(tmp_path):
+    """The channel sums on the AVX2 kernel (64 and 16 channels at a time, in int16 over chunks of 128
+    pixels, then a tail channel at a time) and on the baseline loop: extreme images over several
+    chunks (the int16 bound), random ones with every kind of channel block; each output equals the
+    fp64 reference (odd pixel counts: no ties)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from subprocess_utils import run_py
+    from qbackend.ops import reference as R
+    g = torch.Generator().manual_seed(5)
+    cl = torch.channels_last
+    cases = [(torch.full((1, 99, 21, 19), 255, dtype=torch.uint8).contiguous(memory_format=cl), 0),
+             (torch.full((1, 80, 21, 19), -128, dtype=torch.int8).contiguous(memory_format=cl), 0),
+             (torch.full((1, 80, 21, 19), 127, dtype=torch.int8).contiguous(memory_format=cl), 0),
+             (torch.randint(0, 256, (2, 99, 17, 19), dtype=torch.uint8, generator=g).contiguous(memory_format=cl), 131),
+             (torch.randint(-128, 128, (3, 1283, 7, 7), dtype=torch.int8, generator=g).contiguous(memory_format=cl), -3),
+             (torch.randint(0, 256, (1, 5, 3, 3), dtype=torch.uint8, generator=g), 9)]
+    inp = str(tmp_path / "in.pt")
+    torch.save(cases, inp)
+    results = {}
+    for name, scalar in (("default", False), ("scalar", True)):
+        outp = str(tmp_path / f"{name}.pt")
+        run_py(GAP_PATHS_CHILD.format(scalar=scalar, inp=inp, outp=outp), check=True)
+        results[name] = torch.load(outp)
+    assert results["scalar"]["level"] == 0
+    for name, res in results.items():
+        for (x, zp), y in zip(cases, res["out"]):
+            ref = R.global_avg_pool2d(x, 0.1, zp, 0.1, 0, x.dtype)
+            assert torch.equal(y, ref), (name, x.shape, x.dtype)
+
+
 def test_global_avg_pool_rounds_ties_to_even():
     """Means at exact half levels (two pixels with an odd sum) round to the even level, as round-half-even
     does, for both output types, and means beyond the output's range clamp."""
