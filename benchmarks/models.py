@@ -503,15 +503,21 @@ def _best(rows: list[Row], b: int, include=None, exclude=(), stat: str = "times"
     return min(cands, key=lambda r: getattr(r, stat)[b]) if cands else None
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds to 3 significant digits at least (0.0123, 1.23, 12.3)."""
+    ms = seconds * 1e3
+    return f"{ms:.2f}" if ms >= 1 else f"{ms:.3g}" if ms >= 0.1 else f"{ms:.4f}"
+
+
 def _fmt_time(seconds: float, b: int) -> str:
     if b == 1:
-        return f"{seconds * 1e3:.2f} ms"
+        return f"{_ms(seconds)} ms"
     return f"{b / seconds:.1f}/s"
 
 
 def _fmt_cell(median: float, least: float, b: int) -> str:
     if b == 1:
-        return f"{median * 1e3:.2f} ({least * 1e3:.2f})"
+        return f"{_ms(median)} ({_ms(least)})"
     return f"{b / median:.1f} ({b / least:.1f})"
 
 
