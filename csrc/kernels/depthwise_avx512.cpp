@@ -155,6 +155,36 @@ inline void interleave_groups(const uint8_t* const* cols, int64_t c0, int32_t* d
   _mm512_storeu_si512(dst + 48, _mm512_unpackhi_epi16(ab_hi, cd_hi));
 }
 
+// The same lanes for 3 taps at stride 2 without dilation (MobileNet's downsampling): the group of
+// output column ow reads input columns 2 ow - pw + (0, 1, 2), and its 4th byte, whose weight is 0,
+// takes column 2 ow - pw + 3 (pad outside the image) instead of the padding pixel, so that the
+// byte pairs unpacked for columns (2 ow - pw + 2, + 3) serve ow and ow + 1: two loads and two byte
+// unpacks per output column instead of four each.
+template <bool I8>
+void stride2_groups(const DepthwiseArgs& a, const uint8_t* src, int64_t cb, const uint8_t* pad, int32_t* dst) {
+  const int64_t C = a.C, W = a.W, OW = a.OW;  // locals: the stores may alias a
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  auto column = [&](int64_t iw) {
+    const __m512i v = _mm512_loadu_si512((iw >= 0 && iw < W ? src + iw * C : pad) + cb);
+    if constexpr (I8) return _mm512_xor_si512(v, flip);
+    return v;
+  };
+  int64_t iw = -a.pw;
+  __m512i c0 = column(iw), c1 = column(iw + 1);
+  __m512i lo = _mm512_unpacklo_epi8(c0, c1), hi = _mm512_unpackhi_epi8(c0, c1);
+  for (int64_t ow = 0; ow < OW; ++ow, iw += 2, dst += 64) {
+    c0 = column(iw + 2);
+    c1 = column(iw + 3);
+    const __m512i lo2 = _mm512_unpacklo_epi8(c0, c1), hi2 = _mm512_unpackhi_epi8(c0, c1);
+    _mm512_storeu_si512(dst, _mm512_unpacklo_epi16(lo, lo2));
+    _mm512_storeu_si512(dst + 16, _mm512_unpackhi_epi16(lo, lo2));
+    _mm512_storeu_si512(dst + 32, _mm512_unpacklo_epi16(hi, hi2));
+    _mm512_storeu_si512(dst + 48, _mm512_unpackhi_epi16(hi, hi2));
+    lo = lo2;
+    hi = hi2;
+  }
+}
+
 // Where each output column's tap groups read in an input row: [G][OW][4] byte offsets iw * C of
 // the columns iw = ow * sw - pw + (4 g + t) * dw, or -1 for a column outside the image or past the
 // group's taps (which reads the padding pixel). The same for every row and channel block.
@@ -181,6 +211,11 @@ void build_tap_row(const DepthwiseArgs& a, int64_t n, int64_t ih, int64_t cb, co
   for (int64_t g = 0; g < G; ++g) {
     const int64_t taps = std::min<int64_t>(4, a.KW - 4 * g);
     if (cb + 64 <= a.C) {  // a whole block
+      if (a.KW == 3 && a.sw == 2 && a.dw == 1) {
+        if (a.x_int8) stride2_groups<true>(a, src, cb, pad, dst);
+        else stride2_groups<false>(a, src, cb, pad, dst);
+        continue;
+      }
       const int64_t* off = col_off + g * a.OW * 4;
       for (int64_t ow = 0; ow < a.OW; ++ow, off += 4) {
         const uint8_t* cols[4];

@@ -254,6 +254,10 @@ def test_conv_packed_weights_are_checked():
     # whole 64-channel blocks: their lanes interleave 4 input columns bytewise (the rest as above)
     (1, 64, 9, 17, (2, 7), (2, 3), (1, 3), (1, 2)),      # dilated groups of 4 + 3 taps, padding both sides
     (1, 136, 8, 8, (3, 3), (1, 1), (1, 1), (1, 1)),      # two whole blocks and 8 channels slid
+    # 3 taps at stride 2: neighbouring output columns share a byte pair (the 4th, zero-weighted byte
+    # reads the next input column, or the padding pixel past the image)
+    (1, 64, 9, 10, (3, 3), (2, 2), (0, 0), (1, 1)),      # unpadded: the last group's 4th byte past the image
+    (1, 128, 7, 9, (3, 3), (2, 2), (2, 2), (1, 1)),      # wide padding on both sides
     # rows in chunks of at most 192 KiB of input, each channel block in turn keeping its ring across them
     (2, 136, 40, 40, (3, 3), (1, 1), (1, 1), (1, 1)),    # chunks of 36 rows: one ends mid-image
     (1, 200, 64, 64, (3, 3), (2, 2), (1, 1), (1, 1)),    # stride 2: chunks of 7 output rows
