@@ -15,16 +15,27 @@
 // constants (the recorder refuses those), so a stopped replay has changed nothing the caller sees.
 //
 // `run` releases the GIL; a plan holds no per-call state, so threads may replay it at once.
+//
+// `run_if_matches` is the eager fast path: given the recorded inputs' signature (`expect_inputs`:
+// each input's dtype, sizes and strides, and the grad mode), it checks a call's positional
+// arguments against it in C++ (plain CPU tensors, nothing requiring grad with grad mode on, no
+// tracer, no CPU autocast, no dispatch mode: what nn/forward_plan.py's `signature` and
+// `plans_apply` check) and replays, or returns None for the caller's full path.
 #include "runtime/forward_plan.h"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -130,12 +141,82 @@ class ForwardPlan {
 
   // The outputs' tensors, or nullopt where a step's output sizes differ from the recording.
   std::optional<std::vector<at::Tensor>> run(const std::vector<at::Tensor>& inputs) const {
+    return replay(inputs, nullptr);
+  }
+
+  // run(), with each step's wall time in ns (the step's dispatcher call and its output checks; the
+  // clock read between steps is the only cost added) and the whole replay's, the last element.
+  std::pair<std::optional<std::vector<at::Tensor>>, std::vector<int64_t>> run_timed(
+      const std::vector<at::Tensor>& inputs) const {
+    std::vector<int64_t> ns(steps_.size() + 1, 0);
+    auto out = replay(inputs, ns.data());
+    return {std::move(out), std::move(ns)};
+  }
+
+  // The signature run_if_matches accepts: these tensors' dtypes, sizes and strides, with grad mode
+  // `grad_mode`.
+  void expect_inputs(const std::vector<at::Tensor>& inputs, bool grad_mode) {
+    TORCH_CHECK_VALUE(static_cast<int64_t>(inputs.size()) == num_inputs_, "the plan takes ", num_inputs_,
+                      " tensors, got ", inputs.size());
+    expected_.clear();
+    for (const at::Tensor& t : inputs)
+      expected_.push_back({t.scalar_type(), t.sizes().vec(), t.strides().vec()});
+    expected_grad_ = grad_mode;
+    has_expected_ = true;
+  }
+
+  // The outputs' tensors where `args` match expect_inputs's signature and the replay completes;
+  // None otherwise (the caller runs its full path). Holds the GIL only while checking.
+  py::object run_if_matches(const py::tuple& args) const {
+    if (!has_expected_ || static_cast<int64_t>(args.size()) != num_inputs_) return py::none();
+    const bool grad = at::GradMode::is_enabled();
+    if (grad != expected_grad_ || torch::jit::tracer::isTracing() ||
+        at::autocast::is_autocast_enabled(at::kCPU) || c10::impl::TorchDispatchModeTLS::any_modes_set())
+      return py::none();
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(expected_.size());
+    for (size_t i = 0; i < expected_.size(); ++i) {
+      PyObject* obj = args[i].ptr();
+      if (!THPVariable_CheckExact(obj)) return py::none();
+      const at::Tensor& t = THPVariable_Unpack(obj);
+      const InputMeta& m = expected_[i];
+      if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() || t.scalar_type() != m.dtype ||
+          t.sizes() != c10::IntArrayRef(m.sizes) || t.strides() != c10::IntArrayRef(m.strides) ||
+          (grad && t.requires_grad()))
+        return py::none();
+      inputs.push_back(t);
+    }
+    std::optional<std::vector<at::Tensor>> out;
+    {
+      py::gil_scoped_release release;
+      out = replay(inputs, nullptr);
+    }
+    if (!out) return py::none();
+    py::list result(out->size());
+    for (size_t i = 0; i < out->size(); ++i) result[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap((*out)[i]));
+    return std::move(result);
+  }
+
+  std::vector<std::string> step_names() const {
+    std::vector<std::string> names;
+    for (const Step& s : steps_) names.push_back(s.name);
+    return names;
+  }
+
+  int64_t num_inputs() const { return num_inputs_; }
+
+ private:
+  // step_ns: nullptr, or steps_.size() + 1 entries for the steps' times and the total.
+  std::optional<std::vector<at::Tensor>> replay(const std::vector<at::Tensor>& inputs, int64_t* step_ns) const {
     TORCH_CHECK_VALUE(static_cast<int64_t>(inputs.size()) == num_inputs_, "the plan takes ", num_inputs_,
                       " tensors, got ", inputs.size());
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     std::vector<c10::IValue> slots(static_cast<size_t>(num_slots_));
     for (size_t i = 0; i < inputs.size(); ++i) slots[i] = inputs[i];
     torch::jit::Stack stack;
+    using clock = std::chrono::steady_clock;
+    const clock::time_point start = step_ns ? clock::now() : clock::time_point();
+    clock::time_point last = start;
     for (const Step& s : steps_) {
       stack.assign(s.args.begin(), s.args.end());
       for (const auto& [arg, slot] : s.refs) stack[arg] = slots[static_cast<size_t>(slot)];
@@ -156,22 +237,19 @@ class ForwardPlan {
         slots[static_cast<size_t>(o.slot)] = std::move(v);
       }
       for (int64_t f : s.frees) slots[static_cast<size_t>(f)] = c10::IValue();
+      if (step_ns) {
+        const clock::time_point now = clock::now();
+        *step_ns++ = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last).count();
+        last = now;
+      }
     }
     std::vector<at::Tensor> out;
     out.reserve(outputs_.size());
     for (int64_t s : outputs_) out.push_back(slots[static_cast<size_t>(s)].toTensor());
+    if (step_ns) *step_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count();
     return out;
   }
 
-  std::vector<std::string> step_names() const {
-    std::vector<std::string> names;
-    for (const Step& s : steps_) names.push_back(s.name);
-    return names;
-  }
-
-  int64_t num_inputs() const { return num_inputs_; }
-
- private:
   // A Python number given for a Tensor argument becomes a wrapped-number tensor, as torch's
   // argument parser makes it (it takes part in type promotion as a Python scalar does).
   static c10::IValue argument(const py::handle& obj, const c10::TypePtr& type) {
@@ -191,8 +269,17 @@ class ForwardPlan {
                       "earlier step (", num_slots_, " slots)");
   }
 
+  struct InputMeta {
+    at::ScalarType dtype;
+    std::vector<int64_t> sizes;
+    std::vector<int64_t> strides;
+  };
+
   int64_t num_inputs_;
   int64_t num_slots_;
+  std::vector<InputMeta> expected_;
+  bool expected_grad_ = false;
+  bool has_expected_ = false;
   std::vector<Step> steps_;
   std::vector<int64_t> outputs_;
 };
@@ -207,6 +294,11 @@ void register_forward_plan(py::module_& m) {
       .def("set_outputs", &ForwardPlan::set_outputs, py::arg("slots"))
       .def("run", &ForwardPlan::run, py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
            "the outputs' tensors, or None where a step's output sizes differ from the recording")
+      .def("expect_inputs", &ForwardPlan::expect_inputs, py::arg("inputs"), py::arg("grad_mode"))
+      .def("run_if_matches", &ForwardPlan::run_if_matches, py::arg("args"),
+           "the outputs where args match expect_inputs's signature and the replay completes, else None")
+      .def("run_timed", &ForwardPlan::run_timed, py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
+           "(run's result, each step's wall time in ns followed by the whole replay's)")
       .def_property_readonly("step_names", &ForwardPlan::step_names)
       .def_property_readonly("num_inputs", &ForwardPlan::num_inputs);
 }

@@ -19,6 +19,12 @@ module inside it: a replay calls no module, so it would skip them; `qbackend.com
 layers with hooks). A replay whose step returns other sizes than recorded (an op whose output
 shape depends on the data) stops and the graph runs that call. Plans are dropped when the model may have changed
 (core/generation.py) and are never saved: a loaded model records its own.
+
+The common case, a call with the same inputs' signature as the last one, takes a shorter path
+(`ForwardPlans.fast`): the native plan checks the inputs and modes itself (`run_if_matches`) and
+replays, so a forward costs about 2 us of Python beyond its steps instead of 5-6
+(benchmarks/results/epyc_zen5/kernels_layer_calls.md). Each step also knows the module that ran it
+(`Plan.step_modules`), which qbackend.report.plan_profile uses to time a plan layer by layer.
 """
 from __future__ import annotations
 
@@ -93,6 +99,8 @@ class _Recorder(TorchDispatchMode):
         self.slots: dict[int, int] = {}
         self.keep: list = list(inputs)  # every tensor seen stays alive, so ids stay unique
         self.steps: list[tuple] = []    # (func, arguments, refs, outputs)
+        self.step_modules: list[str | None] = []  # per step: the innermost module running it (None: the graph)
+        self.module_stack: list[str] = []
         self.refused: str | None = None
         self.grad = torch.is_grad_enabled()
         for i, t in enumerate(inputs):
@@ -175,6 +183,33 @@ class _Recorder(TorchDispatchMode):
                     self.keep.append(t)
                 outputs.append((r, elem, slot, list(t.shape)))
         self.steps.append((func, arguments, refs, outputs))
+        self.step_modules.append(self.module_stack[-1] if self.module_stack else None)
+
+    def track_modules(self, gm: torch.nn.Module):
+        """A context in which calls of gm's submodules push their qualified names on module_stack
+        (global module hooks, removed on exit), so each step knows the module that ran it."""
+        names = {id(m): n for n, m in gm.named_modules() if n}
+        stack = self.module_stack
+
+        def pre(module, args):
+            name = names.get(id(module))
+            if name is not None:
+                stack.append(name)
+
+        def post(module, args, out):
+            if names.get(id(module)) is not None and stack:
+                stack.pop()
+
+        class _Hooks:
+            def __enter__(self_inner):
+                self_inner.handles = (_torch_module.register_module_forward_pre_hook(pre),
+                                      _torch_module.register_module_forward_hook(post, always_call=True))
+
+            def __exit__(self_inner, *exc):
+                for h in self_inner.handles:
+                    h.remove()
+
+        return _Hooks()
 
     def build(self, graph_outputs) -> "Plan":
         """The plan of the recorded steps, whose flat outputs are `graph_outputs`."""
@@ -204,7 +239,7 @@ class _Recorder(TorchDispatchMode):
             native.add_step(name, overload, arguments, refs, outputs, free)
             names.append(str(func))
         native.set_outputs(outs)
-        return Plan(native, template, names)
+        return Plan(native, template, names, list(self.step_modules))
 
 
 @dataclass
@@ -214,12 +249,25 @@ class Plan:
     native: object
     template: list          # per flat output: (True, index into the plan's outputs) or (False, constant)
     step_names: list[str]   # the op of each step, in order
+    step_modules: list      # per step: the qualified name of the innermost submodule that ran it, or None
+    fast: bool = False      # recorded from tensors only: `native.run_if_matches` checks a call's inputs
+
+    def __post_init__(self):
+        # the graph's flat outputs are the plan's outputs as they are (no constants, no reordering)
+        self.outputs_in_order = self.template == [(True, i) for i in range(len(self.template))]
 
     def run(self, tensors: list[torch.Tensor]) -> list | None:
         got = self.native.run(tensors)
         if got is None:
             return None
         return [got[v] if from_plan else v for from_plan, v in self.template]
+
+    def run_timed(self, tensors: list[torch.Tensor]) -> tuple[list | None, list[int]]:
+        """run(), with each step's wall time in ns and the whole replay's as the last element."""
+        got, ns = self.native.run_timed(tensors)
+        if got is None:
+            return None, ns
+        return [got[v] if from_plan else v for from_plan, v in self.template], ns
 
 
 @dataclass
@@ -234,12 +282,28 @@ class ForwardPlans:
     forward: object = None                          # the graph's forward the plans were recorded from
     hook_tables: tuple = ()                         # the forward-hook dicts of gm and every module in it
     lock: threading.Lock = field(default_factory=threading.Lock)
+    last: Plan | None = None                        # the plan the last call ran, where it is `fast`
 
     def clear(self) -> None:
         with self.lock:
+            self.last = None
             self.plans.clear()
             self.refused.clear()
             self.seen.clear()
+
+    def fast(self, gm: torch.nn.Module, args) -> list | None:
+        """gm's flat outputs through the last call's plan where `args` (gm's flat inputs, all tensors)
+        have that plan's signature and nothing else stands in the way (__call__'s checks, those on
+        the inputs and modes in C++); None otherwise: the caller takes the full path."""
+        plan = self.last
+        if plan is None or self.generation != generation.current() or self.forward is not type(gm).forward \
+                or any(self.hook_tables) or _torch_module._global_forward_hooks \
+                or _torch_module._global_forward_pre_hooks or torch.compiler.is_compiling():
+            return None
+        got = plan.native.run_if_matches(args)
+        if got is None or plan.outputs_in_order:
+            return got
+        return [got[v] if from_plan else v for from_plan, v in plan.template]
 
     def __call__(self, gm: torch.nn.Module, args: list):
         """gm's flat outputs for `args` through a plan, or None where none applies: the caller runs gm.
@@ -264,19 +328,25 @@ class ForwardPlans:
         out = plan.run(_tensors(args))
         if out is None:  # a step's sizes differ from the recording: this call (and later ones) run the graph
             with self.lock:
+                self.last = None
                 self.plans.pop(key, None)
                 _remember(self.refused, key, "an op's output sizes depend on the data")
+        elif plan.fast:
+            self.last = plan
         return out
 
     def _record(self, gm, args, key):
         start = generation.current()
         recorder = _Recorder(_tensors(args))
-        with recorder:
+        with recorder.track_modules(gm), recorder:
             out = gm(*args)
         plan, why = None, recorder.refused
         if why is None:
             try:
                 plan = recorder.build(list(out))
+                if all(isinstance(a, torch.Tensor) for a in args):
+                    plan.native.expect_inputs(list(args), key[0])
+                    plan.fast = True
             except (RuntimeError, ValueError, TypeError) as e:  # an argument the native plan cannot hold
                 why = f"not recordable: {e}"
         if generation.current() != start:  # the forward itself changed a module: nothing to replay
@@ -286,9 +356,16 @@ class ForwardPlans:
             self.seen.pop(key, None)
             if plan is not None:
                 _remember(self.plans, key, plan)
+                if plan.fast:
+                    self.last = plan
             else:
                 _remember(self.refused, key, why)
         return out
+
+    def recorded(self, args) -> Plan | None:
+        """The plan recorded for the signature of `args`, or None."""
+        key = signature(args)
+        return None if key is None else self.plans.get(key)
 
     def describe(self) -> list[str]:
         """One line per recorded signature: its input sizes and steps; then the refused ones."""

@@ -11,6 +11,7 @@ plain dicts.
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.fx._pytree import tree_flatten_spec
 from torch.utils import _pytree as pytree
@@ -94,6 +95,10 @@ class QuantizedModel(nn.Module):
     def forward(self, *args, **kwargs):
         if self._in_spec is None:
             return self.inner(*args, **kwargs)
+        if not kwargs and len(args) == self._positional and self.forward_plans:
+            out = self._plans.fast(self._modules["inner"], args)  # the last call's plan's inputs: no Python checks
+            if out is not None:
+                return pytree.tree_unflatten(out, self._out_spec)
         if kwargs or len(args) != self._positional:
             args = self._flatten(args, kwargs)
         if self._input_signature is not None:
@@ -102,6 +107,16 @@ class QuantizedModel(nn.Module):
         if out is None:
             out = self.inner(*args)
         return pytree.tree_unflatten(list(out), self._out_spec)
+
+    def recorded_plan(self, *args, **kwargs):
+        """(the forward plan recorded for these inputs' signature, their flat tensors), or (None, None)
+        where none is recorded yet or plans do not apply (nn/forward_plan.py)."""
+        if self._in_spec is None or not self.forward_plans:
+            return None, None
+        if kwargs or len(args) != self._positional:
+            args = self._flatten(args, kwargs)
+        plan = self._plans.recorded(args)
+        return (plan, [a for a in args if isinstance(a, torch.Tensor)]) if plan is not None else (None, None)
 
     def forward_plan_summary(self) -> list[str]:
         """What eager calls run: one line per input signature seen (a recorded plan, or why the graph

@@ -42,6 +42,8 @@ class _GraphCalls:
     def __enter__(self):
         self.calls, self.replays = 0, 0
         self._forward, self._run = self.q.forward, forward_plan.Plan.run
+        self._fast = forward_plan.ForwardPlans.fast
+        self.fast_replays = 0
 
         def forward(*args, **kwargs):
             self.calls += 1
@@ -52,13 +54,21 @@ class _GraphCalls:
             self.replays += out is not None
             return out
 
+        def fast(plans, gm, args):
+            out = self._fast(plans, gm, args)
+            self.replays += out is not None
+            self.fast_replays += out is not None
+            return out
+
         self.q.forward = forward
         forward_plan.Plan.run = run
+        forward_plan.ForwardPlans.fast = fast
         return self
 
     def __exit__(self, *exc):
         del self.q.forward
         forward_plan.Plan.run = self._run
+        forward_plan.ForwardPlans.fast = self._fast
         self.n = self.calls - self.replays
 
 
@@ -341,3 +351,65 @@ def test_forward_hooks_run_the_graph():
     with torch.no_grad(), _GraphCalls(q) as calls:
         q(*x), q(*x)
     assert calls.n == 0  # without the hook: replays again
+
+
+def test_fast_path_checks_every_input_and_mode():
+    """The last call's plan replays from C++ checks alone; any other signature, grad state, autocast
+    or dispatch mode takes the full path, with the graph's outputs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    case, q = _converted_model("digits_cnn")
+    x = _inputs(case, "digits_cnn", 3)[0]
+    q._plans.clear()
+    with torch.no_grad():
+        q.forward_plans = False
+        ref = q(x)
+        ref1 = q(x[:1])
+        q.forward_plans = True
+        q(x), q(x)
+        with _GraphCalls(q) as calls:
+            _assert_same(ref, q(x))
+        assert calls.fast_replays == 1 and q._plans.last is not None
+
+        strided = torch.empty(x.shape[0], x.shape[1], x.shape[2], x.shape[3] * 2)[..., ::2]
+        strided.copy_(x)  # the same values with other strides: another signature
+        class _Sub(torch.Tensor):
+            pass
+
+        with _GraphCalls(q) as calls:
+            _assert_same(ref, q(strided))
+            _assert_same(ref1, q(x[:1]))
+            _assert_same(ref, q(x.as_subclass(_Sub)))  # not a plain tensor
+        assert calls.fast_replays == 0
+
+        class _Counting(TorchDispatchMode):
+            ops = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                _Counting.ops += 1
+                return func(*args, **(kwargs or {}))
+
+        with _GraphCalls(q) as calls:
+            with _Counting():
+                _assert_same(ref, q(x))
+            with torch.autocast("cpu"):
+                _assert_same(ref, q(x))
+        assert calls.fast_replays == 0 and _Counting.ops > 0
+
+    out = q(x.clone().requires_grad_(True))  # grad mode on: the graph, never a replay
+    _assert_same(ref, out)
+    with torch.no_grad(), _GraphCalls(q) as calls:
+        _assert_same(ref, q(x))
+    assert calls.fast_replays == 1
+
+
+def test_steps_know_their_modules():
+    case, q = _converted_model("digits_cnn")
+    x = _inputs(case, "digits_cnn", 2)
+    with torch.no_grad():
+        q(*x), q(*x)
+        plan, tensors = q.recorded_plan(*x)
+    assert plan is not None and len(tensors) == 1
+    modules = {q.qbackend_layers[name].module: name for name in ("conv1", "conv2", "fc")}
+    ran = [m for m, op in zip(plan.step_modules, plan.step_names) if "conv2d" in op or "linear" in op]
+    assert [modules.get(m) for m in ran] == ["conv1", "conv2", "fc"], plan.step_modules

@@ -1,0 +1,93 @@
+"""`qbackend.report.plan_profile.profile_plan(qmodel, *inputs)`: where a forward plan's time goes.
+
+A converted model's eager forward replays a recorded plan (nn/forward_plan.py) in one native call.
+`profile_plan` replays it with a steady-clock read between steps, so each step's wall time (its
+dispatcher call, argument checks, output allocation, kernel, thread fork and join) comes with no
+profiler inside it, and times the model's whole Python call beside it, interleaved. Each step is
+attributed to the layer whose module ran it (by the recorder's module tracking), so a table can set
+a layer's step time beside its arithmetic. What the forward costs beyond its steps (the Python
+entry: input checks, the signature lookup, the output's pytree; and the replay loop itself) is
+`forward - sum of the steps`.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..nn.model import QuantizedModel
+
+
+@dataclass
+class StepTime:
+    """One plan step: its op, the module that ran it (None: the graph itself), the quantized layer
+    that module is (None for ops between layers), and its wall time in us over the replays."""
+
+    op: str
+    module: str | None
+    layer: str | None
+    min_us: float
+    median_us: float
+
+
+@dataclass
+class PlanProfile:
+    """A plan's steps in order, and per replay: the sum of the steps, the native replay call and the
+    model's whole Python call, each (min, median) in us over `repeats` calls."""
+
+    steps: list[StepTime]
+    steps_sum_us: tuple[float, float]
+    replay_us: tuple[float, float]
+    forward_us: tuple[float, float]
+
+    @property
+    def overhead_per_step_us(self) -> float:
+        """(forward - sum of the steps) / steps, at the medians: what a step costs beyond its own time."""
+        return (self.forward_us[1] - self.steps_sum_us[1]) / max(len(self.steps), 1)
+
+
+def _min_median(values: list[float]) -> tuple[float, float]:
+    return min(values), statistics.median(values)
+
+
+def profile_plan(qmodel: QuantizedModel, *args, repeats: int = 200, **kwargs) -> PlanProfile:
+    """Profile the forward plan of `qmodel(*args, **kwargs)`: records it first where needed (two
+    calls), then alternates `repeats` timed replays with `repeats` timed whole calls."""
+    if not isinstance(qmodel, QuantizedModel):
+        raise TypeError(f"qmodel must be a model from qbackend.convert / quantize / load, got {type(qmodel).__name__}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    with torch.no_grad():
+        plan, tensors = qmodel.recorded_plan(*args, **kwargs)
+        for _ in range(2):
+            if plan is not None:
+                break
+            qmodel(*args, **kwargs)
+            plan, tensors = qmodel.recorded_plan(*args, **kwargs)
+        if plan is None:
+            raise ValueError("these inputs run no forward plan: " + "; ".join(qmodel.forward_plan_summary()))
+        layer_of = {rec.module: name for name, rec in qmodel.qbackend_layers.items()}
+        per_step = [[] for _ in plan.step_names]
+        sums, replays, forwards = [], [], []
+        for _ in range(repeats):
+            out, ns = plan.run_timed(tensors)
+            if out is None:
+                raise ValueError("a step's output sizes differ from the recording: the plan stopped")
+            for i, v in enumerate(ns[:-1]):
+                per_step[i].append(v / 1e3)
+            sums.append(sum(ns[:-1]) / 1e3)
+            replays.append(ns[-1] / 1e3)
+            t0 = time.perf_counter_ns()
+            qmodel(*args, **kwargs)
+            forwards.append((time.perf_counter_ns() - t0) / 1e3)
+    steps = []
+    for op, module, times in zip(plan.step_names, plan.step_modules, per_step):
+        layer = None
+        m = module
+        while m is not None and layer is None:  # the innermost enclosing module that is a layer
+            layer = layer_of.get(m)
+            m = m.rpartition(".")[0] or None
+        steps.append(StepTime(op, module, layer, *_min_median(times)))
+    return PlanProfile(steps, _min_median(sums), _min_median(replays), _min_median(forwards))
