@@ -713,42 +713,48 @@ def _layer_macs(rec, out: torch.Tensor) -> int:
 
 
 def bench_layer_calls(rep: Report, cfg: Settings, threads: list[int], quick: bool) -> None:
-    """Per-call cost of the converted zoo CNNs' layers at batch 1: each layer module called on the
-    int8 input it receives in the model (captured by a forward pre-hook), against its multiply-adds
+    """Per-call cost of the converted zoo CNNs' layers at batch 1, against each layer's multiply-adds
     at the VNNI peak measured here (`qbackend._C.native_peak_ops`: a loop of independent
-    dot-product instructions). "above" = the layer's minimum time less that arithmetic time: the
-    fixed cost of a call (module call, dispatcher, checks, output allocation, thread fork) plus the
-    kernel's distance from peak."""
+    dot-product instructions). Two costs per layer: its step of the forward plan, which is what an
+    eager forward runs (`qbackend.report.plan_profile`: a steady-clock read between the replay's
+    steps, so no profiler inside; the step is the dispatcher call, checks, output allocation, the
+    kernel and its thread fork), and the layer module called from Python on the int8 input it gets
+    in the model (forward plans off: what a forward without plans pays). "above" = the step's
+    minimum less the arithmetic time: a step's fixed cost plus the kernel's distance from peak."""
     if not NATIVE:
         rep("## Layer calls against the arithmetic: skipped (no native GEMM on this CPU)")
         rep()
         return
     import qbackend
     from qbackend.models import MODELS
+    from qbackend.report.plan_profile import profile_plan
     models = ["digits_cnn"] + ([] if quick else ["mobilenet_v2"])
     smallest = 4 if quick else 12
     rep("## Layer calls against the arithmetic, batch 1")
     rep()
-    rep("Each layer module of the converted model called on the int8 input it gets there (forward plans off; a "
-        "plan step skips the module call), minimum / median us; arithmetic = 2 x multiply-adds / the VNNI peak of "
-        "this many threads; above = minimum - arithmetic. Every digits CNN layer, and MobileNetV2's "
-        f"{smallest} smallest by multiply-adds (with the largest 'above' over all of its layers).")
+    rep("Per layer: its forward-plan step (min / median us over 300 replays of the whole plan, each step timed "
+        "by a clock read between steps) and the layer module called from Python on the int8 input it gets there "
+        "(forward plans off; min / median us over interleaved blocks); arithmetic = 2 x multiply-adds / the VNNI "
+        "peak of this many threads; above = plan step minimum - arithmetic. Every digits CNN layer, and "
+        f"MobileNetV2's {smallest} smallest by multiply-adds (with the largest 'above' over all of its layers). "
+        "The forward's cost beyond its steps is the last table.")
     rep()
     for n in threads:
         torch.set_num_threads(n)
         peak = max(_C.native_peak_ops(2_000_000, n) for _ in range(5))
-        rows = []
+        rows, totals = [], []
         for name in models:
             with torch.inference_mode(False), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 case = MODELS[name](batch_size=1, num_calibration_batches=2, num_eval_batches=1)
                 q = qbackend.quantize(case.model.eval(), case.example_inputs, case.calibration)
+            x = tuple(case.example_inputs)
             q.forward_plans = False
             calls = {}  # layer -> (its input args, its output)
             hooks = [q.layer(layer).register_forward_hook(
                 lambda m, args, out, layer=layer: calls.setdefault(layer, (args, out)) and None)  # None: output kept
                 for layer in q.qbackend_layers]
-            q(*case.example_inputs)
+            q(*x)
             for h in hooks:
                 h.remove()
             macs_of = {layer: _layer_macs(rec, calls[layer][1]) for layer, rec in q.qbackend_layers.items()
@@ -756,22 +762,43 @@ def bench_layer_calls(rep: Report, cfg: Settings, threads: list[int], quick: boo
             recs = {layer: q.qbackend_layers[layer] for layer, macs in macs_of.items() if macs}
             cands = {layer: (lambda m=q.layer(layer), a=calls[layer][0]: m(*a)) for layer in recs}
             t = cfg.run(cands)
+            q.forward_plans = True
+            prof = profile_plan(q, *x, repeats=300)
+            step_of = {}
+            for st in prof.steps:
+                if st.layer is not None:
+                    prev = step_of.get(st.layer)
+                    step_of[st.layer] = st if prev is None else \
+                        type(st)(st.op, st.module, st.layer, prev.min_us + st.min_us, prev.median_us + st.median_us)
             table = []
             for layer, rec in recs.items():
                 macs = macs_of[layer]
                 arith = 2 * macs / peak * 1e6
+                st = step_of.get(layer)
+                step = f"{st.min_us:.2f} / {st.median_us:.2f}" if st else "-"
+                above = st.min_us - arith if st else float("nan")
                 table.append((macs, [name, layer, rec.kind, rec.route.provider if rec.route else "-", f"{macs:,}",
-                                     f"{arith:.2f}", str(t[layer]), f"{t[layer].min_us - arith:.2f}"]))
-            worst = max(table, key=lambda r: float(r[1][-1]))
+                                     f"{arith:.2f}", step, f"{above:.2f}", str(t[layer])]))
+            worst = max(table, key=lambda r: float(r[1][7]))
             chosen = sorted(table, key=lambda r: r[0])[:smallest]
             rows += [r for _, r in chosen]
             if worst not in chosen:
                 rows.append([c if i != 1 else f"{c} (largest above)" for i, c in enumerate(worst[1])])
+            f_min, f_med = prof.forward_us
+            totals.append([name, str(len(prof.steps)), f"{prof.steps_sum_us[0]:.1f} / {prof.steps_sum_us[1]:.1f}",
+                           f"{prof.replay_us[0]:.1f} / {prof.replay_us[1]:.1f}", f"{f_min:.1f} / {f_med:.1f}",
+                           f"{prof.overhead_per_step_us:.2f}"])
         progress(f"layer calls {n}t")
         rep(f"### {tn(n)}, VNNI peak {peak / 1e12:.3f} TOPS")
         rep()
-        rep.table(["model", "layer", "kind", "provider", "multiply-adds", "arithmetic us", "us (min / median)",
-                   "above (us)"], rows)
+        rep.table(["model", "layer", "kind", "provider", "multiply-adds", "arithmetic us", "plan step us (min / median)",
+                   "above (us)", "module call us (min / median)"], rows)
+        rep("Whole forward against its plan's steps (us, min / median over the same 300 calls, alternating with "
+            "the replays): the model's Python call, the native replay inside it, the sum of the steps; overhead "
+            "per step = (forward - steps) / steps at the medians.")
+        rep()
+        rep.table(["model", "steps", "sum of steps", "native replay", "forward (Python call)", "overhead / step"],
+                  totals)
 
 
 def bench_peak(rep: Report, cfg: Settings, threads: list[int], quick: bool) -> None:

@@ -4,10 +4,10 @@ performance counters on the same model, weights and calibration data.
     python benchmarks/layer_profile.py [--model mobilenet_v2] [--batch 1] [--threads 2] [--calls 40]
                                        [--rounds 7] [--out benchmarks/results/<cpu>/layer_profile_<model>_b<batch>.md]
 
-qbackend: the model from qbackend.quantize (default config, forward plans on); torch.profiler gives
-each op call's wall time in the order the plan runs them. The k-th conv or Linear op is the k-th
-int8 layer of `qbackend_layers` (graph order); every other op (quantize, pooling, views) is listed
-by name. OpenVINO: NNCF's default INT8 quantization, compiled for this input shape (latency hint,
+qbackend: the model from qbackend.quantize (default config, forward plans on); each step of its
+forward plan is timed by the replay (qbackend.report.plan_profile: a clock read between steps, no
+profiler inside) and attributed to the layer whose module ran it; every other step (quantize,
+pooling, views) is listed by its op. OpenVINO: NNCF's default INT8 quantization, compiled for this input shape (latency hint,
 `--threads` threads) with PERF_COUNT on; its counters give each executed node's real time. OpenVINO
 renames a conv after the scale it absorbed, so its k-th conv or fully connected node (with what it
 fused) is matched to qbackend's k-th layer by order, where the counts agree; its other nodes (input
@@ -37,9 +37,7 @@ from _machine import cpu_line, git_state, load_average, write_report  # noqa: E4
 from qbackend.models import MODELS  # noqa: E402
 from qbackend.models.case import generator  # noqa: E402
 from qbackend.models.synthetic import synthetic_images  # noqa: E402
-
-LAYER_OPS = ("conv2d", "linear")  # op names (qbackend::<provider>_conv2d[_add_], ..._linear) of int8 layers
-
+from qbackend.report.plan_profile import profile_plan  # noqa: E402
 
 SETTLE_S = 0.2  # pause before each block: the other side's spinning thread pool goes idle
 WARMUP = 5      # forwards before each block, untimed
@@ -61,11 +59,11 @@ def _block_time(run, x, calls: int) -> float:
 
 
 class QbackendSide:
-    """qbackend's converted model: whole-forward time, and each op call's time under torch.profiler."""
+    """qbackend's converted model: whole-forward time, and each step of its forward plan timed by
+    the replay itself (qbackend.report.plan_profile: a clock read between steps, no profiler)."""
 
     def __init__(self, qmodel, x):
         self.qmodel, self.x = qmodel, x
-        self.layers = [name for name, rec in qmodel.qbackend_layers.items() if rec.kind in LAYER_OPS]
         with torch.inference_mode():
             for _ in range(20):
                 qmodel(x)
@@ -75,28 +73,20 @@ class QbackendSide:
             return _block_time(self.qmodel, self.x, calls)
 
     def profile(self, calls: int) -> list[tuple[str, str, float]]:
-        """[(layer or "-", op name, us per forward)] in the order the plan runs the ops."""
+        """[(layer or "-", op name, us per forward: the median over `calls` replays)] in the order the
+        plan runs the steps."""
         with torch.inference_mode():
             _settle(self.qmodel, self.x)
-        with torch.inference_mode(), torch.profiler.profile() as prof:
-            for _ in range(calls):
-                self.qmodel(self.x)
-        ops = sorted((e for e in prof.events() if e.cpu_parent is None and "::" in e.name),
-                     key=lambda e: e.time_range.start)
-        per_call = len(ops) // calls
-        if per_call * calls != len(ops):
-            raise RuntimeError(f"the profiler saw {len(ops)} op calls over {calls} forwards: not a whole number each")
-        rows, k = [], 0
-        for i in range(per_call):
-            name = ops[i].name
-            us = sum(ops[c * per_call + i].time_range.elapsed_us() for c in range(calls)) / calls
-            op = name.split("::")[-1].rstrip("_")
-            if name.startswith("qbackend::") and (op.endswith(LAYER_OPS) or op.endswith("conv2d_add")):
-                label = self.layers[k] if k < len(self.layers) else f"? {name}"
-                k += 1
+            prof = profile_plan(self.qmodel, self.x, repeats=calls)
+        rows = []
+        for st in prof.steps:  # a layer whose module runs several ops: one row, its steps summed
+            if st.layer is not None and rows and rows[-1][0] == st.layer:
+                rows[-1] = (st.layer, rows[-1][1], rows[-1][2] + st.median_us)
             else:
-                label = "-"
-            rows.append((label, name, us))
+                ns, _, rest = st.op.partition(".")  # "qbackend.native_conv2d.default" -> "qbackend::native_conv2d"
+                name, _, overload = rest.partition(".")
+                rows.append((st.layer or "-", f"{ns}::{name}" + (f".{overload}" if overload != "default" else ""),
+                             st.median_us))
         return rows
 
 
@@ -118,20 +108,27 @@ class OpenVinoSide:
         q, _ = openvino_peer.quantize(openvino_peer.convert(model, (x,)), calibration)
         m = q.clone()
         m.reshape({m.inputs[0]: ov.PartialShape(list(x.shape))})
-        self.compiled = ov.Core().compile_model(m, "CPU", {
-            "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1, "PERF_COUNT": True})
+        settings = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+        core = ov.Core()
+        self.compiled = core.compile_model(m, "CPU", {**settings, "PERF_COUNT": True})
+        self.plain = core.compile_model(m, "CPU", settings)  # timed: no counters
         self.precision = openvino_peer.precision(self.compiled)
         self.request = self.compiled.create_infer_request()
+        self.plain_request = self.plain.create_infer_request()
         self.arr = x.numpy()
         self.x = x
         for _ in range(20):
             self._run(x)
+            self._run_plain(x)
 
     def _run(self, _):
         self.request.infer([self.arr], share_inputs=True)
 
+    def _run_plain(self, _):
+        self.plain_request.infer([self.arr], share_inputs=True)
+
     def time(self, calls: int) -> float:
-        return _block_time(self._run, self.x, calls)
+        return _block_time(self._run_plain, self.x, calls)
 
     def profile(self, calls: int) -> list[tuple[str, str, bool, float]]:
         """[(node name, exec type, is a layer, us per forward)] in execution order."""
@@ -179,7 +176,7 @@ def _shape(rec) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="mobilenet_v2", choices=["mobilenet_v2", "resnet18", "resnet50"])
+    ap.add_argument("--model", default="mobilenet_v2", choices=["digits_cnn", "mobilenet_v2", "resnet18", "resnet50"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calls", type=int, default=40, help="forwards per block")
@@ -187,8 +184,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    case = MODELS[args.model](batch_size=8, num_calibration_batches=4, num_eval_batches=1, image_size=224, seed=0)
-    x = synthetic_images(args.batch, 224, generator(4))
+    if args.model == "digits_cnn":  # its own images (1x32x32, from scikit-learn's digits)
+        case = MODELS[args.model](batch_size=8, num_calibration_batches=4, num_eval_batches=1, seed=0)
+        x = torch.cat([case.calibration[0][0]] * ((args.batch + 7) // 8))[:args.batch].contiguous()
+    else:
+        case = MODELS[args.model](batch_size=8, num_calibration_batches=4, num_eval_batches=1, image_size=224, seed=0)
+        x = synthetic_images(args.batch, 224, generator(4))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         qmodel = qbackend.quantize(case.model, (x,), case.calibration)
@@ -204,8 +205,8 @@ def main(argv=None) -> int:
              f"- command: `python benchmarks/layer_profile.py --model {args.model} --batch {args.batch} "
              f"--threads {args.threads} --calls {args.calls} --rounds {args.rounds}`",
              f"- us per forward, the median over {args.rounds} blocks of {args.calls} forwards per side, the sides "
-             "alternating; qbackend: profiler wall time of each op call of the forward plan (the profiler adds "
-             "a little to each); OpenVINO: PERF_COUNT real time per node", ""]
+             "alternating; qbackend: each step of the forward plan timed by the replay (a clock read between steps; "
+             "the median over the block's replays); OpenVINO: PERF_COUNT real time per node", ""]
     ov_layer_rows = [r for r in ov_rows if r[2]]
     q_layers = [label for label, _, _ in q_rows if label != "-"]
     matched = len(ov_layer_rows) == len(q_layers)
@@ -247,9 +248,11 @@ def main(argv=None) -> int:
         ratio = f"{qu / ou:.2f}" if ou and qu else "-"
         lines.append(f"| {kind} | {n or '-'} | {qu:.1f} | {ou:.1f} | {ratio} |")
     lines += [f"| sum of the rows | | {q_sum:.1f} | {ov_sum:.1f} | {q_sum / ov_sum:.2f} |",
-              f"| whole forward (timed without the profiler / counters) | | {q_total * 1e6:.1f} | "
+              f"| whole forward (timed without the per-step clock / counters) | | {q_total * 1e6:.1f} | "
               f"{ov_total * 1e6:.1f} | {q_total / ov_total:.2f} |",
               f"| outside the rows | | {q_total * 1e6 - q_sum:.1f} | {ov_total * 1e6 - ov_sum:.1f} | |",
+              f"| outside the rows, per layer ({len(q_layers)} layers) | | {(q_total * 1e6 - q_sum) / len(q_layers):.2f} | "
+              f"{(ov_total * 1e6 - ov_sum) / max(len(ov_layer_rows), 1):.2f} | |",
               "", f"Load average at the end: {load_average()}."]
     write_report("\n".join(lines) + "\n", args.out)
     return 0
