@@ -784,20 +784,23 @@ def bench_layer_calls(rep: Report, cfg: Settings, threads: list[int], quick: boo
             rows += [r for _, r in chosen]
             if worst not in chosen:
                 rows.append([c if i != 1 else f"{c} (largest above)" for i, c in enumerate(worst[1])])
-            f_min, f_med = prof.forward_us
-            totals.append([name, str(len(prof.steps)), f"{prof.steps_sum_us[0]:.1f} / {prof.steps_sum_us[1]:.1f}",
-                           f"{prof.replay_us[0]:.1f} / {prof.replay_us[1]:.1f}", f"{f_min:.1f} / {f_med:.1f}",
-                           f"{prof.overhead_per_step_us:.2f}"])
+            totals.append([name, str(len(prof.steps))]
+                          + [f"{v[0]:.1f} / {v[1]:.1f}" for v in (prof.steps_sum_us, prof.replay_us, prof.forward_us)]
+                          + [f"{v[0]:.2f} / {v[1]:.2f}" for v in (prof.entry_us, prof.loop_us)]
+                          + [f"{prof.overhead_per_step_us(1):.2f}"])
         progress(f"layer calls {n}t")
         rep(f"### {tn(n)}, VNNI peak {peak / 1e12:.3f} TOPS")
         rep()
         rep.table(["model", "layer", "kind", "provider", "multiply-adds", "arithmetic us", "plan step us (min / median)",
                    "above (us)", "module call us (min / median)"], rows)
         rep("Whole forward against its plan's steps (us, min / median over the same 300 calls, alternating with "
-            "the replays): the model's Python call, the native replay inside it, the sum of the steps; overhead "
-            "per step = (forward - steps) / steps at the medians.")
+            "the replays): the model's Python call, the native replay inside it, the sum of the steps; then what "
+            "a forward costs beyond its steps, each taken within one call: the Python entry (a call less the "
+            "replay inside it) and the replay loop (a replay less its steps); overhead per step = their sum at "
+            "the medians / steps.")
         rep()
-        rep.table(["model", "steps", "sum of steps", "native replay", "forward (Python call)", "overhead / step"],
+        rep.table(["model", "steps", "sum of steps", "native replay", "forward (Python call)", "Python entry",
+                   "replay loop", "overhead / step (us)"],
                   totals)
 
 

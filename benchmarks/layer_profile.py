@@ -73,20 +73,21 @@ class QbackendSide:
             return _block_time(self.qmodel, self.x, calls)
 
     def profile(self, calls: int) -> list[tuple[str, str, float]]:
-        """[(layer or "-", op name, us per forward: the median over `calls` replays)] in the order the
-        plan runs the steps."""
+        """[(layer or "-", op name, us per forward: the mean over `calls` replays, as OpenVINO's
+        counters average)] in the order the plan runs the steps; `last` keeps the profile."""
         with torch.inference_mode():
             _settle(self.qmodel, self.x)
             prof = profile_plan(self.qmodel, self.x, repeats=calls)
+        self.last = prof
         rows = []
         for st in prof.steps:  # a layer whose module runs several ops: one row, its steps summed
             if st.layer is not None and rows and rows[-1][0] == st.layer:
-                rows[-1] = (st.layer, rows[-1][1], rows[-1][2] + st.median_us)
+                rows[-1] = (st.layer, rows[-1][1], rows[-1][2] + st.mean_us)
             else:
                 ns, _, rest = st.op.partition(".")  # "qbackend.native_conv2d.default" -> "qbackend::native_conv2d"
                 name, _, overload = rest.partition(".")
                 rows.append((st.layer or "-", f"{ns}::{name}" + (f".{overload}" if overload != "default" else ""),
-                             st.median_us))
+                             st.mean_us))
         return rows
 
 
@@ -194,7 +195,8 @@ def main(argv=None) -> int:
         warnings.simplefilter("ignore")
         qmodel = qbackend.quantize(case.model, (x,), case.calibration)
     o_side = OpenVinoSide(case.model, case.calibration, x, args.threads)
-    q_total, q_rows, ov_total, ov_rows = interleaved(QbackendSide(qmodel, x), o_side, args.rounds, args.calls)
+    q_side = QbackendSide(qmodel, x)
+    q_total, q_rows, ov_total, ov_rows = interleaved(q_side, o_side, args.rounds, args.calls)
     precision = o_side.precision
 
     lines = [f"# Per-layer time: qbackend and OpenVINO, {args.model}, batch {args.batch}", "", cpu_line(),
@@ -206,7 +208,8 @@ def main(argv=None) -> int:
              f"--threads {args.threads} --calls {args.calls} --rounds {args.rounds}`",
              f"- us per forward, the median over {args.rounds} blocks of {args.calls} forwards per side, the sides "
              "alternating; qbackend: each step of the forward plan timed by the replay (a clock read between steps; "
-             "the median over the block's replays); OpenVINO: PERF_COUNT real time per node", ""]
+             "the mean over the block's replays); OpenVINO: PERF_COUNT real time per node (the mean over the "
+             "block); whole forwards timed apart (qbackend without the clock reads, OpenVINO without counters)", ""]
     ov_layer_rows = [r for r in ov_rows if r[2]]
     q_layers = [label for label, _, _ in q_rows if label != "-"]
     matched = len(ov_layer_rows) == len(q_layers)
@@ -253,6 +256,13 @@ def main(argv=None) -> int:
               f"| outside the rows | | {q_total * 1e6 - q_sum:.1f} | {ov_total * 1e6 - ov_sum:.1f} | |",
               f"| outside the rows, per layer ({len(q_layers)} layers) | | {(q_total * 1e6 - q_sum) / len(q_layers):.2f} | "
               f"{(ov_total * 1e6 - ov_sum) / max(len(ov_layer_rows), 1):.2f} | |",
+              "", "The time outside the rows compares means over different blocks, so other load on the machine moves "
+              "it. Taken within single calls instead (qbackend.report.plan_profile, qbackend's last block, medians "
+              f"over its {args.calls} calls): the Python entry (a forward less the replay inside it) "
+              f"{q_side.last.entry_us[1]:.2f} us plus the replay loop (a replay less its steps) "
+              f"{q_side.last.loop_us[1]:.2f} us = {q_side.last.overhead_us[1]:.2f} us per forward, "
+              f"{q_side.last.overhead_us[1] / len(q_layers):.2f} us per layer "
+              f"({q_side.last.overhead_per_step_us(1):.2f} us per step of {len(q_side.last.steps)}).",
               "", f"Load average at the end: {load_average()}."]
     write_report("\n".join(lines) + "\n", args.out)
     return 0

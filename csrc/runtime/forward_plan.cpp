@@ -14,7 +14,8 @@
 // into slots (a residual conv writing its result into its residual input) but never into inputs or
 // constants (the recorder refuses those), so a stopped replay has changed nothing the caller sees.
 //
-// `run` releases the GIL; a plan holds no per-call state, so threads may replay it at once.
+// `run` releases the GIL; a plan holds no per-call state (beyond the last replay's wall time, kept
+// for profilers), so threads may replay it at once.
 //
 // `run_if_matches` is the eager fast path: given the recorded inputs' signature (`expect_inputs`:
 // each input's dtype, sizes and strides, and the grad mode), it checks a call's positional
@@ -35,6 +36,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -205,6 +207,10 @@ class ForwardPlan {
 
   int64_t num_inputs() const { return num_inputs_; }
 
+  // The wall time of the last completed replay (any thread's), in ns: a profiler subtracts it from
+  // the whole call around it to get the caller's own cost on the same call.
+  int64_t last_replay_ns() const { return last_replay_ns_.load(std::memory_order_relaxed); }
+
  private:
   // step_ns: nullptr, or steps_.size() + 1 entries for the steps' times and the total.
   std::optional<std::vector<at::Tensor>> replay(const std::vector<at::Tensor>& inputs, int64_t* step_ns) const {
@@ -215,7 +221,7 @@ class ForwardPlan {
     for (size_t i = 0; i < inputs.size(); ++i) slots[i] = inputs[i];
     torch::jit::Stack stack;
     using clock = std::chrono::steady_clock;
-    const clock::time_point start = step_ns ? clock::now() : clock::time_point();
+    const clock::time_point start = clock::now();
     clock::time_point last = start;
     for (const Step& s : steps_) {
       stack.assign(s.args.begin(), s.args.end());
@@ -246,7 +252,9 @@ class ForwardPlan {
     std::vector<at::Tensor> out;
     out.reserve(outputs_.size());
     for (int64_t s : outputs_) out.push_back(slots[static_cast<size_t>(s)].toTensor());
-    if (step_ns) *step_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count();
+    const int64_t total = std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count();
+    last_replay_ns_.store(total, std::memory_order_relaxed);
+    if (step_ns) *step_ns = total;
     return out;
   }
 
@@ -280,6 +288,7 @@ class ForwardPlan {
   std::vector<InputMeta> expected_;
   bool expected_grad_ = false;
   bool has_expected_ = false;
+  mutable std::atomic<int64_t> last_replay_ns_{0};
   std::vector<Step> steps_;
   std::vector<int64_t> outputs_;
 };
@@ -300,7 +309,9 @@ void register_forward_plan(py::module_& m) {
       .def("run_timed", &ForwardPlan::run_timed, py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
            "(run's result, each step's wall time in ns followed by the whole replay's)")
       .def_property_readonly("step_names", &ForwardPlan::step_names)
-      .def_property_readonly("num_inputs", &ForwardPlan::num_inputs);
+      .def_property_readonly("num_inputs", &ForwardPlan::num_inputs)
+      .def_property_readonly("last_replay_ns", &ForwardPlan::last_replay_ns,
+                             "the wall time of the last completed replay in ns");
 }
 
 }  // namespace qbackend

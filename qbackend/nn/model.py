@@ -74,6 +74,7 @@ class QuantizedModel(nn.Module):
         self.qbackend_layers = layers
         self.qbackend_activations = activations
         self._in_spec, self._out_spec = in_spec, out_spec
+        self._single_output = out_spec is not None and out_spec.is_leaf()
         self._arg_names = list(arg_names) if arg_names else []
         self._positional = _positional_count(in_spec)
         self._input_signature = input_signature
@@ -97,8 +98,8 @@ class QuantizedModel(nn.Module):
             return self.inner(*args, **kwargs)
         if not kwargs and len(args) == self._positional and self.forward_plans:
             out = self._plans.fast(self._modules["inner"], args)  # the last call's plan's inputs: no Python checks
-            if out is not None:
-                return pytree.tree_unflatten(out, self._out_spec)
+            if out is not None:  # runs right after the kernels, its caches cold: as little Python as can be
+                return out[0] if self._single_output else pytree.tree_unflatten(out, self._out_spec)
         if kwargs or len(args) != self._positional:
             args = self._flatten(args, kwargs)
         if self._input_signature is not None:
@@ -176,6 +177,7 @@ class QuantizedModel(nn.Module):
         self._plans = ForwardPlans()
         generation.install_module_hooks()
         self._positional = _positional_count(self._in_spec)
+        self._single_output = self._out_spec is not None and self._out_spec.is_leaf()
 
     def extra_repr(self) -> str:
         kinds = {}

@@ -5,9 +5,10 @@ A converted model's eager forward replays a recorded plan (nn/forward_plan.py) i
 dispatcher call, argument checks, output allocation, kernel, thread fork and join) comes with no
 profiler inside it, and times the model's whole Python call beside it, interleaved. Each step is
 attributed to the layer whose module ran it (by the recorder's module tracking), so a table can set
-a layer's step time beside its arithmetic. What the forward costs beyond its steps (the Python
-entry: input checks, the signature lookup, the output's pytree; and the replay loop itself) is
-`forward - sum of the steps`.
+a layer's step time beside its arithmetic. What the forward costs beyond its steps is taken within
+single calls, so that load from other processes (which moves a whole forward by more than this
+cost) cancels: the Python entry (each whole call less the replay inside it, which the native plan
+times) plus the replay loop (each timed replay less its steps).
 """
 from __future__ import annotations
 
@@ -30,31 +31,41 @@ class StepTime:
     layer: str | None
     min_us: float
     median_us: float
+    mean_us: float
 
 
 @dataclass
 class PlanProfile:
     """A plan's steps in order, and per replay: the sum of the steps, the native replay call and the
-    model's whole Python call, each (min, median) in us over `repeats` calls."""
+    model's whole Python call, each (min, median, mean) in us over `repeats` calls. A whole call's
+    Python entry runs with its caches cold after the replay's kernels (benchmarks/results/epyc_zen5/
+    layer_profile_*.md), so it grows with the model: about 2 us on the digits CNN, tens on ResNets."""
 
     steps: list[StepTime]
-    steps_sum_us: tuple[float, float]
-    replay_us: tuple[float, float]
-    forward_us: tuple[float, float]
+    steps_sum_us: tuple[float, float, float]
+    replay_us: tuple[float, float, float]
+    forward_us: tuple[float, float, float]
+    loop_us: tuple[float, float, float]   # per timed replay: the replay less its steps (the loop's own cost)
+    entry_us: tuple[float, float, float]  # per whole call: the call less its own replay (the Python entry)
 
     @property
-    def overhead_per_step_us(self) -> float:
-        """(forward - sum of the steps) / steps, at the medians: what a step costs beyond its own time."""
-        return (self.forward_us[1] - self.steps_sum_us[1]) / max(len(self.steps), 1)
+    def overhead_us(self) -> tuple[float, float, float]:
+        """What a forward costs beyond its steps: the Python entry plus the replay loop, each taken
+        within one call, so other load on the machine moves it little (min, median, mean)."""
+        return tuple(e + lp for e, lp in zip(self.entry_us, self.loop_us))
+
+    def overhead_per_step_us(self, stat: int = 1) -> float:
+        """overhead_us / steps, from the minima (stat 0), medians (1) or means (2)."""
+        return self.overhead_us[stat] / max(len(self.steps), 1)
 
 
-def _min_median(values: list[float]) -> tuple[float, float]:
-    return min(values), statistics.median(values)
+def _stats(values: list[float]) -> tuple[float, float, float]:
+    return min(values), statistics.median(values), statistics.fmean(values)
 
 
 def profile_plan(qmodel: QuantizedModel, *args, repeats: int = 200, **kwargs) -> PlanProfile:
     """Profile the forward plan of `qmodel(*args, **kwargs)`: records it first where needed (two
-    calls), then alternates `repeats` timed replays with `repeats` timed whole calls."""
+    calls), then runs `repeats` timed replays and `repeats` timed whole calls back to back."""
     if not isinstance(qmodel, QuantizedModel):
         raise TypeError(f"qmodel must be a model from qbackend.convert / quantize / load, got {type(qmodel).__name__}")
     if not isinstance(repeats, int) or repeats < 1:
@@ -70,7 +81,7 @@ def profile_plan(qmodel: QuantizedModel, *args, repeats: int = 200, **kwargs) ->
             raise ValueError("these inputs run no forward plan: " + "; ".join(qmodel.forward_plan_summary()))
         layer_of = {rec.module: name for name, rec in qmodel.qbackend_layers.items()}
         per_step = [[] for _ in plan.step_names]
-        sums, replays, forwards = [], [], []
+        sums, replays, forwards, loops, entries = [], [], [], [], []
         for _ in range(repeats):
             out, ns = plan.run_timed(tensors)
             if out is None:
@@ -79,9 +90,12 @@ def profile_plan(qmodel: QuantizedModel, *args, repeats: int = 200, **kwargs) ->
                 per_step[i].append(v / 1e3)
             sums.append(sum(ns[:-1]) / 1e3)
             replays.append(ns[-1] / 1e3)
+            loops.append(replays[-1] - sums[-1])
+        for _ in range(repeats):  # back to back, as a user's loop of forwards runs
             t0 = time.perf_counter_ns()
             qmodel(*args, **kwargs)
             forwards.append((time.perf_counter_ns() - t0) / 1e3)
+            entries.append(forwards[-1] - plan.native.last_replay_ns / 1e3)
     steps = []
     for op, module, times in zip(plan.step_names, plan.step_modules, per_step):
         layer = None
@@ -89,5 +103,5 @@ def profile_plan(qmodel: QuantizedModel, *args, repeats: int = 200, **kwargs) ->
         while m is not None and layer is None:  # the innermost enclosing module that is a layer
             layer = layer_of.get(m)
             m = m.rpartition(".")[0] or None
-        steps.append(StepTime(op, module, layer, *_min_median(times)))
-    return PlanProfile(steps, _min_median(sums), _min_median(replays), _min_median(forwards))
+        steps.append(StepTime(op, module, layer, *_stats(times)))
+    return PlanProfile(steps, _stats(sums), _stats(replays), _stats(forwards), _stats(loops), _stats(entries))

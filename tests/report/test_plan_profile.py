@@ -31,8 +31,12 @@ def test_steps_are_the_plan_attributed_to_layers(digits):
     # each replay's steps sum to at most its own total, so their minima do too
     assert 0 < prof.steps_sum_us[0] <= prof.replay_us[0]
     assert prof.forward_us[0] > 0
-    assert prof.overhead_per_step_us == pytest.approx(
-        (prof.forward_us[1] - prof.steps_sum_us[1]) / len(prof.steps))
+    assert all(0 <= v for v in prof.loop_us) and all(0 < v for v in prof.entry_us)
+    assert prof.entry_us[0] < prof.forward_us[0]  # the call contains its replay
+    for stat in range(3):
+        assert prof.overhead_per_step_us(stat) == pytest.approx(
+            (prof.entry_us[stat] + prof.loop_us[stat]) / len(prof.steps))
+    assert all(s.min_us <= s.mean_us for s in prof.steps)
 
 
 def test_outputs_unchanged_by_timing(digits):
