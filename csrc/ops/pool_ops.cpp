@@ -7,8 +7,10 @@
 // so pooling the integers is exact: the lowering keeps pooled activations in int8.
 //
 // Semantics: those of aten max_pool2d (kernel, stride, padding, dilation, ceil_mode; padded
-// positions never win). The output is channels-last. The inner loop runs over channels
-// (contiguous in channels-last), which the compiler vectorizes (pmaxub / pmaxsb).
+// positions never win). The output is channels-last. A row of output pixels at a time: on AVX2 the
+// kernel in kernels/pool_avx2.cpp (each pixel's channels held in registers over its window), else
+// a loop over channels (contiguous in channels-last) that the compiler vectorizes for the baseline
+// ISA (pmaxub / pmaxsb).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -58,10 +60,21 @@ std::array<int64_t, 2> pair(at::IntArrayRef v, const char* name, int64_t dflt) {
 template <typename T>
 void pool(const T* x, T* y, int64_t N, int64_t C, int64_t H, int64_t W, int64_t OH, int64_t OW,
           std::array<int64_t, 2> k, std::array<int64_t, 2> s, std::array<int64_t, 2> p, std::array<int64_t, 2> d) {
-  parallel::parallel_for(0, N * OH, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, OW * C)),
+  const bool avx2 = cpu::has(cpu::Isa::Avx2);
+  parallel::parallel_for(0, N * OH, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, OW * C * k[0] * k[1] / 4)),
                    [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t n = row / OH, oh = row % OH;
+      if (avx2) {  // the window's rows inside the image: i in [i0, i1) on the dilation grid
+        int64_t i0 = 0, i1 = k[0];
+        while (oh * s[0] - p[0] + i0 * d[0] < 0) ++i0;
+        while (oh * s[0] - p[0] + (i1 - 1) * d[0] >= H) --i1;
+        const int64_t h0 = oh * s[0] - p[0] + i0 * d[0], h1 = oh * s[0] - p[0] + (i1 - 1) * d[0] + 1;
+        kernels::max_pool_row_avx2(reinterpret_cast<const uint8_t*>(x + n * H * W * C),
+                                   reinterpret_cast<uint8_t*>(y + (n * OH + oh) * OW * C), C, W, OW, h0, h1, d[0],
+                                   k[1], s[1], p[1], d[1], std::is_same_v<T, int8_t>);
+        continue;
+      }
       for (int64_t ow = 0; ow < OW; ++ow) {
         T* __restrict out = y + ((n * OH + oh) * OW + ow) * C;
         std::fill(out, out + C, std::numeric_limits<T>::lowest());

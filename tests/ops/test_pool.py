@@ -18,7 +18,7 @@ def _ints(shape, dtype, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 3), c=st.integers(1, 70), h=st.integers(1, 13), w=st.integers(1, 13),
+@given(n=st.integers(1, 3), c=st.integers(1, 140), h=st.integers(1, 13), w=st.integers(1, 13),
        k=st.integers(1, 4), s=st.integers(1, 3), d=st.integers(1, 2), ceil=st.booleans(),
        channels_last=st.booleans(), signed=st.booleans(), seed=st.integers(0, 2**16))
 def test_matches_fp32_max_pool(n, c, h, w, k, s, d, ceil, channels_last, signed, seed):
@@ -145,6 +145,46 @@ def test_global_avg_pool_sums_exactly_on_every_path(tmp_path):
         for (x, zp), y in zip(cases, res["out"]):
             ref = R.global_avg_pool2d(x, 0.1, zp, 0.1, 0, x.dtype)
             assert torch.equal(y, ref), (name, x.shape, x.dtype)
+
+
+MAX_PATHS_CHILD = """
+import sys, torch, qbackend
+if {scalar}:
+    qbackend._C.set_isa_cap(0)
+inp = torch.load({inp!r})
+out = [torch.ops.qbackend.max_pool2d(x, [k, k], [s, s], [p, p], [d, d], ceil) for x, k, s, p, d, ceil in inp]
+torch.save({{"level": int(qbackend._C.usable_isa()), "out": out}}, {outp!r})
+"""
+
+
+def test_max_pool_on_every_path(tmp_path):
+    """Max pooling on the AVX2 kernel (128, 32 and 16 channels at a time, then one at a time; the
+    window's rows and columns clipped to the image, dilated) and on the baseline loop: every kind of
+    channel block, signed and unsigned, each output equal to torch's fp32 pooling of the integers."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from subprocess_utils import run_py
+    cl = torch.channels_last
+    cases = []
+    for i, c in enumerate((1, 15, 16, 17, 31, 32, 48, 64, 100, 128, 129, 200, 257)):
+        dtype = torch.int8 if i % 2 else torch.uint8
+        x = _ints((2, c, 9 + i % 3, 11), dtype, i).contiguous(memory_format=cl)
+        k, s, p, d = ((3, 2, 1, 1), (2, 2, 0, 1), (3, 1, 1, 2), (5, 3, 2, 1))[i % 4]
+        cases.append((x, k, s, p, d, i % 3 == 0))
+    inp = str(tmp_path / "in.pt")
+    torch.save(cases, inp)
+    results = {}
+    for name, scalar in (("default", False), ("scalar", True)):
+        outp = str(tmp_path / f"{name}.pt")
+        run_py(MAX_PATHS_CHILD.format(scalar=scalar, inp=inp, outp=outp), check=True)
+        results[name] = torch.load(outp)
+    assert results["scalar"]["level"] == 0
+    for name, res in results.items():
+        for (x, k, s, p, d, ceil), y in zip(cases, res["out"]):
+            ref = torch.nn.functional.max_pool2d(x.float(), k, s, p, d, ceil_mode=ceil)
+            assert not torch.isinf(ref).any()
+            assert y.dtype == x.dtype and torch.equal(y.float(), ref), (name, x.shape, x.dtype, k, s, p, d, ceil)
 
 
 def test_global_avg_pool_rounds_ties_to_even():
