@@ -793,8 +793,8 @@ def bench_layer_calls(rep: Report, cfg: Settings, threads: list[int], quick: boo
         rep()
         rep.table(["model", "layer", "kind", "provider", "multiply-adds", "arithmetic us", "plan step us (min / median)",
                    "above (us)", "module call us (min / median)"], rows)
-        rep("Whole forward against its plan's steps (us, min / median over the same 300 calls, alternating with "
-            "the replays): the model's Python call, the native replay inside it, the sum of the steps; then what "
+        rep("Whole forward against its plan's steps (us, min / median over 300 timed replays and 300 forwards "
+            "back to back): the sum of the steps, the native replay, the model's Python call; then what "
             "a forward costs beyond its steps, each taken within one call: the Python entry (a call less the "
             "replay inside it) and the replay loop (a replay less its steps); overhead per step = their sum at "
             "the medians / steps.")
