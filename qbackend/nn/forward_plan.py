@@ -367,13 +367,40 @@ class ForwardPlans:
         key = signature(args)
         return None if key is None else self.plans.get(key)
 
-    def describe(self) -> list[str]:
-        """One line per recorded signature: its input sizes and steps; then the refused ones."""
+    def describe(self, layer_of: dict | None = None) -> list[str]:
+        """One line per recorded signature: its input sizes and steps; then the refused ones.
+        layer_of: module path -> layer name; where given, a line also says which layers its plan runs
+        and what ops run between them."""
         def inputs(key) -> str:
             sizes = ", ".join(f"{tuple(k[1])}" for k in key[1:] if isinstance(k[0], torch.dtype))
             return f"inputs {sizes}" + (" (grad mode on)" if key[0] else "")
 
-        lines = [f"{inputs(key)}: {len(plan.step_names)} ops in one native call"
+        def contents(plan) -> str:
+            if layer_of is None:
+                return ""
+            layers, others = [], {}
+            for module, op in zip(plan.step_modules, plan.step_names):
+                layer = None
+                while module is not None and layer is None:  # the innermost enclosing layer module
+                    layer = layer_of.get(module)
+                    module = module.rpartition(".")[0] or None
+                if layer is not None:
+                    if layer not in layers:
+                        layers.append(layer)
+                else:
+                    name = op.split(".")[1] if op.count(".") >= 2 else op
+                    others[name] = others.get(name, 0) + 1
+            missing = [v for v in layer_of.values() if v not in layers]
+            text = f": {len(layers)} of {len(layer_of)} layers"
+            if len(layers) <= 8:
+                text += f" ({', '.join(layers)})"
+            if missing:
+                text += f"; not in the plan: {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else "")
+            if others:
+                text += "; between them " + ", ".join(f"{k} x{v}" if v > 1 else k for k, v in others.items())
+            return text
+
+        lines = [f"{inputs(key)}: {len(plan.step_names)} ops in one native call{contents(plan)}"
                  for key, plan in list(self.plans.items())]
         lines += [f"{inputs(key)}: runs the graph ({why})" for key, why in list(self.refused.items())]
         return lines

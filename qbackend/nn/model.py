@@ -126,7 +126,9 @@ class QuantizedModel(nn.Module):
             return ["module-swap model: its layers run as modules (no forward plans)"]
         if not self.forward_plans:
             return ["forward plans are off: every call runs the graph"]
-        return self._plans.describe() or ["no call yet: a plan is recorded on the second call of each input signature"]
+        layer_of = {rec.module: name for name, rec in self.qbackend_layers.items() if rec.module}
+        return self._plans.describe(layer_of) or ["no call yet: a plan is recorded on the second call of each input "
+                                                  "signature"]
 
     def _apply(self, fn, *args, **kwargs):
         generation.bump()  # .to() / .float() replace buffers without registration hooks

@@ -413,3 +413,6 @@ def test_steps_know_their_modules():
     modules = {q.qbackend_layers[name].module: name for name in ("conv1", "conv2", "fc")}
     ran = [m for m, op in zip(plan.step_modules, plan.step_names) if "conv2d" in op or "linear" in op]
     assert [modules.get(m) for m in ran] == ["conv1", "conv2", "fc"], plan.step_modules
+    summary = " ".join(q.forward_plan_summary())
+    assert "3 of 3 layers (conv1, conv2, fc)" in summary and "between them quantize_per_tensor" in summary, summary
+    assert "3 of 3 layers" in qbackend.explain(q).to_markdown()
