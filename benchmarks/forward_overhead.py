@@ -1,17 +1,15 @@
 """Whole-forward overhead of the converted zoo CNNs: the eager forward with its forward plan
 (qbackend/nn/forward_plan.py: one native call), the same forward running the graph op by op, and
-the sum of the plan's op times, per model at batch 1 (and the batches given).
+what a forward costs beyond the steps of its plan, per model at batch 1 (and the batches given).
 
     python benchmarks/forward_overhead.py [--models digits_cnn,resnet18,resnet50,mobilenet_v2]
                                           [--batches 1,32] [--threads 2] [--out FILE]
 
 Forward times: benchmarks/_timing.py's interleaved blocks (plan, graph), minimum and median.
-Op times: torch.profiler over 50 replays of the plan, the total time of each op the plan calls (its
-top-level events: the kernels and the aten ops between them), summed per forward. "overhead / op" =
-(plan forward - op sum) / ops, what the plan costs beyond its ops; it includes the model's Python
-entry (input checks, the signature lookup, the output's pytree), shared by all of its ops. The
-profiler adds its own cost inside each op's time, so the op sum is if anything high and the
-overhead low by about as much (a few hundred ns per op).
+Steps and overhead: qbackend.report.plan_profile over 200 replays and 200 forwards: the sum of the
+plan's step times (each step timed by the replay, no profiler inside), and the overhead taken within
+single calls (a forward less the replay inside it, the Python entry; a replay less its steps, the
+loop), at the median, per layer (the model's int8 conv / linear layers) and per step.
 """
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ import sys
 import warnings
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import run_lines, write_report  # noqa: E402
@@ -29,15 +26,7 @@ from _timing import measure  # noqa: E402
 
 import qbackend  # noqa: E402
 from qbackend.models import MODELS  # noqa: E402
-
-
-def _op_sum_us(q, x, iters: int = 50) -> tuple[float, int]:
-    """(us of the plan's ops per forward, ops per forward) from the profiler's top-level events."""
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(iters):
-            q(*x)
-    top = [e for e in prof.events() if e.cpu_parent is None and not e.name.startswith("ProfilerStep")]
-    return sum(e.cpu_time_total for e in top) / iters, len(top) // iters
+from qbackend.report.plan_profile import profile_plan  # noqa: E402
 
 
 def row(name: str, batch: int) -> str:
@@ -59,12 +48,15 @@ def row(name: str, batch: int) -> str:
         summary = q.forward_plan_summary()
         res = measure({"plan": plan, "graph": graph}, blocks=15, block_s=0.02)
         q.forward_plans = True
-        ops_us, ops = _op_sum_us(q, x)
+        prof = profile_plan(q, *x, repeats=200)
     p, g = res["plan"], res["graph"]
-    over = (p.min_us - ops_us) / max(ops, 1)
+    layers = len({s.layer for s in prof.steps if s.layer is not None})
+    over = prof.overhead_us[1]
     print(f"{name} b{batch}: {summary}", file=sys.stderr, flush=True)
     return (f"| {name} | {batch} | {p.min_us:.1f} / {p.median_us:.1f} | {g.min_us:.1f} / {g.median_us:.1f} | "
-            f"{g.min_us / p.min_us:.2f}x | {ops} | {ops_us:.1f} | {over:.2f} |")
+            f"{g.min_us / p.min_us:.2f}x | {len(prof.steps)} | {layers} | {prof.steps_sum_us[1]:.1f} | "
+            f"{prof.entry_us[1]:.2f} | {prof.loop_us[1]:.2f} | {over / max(layers, 1):.2f} | "
+            f"{over / max(len(prof.steps), 1):.2f} |")
 
 
 def main() -> int:
@@ -81,8 +73,9 @@ def main() -> int:
         "# Whole-forward overhead: forward plans against the graph op by op", "", *run_lines([args.threads]),
         "- method: benchmarks/forward_overhead.py's docstring; us per forward, min / median over interleaved "
         "blocks; thread pools at their defaults (OMP_WAIT_POLICY unset)", "",
-        "| model | batch | plan forward | graph forward | graph / plan | ops | op sum (profiler) | overhead / op |",
-        "|---|---|---|---|---|---|---|---|", *rows, ""])
+        "| model | batch | plan forward | graph forward | graph / plan | steps | layers | sum of steps | Python entry | "
+        "replay loop | overhead / layer | overhead / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""])
     write_report(report, args.out)
     return 0
 
