@@ -115,15 +115,30 @@ torch.save({{"level": int(qbackend._C.usable_isa()), "out": out}}, {outp!r})
 """
 
 
+def _outputs_on_both_paths(tmp_path, child: str, cases) -> dict:
+    """`child` (a script template taking scalar, inp, outp) run on `cases` in a child process at the
+    default ISA and in one capped to the baseline ISA (the scalar loops): {"default": its outputs,
+    "scalar": its outputs}."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from subprocess_utils import run_py
+    inp = str(tmp_path / "in.pt")
+    torch.save(cases, inp)
+    results = {}
+    for name, scalar in (("default", False), ("scalar", True)):
+        outp = str(tmp_path / f"{name}.pt")
+        run_py(child.format(scalar=scalar, inp=inp, outp=outp), check=True)
+        results[name] = torch.load(outp)
+    assert results["scalar"]["level"] == 0
+    return {name: res["out"] for name, res in results.items()}
+
+
 def test_global_avg_pool_sums_exactly_on_every_path(tmp_path):
     """The channel sums on the AVX2 kernel (64 and 16 channels at a time, in int16 over chunks of 128
     pixels, then a tail channel at a time) and on the baseline loop: extreme images over several
     chunks (the int16 bound), random ones with every kind of channel block; each output equals the
     fp64 reference (odd pixel counts: no ties)."""
-    import os
-    import sys
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from subprocess_utils import run_py
     from qbackend.ops import reference as R
     g = torch.Generator().manual_seed(5)
     cl = torch.channels_last
@@ -133,16 +148,8 @@ def test_global_avg_pool_sums_exactly_on_every_path(tmp_path):
              (torch.randint(0, 256, (2, 99, 17, 19), dtype=torch.uint8, generator=g).contiguous(memory_format=cl), 131),
              (torch.randint(-128, 128, (3, 1283, 7, 7), dtype=torch.int8, generator=g).contiguous(memory_format=cl), -3),
              (torch.randint(0, 256, (1, 5, 3, 3), dtype=torch.uint8, generator=g), 9)]
-    inp = str(tmp_path / "in.pt")
-    torch.save(cases, inp)
-    results = {}
-    for name, scalar in (("default", False), ("scalar", True)):
-        outp = str(tmp_path / f"{name}.pt")
-        run_py(GAP_PATHS_CHILD.format(scalar=scalar, inp=inp, outp=outp), check=True)
-        results[name] = torch.load(outp)
-    assert results["scalar"]["level"] == 0
-    for name, res in results.items():
-        for (x, zp), y in zip(cases, res["out"]):
+    for name, outs in _outputs_on_both_paths(tmp_path, GAP_PATHS_CHILD, cases).items():
+        for (x, zp), y in zip(cases, outs):
             ref = R.global_avg_pool2d(x, 0.1, zp, 0.1, 0, x.dtype)
             assert torch.equal(y, ref), (name, x.shape, x.dtype)
 
@@ -161,10 +168,6 @@ def test_max_pool_on_every_path(tmp_path):
     """Max pooling on the AVX2 kernel (128, 32 and 16 channels at a time, then one at a time; the
     window's rows and columns clipped to the image, dilated) and on the baseline loop: every kind of
     channel block, signed and unsigned, each output equal to torch's fp32 pooling of the integers."""
-    import os
-    import sys
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from subprocess_utils import run_py
     cl = torch.channels_last
     cases = []
     for i, c in enumerate((1, 15, 16, 17, 31, 32, 48, 64, 100, 128, 129, 200, 257)):
@@ -172,16 +175,8 @@ def test_max_pool_on_every_path(tmp_path):
         x = _ints((2, c, 9 + i % 3, 11), dtype, i).contiguous(memory_format=cl)
         k, s, p, d = ((3, 2, 1, 1), (2, 2, 0, 1), (3, 1, 1, 2), (5, 3, 2, 1))[i % 4]
         cases.append((x, k, s, p, d, i % 3 == 0))
-    inp = str(tmp_path / "in.pt")
-    torch.save(cases, inp)
-    results = {}
-    for name, scalar in (("default", False), ("scalar", True)):
-        outp = str(tmp_path / f"{name}.pt")
-        run_py(MAX_PATHS_CHILD.format(scalar=scalar, inp=inp, outp=outp), check=True)
-        results[name] = torch.load(outp)
-    assert results["scalar"]["level"] == 0
-    for name, res in results.items():
-        for (x, k, s, p, d, ceil), y in zip(cases, res["out"]):
+    for name, outs in _outputs_on_both_paths(tmp_path, MAX_PATHS_CHILD, cases).items():
+        for (x, k, s, p, d, ceil), y in zip(cases, outs):
             ref = torch.nn.functional.max_pool2d(x.float(), k, s, p, d, ceil_mode=ceil)
             assert not torch.isinf(ref).any()
             assert y.dtype == x.dtype and torch.equal(y.float(), ref), (name, x.shape, x.dtype, k, s, p, d, ceil)
