@@ -7,7 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <unordered_map>
+#include <iterator>
+#include <utility>
 #include <vector>
 
 namespace qbackend::runtime {
@@ -26,7 +27,7 @@ size_t initial_limit() {
 
 struct Cache {
   std::mutex mu;
-  std::unordered_map<size_t, std::vector<void*>> free_blocks;  // block size -> blocks (base pointers)
+  std::vector<std::pair<size_t, void*>> free_blocks;  // (block size, base pointer), in the order freed
   size_t held = 0;
   size_t limit = initial_limit();
 };
@@ -43,7 +44,7 @@ void give_back(void* base) {
   {
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.held + size <= c.limit) {
-      c.free_blocks[size].push_back(base);
+      c.free_blocks.emplace_back(size, base);
       c.held += size;
       return;
     }
@@ -61,11 +62,15 @@ class CachingAllocator final : public c10::Allocator {
     {
       Cache& c = cache();
       std::lock_guard<std::mutex> lock(c.mu);
-      auto it = c.free_blocks.find(size);
-      if (it != c.free_blocks.end() && !it->second.empty()) {
-        base = it->second.back();
-        it->second.pop_back();
-        c.held -= size;
+      // the most recently freed block that fits without wasting more than half of it: still in the
+      // CPU's caches, where an older one would be written back from memory
+      for (auto it = c.free_blocks.rbegin(); it != c.free_blocks.rend(); ++it) {
+        if (it->first >= size && it->first <= 2 * size) {
+          base = it->second;
+          c.held -= it->first;
+          c.free_blocks.erase(std::next(it).base());
+          break;
+        }
       }
     }
     if (base == nullptr) {
@@ -116,7 +121,7 @@ void release_cached() {
   std::vector<void*> blocks;
   {
     std::lock_guard<std::mutex> lock(cache().mu);
-    for (auto& [size, list] : cache().free_blocks) blocks.insert(blocks.end(), list.begin(), list.end());
+    for (auto& [size, block] : cache().free_blocks) blocks.push_back(block);
     cache().free_blocks.clear();
     cache().held = 0;
   }

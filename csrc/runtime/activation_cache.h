@@ -3,8 +3,11 @@
 // Why: glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh mmap
 // and gives it back on free, so such an activation is page-faulted in again on every forward (a
 // batch-32 MobileNetV2's 112x112x96 expansion is 38.5 MB; benchmarks/page_faults.py,
-// benchmarks/results/epyc_zen5/page_faults.md). Blocks of at least kMinCachedBytes freed by their tensors are kept,
-// by size rounded up to 64 KiB, for the next output of that size; at most `limit` bytes are kept
+// benchmarks/results/epyc_zen5/page_faults.md). Blocks of at least kMinCachedBytes freed by their tensors are kept
+// (sizes rounded up to 64 KiB); an output takes the most recently freed block of at least its size
+// and at most twice it, which is likely still in the CPU's caches: an older block of its exact size
+// would be written back from memory first (the first depthwise conv of each width in a batch-32
+// MobileNetV2 took 1.6x the time of the next ones). At most `limit` bytes are kept
 // (QBACKEND_ACTIVATION_CACHE_MB at load, default 1024; 0 turns the cache off), the rest freed.
 // Smaller outputs take torch's CPU allocator as before. Thread-safe.
 #pragma once

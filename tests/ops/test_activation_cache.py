@@ -49,6 +49,23 @@ def test_a_freed_block_is_reused_with_fresh_values():
     assert torch.equal(q, _expected(x))
 
 
+def test_the_most_recently_freed_block_that_fits_is_reused():
+    """An output takes the last freed block of at least its size and at most twice it (still in the
+    CPU's caches), not an older one of its exact size; a block over twice its size is left alone."""
+    _, a = _quantize(0, (4, 64, 64, 96))     # 1.5 MiB
+    _, b = _quantize(1, (4, 64, 64, 160))    # 2.5 MiB
+    _, big = _quantize(2, (16, 64, 64, 96))  # 6 MiB
+    ptr_a, ptr_b, ptr_big = a.data_ptr(), b.data_ptr(), big.data_ptr()
+    del a, b, big  # freed in that order: big is the most recent, then b
+    x, q = _quantize(3, (4, 64, 64, 96))   # 1.5 MiB: big is over twice that, b fits
+    assert q.data_ptr() == ptr_b
+    assert torch.equal(q, _expected(x))
+    _, r = _quantize(4, (4, 64, 64, 96))   # then the exact-size block a
+    assert r.data_ptr() == ptr_a
+    _, s = _quantize(5, (12, 64, 64, 96))  # 4.5 MiB: big
+    assert s.data_ptr() == ptr_big
+
+
 def test_small_outputs_are_not_cached():
     _, q = _quantize(0, (4, 16, 8, 8))
     del q
