@@ -56,7 +56,7 @@ def _remember(table: OrderedDict, key, value, limit: int = MAX_PLANS) -> None:
         table.popitem(last=False)
 
 
-def _tensors(args) -> list[torch.Tensor]:
+def tensor_args(args) -> list[torch.Tensor]:
     """The tensor inputs of a call, in order: a plan's inputs (its other inputs are in its signature)."""
     return [a for a in args if isinstance(a, torch.Tensor)]
 
@@ -256,18 +256,31 @@ class Plan:
         # the graph's flat outputs are the plan's outputs as they are (no constants, no reordering)
         self.outputs_in_order = self.template == [(True, i) for i in range(len(self.template))]
 
-    def run(self, tensors: list[torch.Tensor]) -> list | None:
-        got = self.native.run(tensors)
-        if got is None:
-            return None
+    def outputs(self, got: list | None) -> list | None:
+        """The graph's flat outputs from the native plan's (None where the replay stopped)."""
+        if got is None or self.outputs_in_order:
+            return got
         return [got[v] if from_plan else v for from_plan, v in self.template]
+
+    def run(self, tensors: list[torch.Tensor]) -> list | None:
+        return self.outputs(self.native.run(tensors))
 
     def run_timed(self, tensors: list[torch.Tensor]) -> tuple[list | None, list[int]]:
         """run(), with each step's wall time in ns and the whole replay's as the last element."""
         got, ns = self.native.run_timed(tensors)
-        if got is None:
-            return None, ns
-        return [got[v] if from_plan else v for from_plan, v in self.template], ns
+        return self.outputs(got), ns
+
+    def step_layers(self, layer_of: dict) -> list:
+        """Per step, the layer (layer_of: module path -> layer name) of the innermost module running
+        it that is one, or None."""
+        layers = []
+        for module in self.step_modules:
+            layer = None
+            while module is not None and layer is None:
+                layer = layer_of.get(module)
+                module = module.rpartition(".")[0] or None
+            layers.append(layer)
+        return layers
 
 
 @dataclass
@@ -300,10 +313,7 @@ class ForwardPlans:
                 or any(self.hook_tables) or _torch_module._global_forward_hooks \
                 or _torch_module._global_forward_pre_hooks or torch.compiler.is_compiling():
             return None
-        got = plan.native.run_if_matches(args)
-        if got is None or plan.outputs_in_order:
-            return got
-        return [got[v] if from_plan else v for from_plan, v in plan.template]
+        return plan.outputs(plan.native.run_if_matches(args))
 
     def __call__(self, gm: torch.nn.Module, args: list):
         """gm's flat outputs for `args` through a plan, or None where none applies: the caller runs gm.
@@ -325,7 +335,7 @@ class ForwardPlans:
                 _remember(self.seen, key, True)
                 return None
             return self._record(gm, args, key)
-        out = plan.run(_tensors(args))
+        out = plan.run(tensor_args(args))
         if out is None:  # a step's sizes differ from the recording: this call (and later ones) run the graph
             with self.lock:
                 self.last = None
@@ -337,7 +347,7 @@ class ForwardPlans:
 
     def _record(self, gm, args, key):
         start = generation.current()
-        recorder = _Recorder(_tensors(args))
+        recorder = _Recorder(tensor_args(args))
         with recorder.track_modules(gm), recorder:
             out = gm(*args)
         plan, why = None, recorder.refused
@@ -379,11 +389,7 @@ class ForwardPlans:
             if layer_of is None:
                 return ""
             layers, others = [], {}
-            for module, op in zip(plan.step_modules, plan.step_names):
-                layer = None
-                while module is not None and layer is None:  # the innermost enclosing layer module
-                    layer = layer_of.get(module)
-                    module = module.rpartition(".")[0] or None
+            for layer, op in zip(plan.step_layers(layer_of), plan.step_names):
                 if layer is not None:
                     if layer not in layers:
                         layers.append(layer)

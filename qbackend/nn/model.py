@@ -11,7 +11,6 @@ plain dicts.
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.fx._pytree import tree_flatten_spec
 from torch.utils import _pytree as pytree
@@ -19,7 +18,7 @@ from torch.utils import _pytree as pytree
 from ..core import generation
 from ..core.batches import bind_by_name
 from ..core.records import ActivationRecord, LayerRecord
-from .forward_plan import ForwardPlans
+from .forward_plan import ForwardPlans, tensor_args
 from .inputs import check_inputs
 
 
@@ -117,7 +116,11 @@ class QuantizedModel(nn.Module):
         if kwargs or len(args) != self._positional:
             args = self._flatten(args, kwargs)
         plan = self._plans.recorded(args)
-        return (plan, [a for a in args if isinstance(a, torch.Tensor)]) if plan is not None else (None, None)
+        return (plan, tensor_args(args)) if plan is not None else (None, None)
+
+    def layer_by_module(self) -> dict[str, str]:
+        """Each quantized layer's module path -> its layer name."""
+        return {rec.module: name for name, rec in self.qbackend_layers.items() if rec.module}
 
     def forward_plan_summary(self) -> list[str]:
         """What eager calls run: one line per input signature seen (a recorded plan, or why the graph
@@ -126,8 +129,7 @@ class QuantizedModel(nn.Module):
             return ["module-swap model: its layers run as modules (no forward plans)"]
         if not self.forward_plans:
             return ["forward plans are off: every call runs the graph"]
-        layer_of = {rec.module: name for name, rec in self.qbackend_layers.items() if rec.module}
-        return self._plans.describe(layer_of) or ["no call yet: a plan is recorded on the second call of each input "
+        return self._plans.describe(self.layer_by_module()) or ["no call yet: a plan is recorded on the second call of each input "
                                                   "signature"]
 
     def _apply(self, fn, *args, **kwargs):

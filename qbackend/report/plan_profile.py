@@ -3,7 +3,7 @@
 A converted model's eager forward replays a recorded plan (nn/forward_plan.py) in one native call.
 `profile_plan` replays it with a steady-clock read between steps, so each step's wall time (its
 dispatcher call, argument checks, output allocation, kernel, thread fork and join) comes with no
-profiler inside it, and times the model's whole Python call beside it, interleaved. Each step is
+profiler inside it, then times the model's whole Python calls back to back. Each step is
 attributed to the layer whose module ran it (by the recorder's module tracking), so a table can set
 a layer's step time beside its arithmetic. What the forward costs beyond its steps is taken within
 single calls, so that load from other processes (which moves a whole forward by more than this
@@ -79,7 +79,6 @@ def profile_plan(qmodel: QuantizedModel, *args, repeats: int = 200, **kwargs) ->
             plan, tensors = qmodel.recorded_plan(*args, **kwargs)
         if plan is None:
             raise ValueError("these inputs run no forward plan: " + "; ".join(qmodel.forward_plan_summary()))
-        layer_of = {rec.module: name for name, rec in qmodel.qbackend_layers.items()}
         per_step = [[] for _ in plan.step_names]
         sums, replays, forwards, loops, entries = [], [], [], [], []
         for _ in range(repeats):
@@ -96,12 +95,6 @@ def profile_plan(qmodel: QuantizedModel, *args, repeats: int = 200, **kwargs) ->
             qmodel(*args, **kwargs)
             forwards.append((time.perf_counter_ns() - t0) / 1e3)
             entries.append(forwards[-1] - plan.native.last_replay_ns / 1e3)
-    steps = []
-    for op, module, times in zip(plan.step_names, plan.step_modules, per_step):
-        layer = None
-        m = module
-        while m is not None and layer is None:  # the innermost enclosing module that is a layer
-            layer = layer_of.get(m)
-            m = m.rpartition(".")[0] or None
-        steps.append(StepTime(op, module, layer, *_stats(times)))
+    steps = [StepTime(op, module, layer, *_stats(times)) for op, module, layer, times in
+             zip(plan.step_names, plan.step_modules, plan.step_layers(qmodel.layer_by_module()), per_step)]
     return PlanProfile(steps, _stats(sums), _stats(replays), _stats(forwards), _stats(loops), _stats(entries))
