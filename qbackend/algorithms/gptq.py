@@ -13,7 +13,8 @@ BERT-base it cuts the weight-induced output error by about 10 dB against nearest
 * calibration: `HessianStats` beside each Linear input value accumulates H = sum of x x^T over its
   rows (fp32, K x K per input value: 36 MB for BERT-base's 3072-wide FFN input; rows with NaN or
   inf skipped);
-* convert: `gptq_round` returns the int8 weight for the layer's scales; it keeps nearest rounding
+* convert: `gptq_round` returns the int8 weight for the layer's scales (the column loop in C++:
+  qbackend::gptq_round_columns, whose torch-op reference is `gptq_columns_ref`); it keeps nearest rounding
   when its proxy error tr((W - Q) H (W - Q)^T) is not lower (measured on up to 256 output
   channels, sampled) and when H is unusable (no rows).
 
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from ..ops import gptq_ops  # noqa: F401  (registers qbackend::gptq_round_columns)
 
 MAX_FEATURES = 8192  # H in fp32: 256 MB at this size
 BLOCK = 128
@@ -106,6 +109,33 @@ def factor(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None if u is None else (perm, u)
 
 
+def gptq_columns_ref(w: torch.Tensor, u: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int,
+                     block: int = BLOCK) -> torch.Tensor:
+    """GPTQ's column loop in torch ops, the reference of the C++ op qbackend::gptq_round_columns
+    (csrc/ops/gptq_ops.cpp, which agrees with it bit for bit): float levels [N, K] for the weight w
+    [N, K] in GPTQ's column order, u the upper Cholesky factor of that order's (H + damping)^-1,
+    scales [N]."""
+    n, k = w.shape
+    wp = w.float().clone()
+    sp = scales.float().reshape(n, 1)
+    q = torch.empty_like(wp)
+    for i1 in range(0, k, block):
+        i2 = min(i1 + block, k)
+        w1 = wp[:, i1:i2].clone()
+        err = torch.empty_like(w1)
+        u1 = u[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = w1[:, i]
+            qc = torch.clamp(torch.round(col / sp[:, 0]), qmin, qmax)
+            q[:, i1 + i] = qc
+            e = (col - qc * sp[:, 0]) / u1[i, i]
+            w1[:, i:].sub_(e[:, None] * u1[i, i:][None, :])
+            err[:, i] = e
+        if i2 < k:
+            wp[:, i2:].sub_(err @ u[i1:i2, i2:])
+    return q
+
+
 def gptq_round(weight: torch.Tensor, scales: torch.Tensor, hessian: torch.Tensor, qmin: int, qmax: int,
                nearest: torch.Tensor | None = None, factored=None) -> tuple[torch.Tensor, dict]:
     """(int8 Q [N, K] on the grid q * scales[n], info) for the float weight [N, K] and H [K, K];
@@ -120,23 +150,8 @@ def gptq_round(weight: torch.Tensor, scales: torch.Tensor, hessian: torch.Tensor
     if f is None:
         return nearest, {"method": "nearest", "why": "no usable calibration Hessian"}
     perm, u = f
-    wp = w[:, perm].clone()
-    sp = s.expand(n, 1)
-    q = torch.empty_like(wp)
-    for i1 in range(0, k, BLOCK):
-        i2 = min(i1 + BLOCK, k)
-        w1 = wp[:, i1:i2].clone()
-        err = torch.empty_like(w1)
-        u1 = u[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            col = w1[:, i]
-            qc = torch.clamp(torch.round(col / sp[:, 0]), qmin, qmax)
-            q[:, i1 + i] = qc
-            e = (col - qc * sp[:, 0]) / u1[i, i]
-            w1[:, i:].sub_(e[:, None] * u1[i, i:][None, :])
-            err[:, i] = e
-        if i2 < k:
-            wp[:, i2:].sub_(err @ u[i1:i2, i2:])
+    q = torch.ops.qbackend.gptq_round_columns(w[:, perm].contiguous(), u.contiguous(), s.reshape(-1).contiguous(),
+                                              qmin, qmax, BLOCK)
     q = q[:, torch.argsort(perm)].to(torch.int8)
     rows = None if n <= PROXY_ROWS else torch.randperm(n, generator=torch.Generator().manual_seed(0))[:PROXY_ROWS]
     before = proxy_error(w, nearest, scales, hessian, rows)

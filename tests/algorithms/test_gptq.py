@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import qbackend
-from qbackend.algorithms.gptq import HessianStats, factor, gptq_round
+from qbackend.algorithms.gptq import HessianStats, factor, gptq_columns_ref, gptq_round
 from qbackend.nn.weights import quantize_weight
 
 from ..lowering.toy_models import sqnr
@@ -63,6 +63,35 @@ def test_gptq_lowers_the_output_error_on_the_calibration_rows(n, k):
     # on fresh rows from the same distribution it also helps (not an overfit to the sample)
     fresh = correlated_rows(4 * k, k, torch.Generator().manual_seed(n + k))
     assert output_error(fresh, w, q, scales) < output_error(fresh, w, q0, scales)
+
+
+@pytest.mark.parametrize("n,k,block,qmin,qmax", [(48, 64, 128, -128, 127), (130, 200, 128, -128, 127),
+                                                (7, 300, 32, -8, 7), (1, 1, 128, -128, 127), (33, 129, 128, 0, 15)])
+def test_native_column_loop_is_its_reference_bit_for_bit(n, k, block, qmin, qmax):
+    """The C++ column loop against the torch-op loop: the same float32 steps, so equal bit for bit
+    (also where levels saturate at qmin / qmax: scales too small for the weights)."""
+    g = torch.Generator().manual_seed(n * k)
+    x = correlated_rows(2 * k + 4, k, g)
+    perm, u = factor(x.t() @ x)
+    w = (torch.randn(n, k, generator=g) * 0.05)[:, perm].contiguous()
+    scales = w.abs().amax(1) / (qmax - qmin) * (0.5 if qmin < 0 else 4.0) + 1e-6
+    got = torch.ops.qbackend.gptq_round_columns(w, u, scales, qmin, qmax, block)
+    want = gptq_columns_ref(w, u, scales, qmin, qmax, block)
+    assert torch.equal(got, want)
+    assert float(got.min()) >= qmin and float(got.max()) <= qmax and torch.equal(got, got.round())
+    assert got.min() == qmin or got.max() == qmax  # the clamp was exercised
+
+
+def test_native_column_loop_names_bad_arguments():
+    w, u, s = torch.zeros(3, 4), torch.eye(4), torch.ones(3)
+    with pytest.raises(ValueError, match="u must be"):
+        torch.ops.qbackend.gptq_round_columns(w, torch.eye(5), s, -128, 127, 128)
+    with pytest.raises(ValueError, match="scales must"):
+        torch.ops.qbackend.gptq_round_columns(w, u, torch.ones(2), -128, 127, 128)
+    with pytest.raises(TypeError, match="w must have dtype torch.float32"):
+        torch.ops.qbackend.gptq_round_columns(w.double(), u, s, -128, 127, 128)
+    with pytest.raises(ValueError, match="block"):
+        torch.ops.qbackend.gptq_round_columns(w, u, s, -128, 127, 0)
 
 
 def test_uncorrelated_inputs_keep_nearest_rounding():
