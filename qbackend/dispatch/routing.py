@@ -49,9 +49,10 @@ def _cpu_facts(op: str, shape: Mapping, cpu: CpuFeatures) -> Mapping:
     return shape
 
 
-def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozenset, cpu: CpuFeatures,
-                prefix: str = "") -> Route:
-    """Step 2 of the module docstring: the rule table, then correctness."""
+def _rule_choice(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozenset,
+                 cpu: CpuFeatures) -> tuple[Rule | None, str | None]:
+    """Step 2 of the module docstring without its messages: (the rule row that applies, or None;
+    the provider that runs the op instance, or None when none can)."""
     family = registry.family_of(op)
 
     def runs(name: str) -> bool:
@@ -62,13 +63,32 @@ def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozens
 
     rule: Rule | None = choose(op, cpu.isa_class, _cpu_facts(op, shape, cpu), usable=runs, missing_ok=True)
     if rule is not None and exact(rule.provider):
-        return Route(rule.provider, RULE, f"{prefix}rule [{rule.condition}]: {rule.reason}", rule=rule.condition)
-    for other in registry.routed_names(family):
-        if runs(other) and exact(other):
-            if rule is None:
-                return Route(other, RULE, f"{prefix}no rule row applies; {other} runs it", rule=None)
-            return Route(other, RULE, f"{prefix}{rule.provider} (rule [{rule.condition}]) saturates 8-bit "
-                                      f"activations on this CPU; {other} is exact", rule=rule.condition)
+        return rule, rule.provider
+    return rule, next((other for other in registry.routed_names(family) if runs(other) and exact(other)), None)
+
+
+def _rule_provider(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozenset, cpu: CpuFeatures) -> str:
+    """The provider step 2 routes the op instance to (the error _rule_route raises if none)."""
+    provider = _rule_choice(op, shape, eight_bit_input, exclude, cpu)[1]
+    return provider if provider is not None else _rule_route(op, shape, eight_bit_input, exclude, cpu).provider
+
+
+def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozenset, cpu: CpuFeatures,
+                prefix: str = "") -> Route:
+    """Step 2 of the module docstring: the rule table, then correctness."""
+    family = registry.family_of(op)
+    rule, provider = _rule_choice(op, shape, eight_bit_input, exclude, cpu)
+    if provider is not None:
+        if rule is not None and provider == rule.provider:
+            return Route(rule.provider, RULE, f"{prefix}rule [{rule.condition}]: {rule.reason}", rule=rule.condition)
+        if rule is None:
+            return Route(provider, RULE, f"{prefix}no rule row applies; {provider} runs it", rule=None)
+        return Route(provider, RULE, f"{prefix}{rule.provider} (rule [{rule.condition}]) saturates 8-bit "
+                                     f"activations on this CPU; {provider} is exact", rule=rule.condition)
+
+    def runs(name: str) -> bool:
+        return name not in exclude and registry.get(family, name).refuses(op, shape) is None
+
     if eight_bit_input and (rule is not None or any(runs(p) for p in registry.routed_names(family))):
         raise ValueError(f"no provider multiplies 8-bit activations exactly on this CPU ({cpu.isa_class}); "
                          f"for this {op} ({dict(shape)}); use 7-bit activations (reduce_range=True in the "
@@ -129,7 +149,7 @@ def route(op: str, shape: Mapping, *, eight_bit_input: bool = True, forced: str 
         provider, why = tune_route(tune, candidates, rule_provider=chosen.provider)
         return Route(provider, TUNED, why)
     if by_batch and op in SIZE_KEYS:
-        ranges = size_ranges(op, shape, lambda s: _rule_route(op, s, eight_bit_input, exclude, cpu).provider)
+        ranges = size_ranges(op, shape, lambda s: _rule_provider(op, s, eight_bit_input, exclude, cpu))
         if len(ranges.providers) > 1:
             return Route(chosen.provider, chosen.source, chosen.why, chosen.rule, ranges)
     return chosen
