@@ -36,6 +36,7 @@ OBSERVERS: Mapping[str, type[Observer]] = MappingProxyType({
 MODES = ("static", "dynamic", "weight_only")
 ATTENTION_MODES = ("auto", "fused", "sdpa")
 WEIGHT_ROUNDINGS = ("gptq", "nearest")
+DYNAMIC_DIMS = ("auto", "all", "batch")
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,12 @@ class QuantConfig:
       input signature, recorded on the signature's second call (qbackend.nn.forward_plan); False:
       every call runs the graph op by op. Switchable later on the model (`qmodel.forward_plans`).
       Only the top-level config's setting counts.
+    dynamic_dims: which sizes of the example inputs the captured graph leaves free (graph capture
+      only; only the top-level config's setting counts): "auto" the batch of every input and every
+      size of integer inputs and of floating inputs up to 3-D (sequence lengths), but not the
+      spatial sizes of floating inputs of 4 or more dims (images: the converted model takes the
+      example's height and width, and says so when called with others); "all" every size of every
+      input (other image sizes too; capture takes longer: lowering/capture.py); "batch" dim 0 only.
     """
 
     mode: str = "static"
@@ -175,6 +182,7 @@ class QuantConfig:
     weight_rounding: str = "gptq"
     route_by_batch: bool = True
     forward_plans: bool = True
+    dynamic_dims: str = "auto"
 
     def __post_init__(self):
         if not isinstance(self.route_by_batch, bool):
@@ -183,6 +191,8 @@ class QuantConfig:
             raise TypeError(f"forward_plans must be True or False, got {self.forward_plans!r}")
         if not isinstance(self.bf16, bool):
             raise TypeError(f"bf16 must be True or False, got {self.bf16!r}")
+        if self.dynamic_dims not in DYNAMIC_DIMS:
+            raise ValueError(f"dynamic_dims must be one of {', '.join(DYNAMIC_DIMS)}, got {self.dynamic_dims!r}")
         if self.attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {self.attention!r}")
         if self.weight_rounding not in WEIGHT_ROUNDINGS:

@@ -90,3 +90,79 @@ def test_check_survives_save_and_load(cnn, tmp_path):
         loaded(torch.randn(3, 6, 6))
     with pytest.raises(TypeError, match=r"image.*floating"):
         loaded(torch.zeros(2, 3, 6, 6, dtype=torch.uint8))
+
+
+class PooledCNN(nn.Module):
+    """Takes any image size: conv, then a global average pool before the classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, image):
+        return self.fc(torch.relu(self.conv(image)).mean(dim=(2, 3)))
+
+
+class SequenceModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc(x).softmax(dim=1)
+
+
+def test_image_sizes_are_fixed_by_default_and_checked_naming_the_dim(cnn):
+    _, q = cnn
+    assert q._input_signature == [["image", 4, True, [None, 3, 6, 6]]]
+    with pytest.raises(ValueError, match=r"'image'.*size 6 in dim 2 \(a spatial size\).*\(\*, 3, 6, 6\).*"
+                                         r"\(2, 3, 8, 6\).*dynamic_dims='all'"):
+        q(torch.randn(2, 3, 8, 6))
+    with pytest.raises(ValueError, match=r"'image'.*size 3 in dim 1 \(its channels\)"):
+        q(torch.randn(2, 4, 6, 6))
+
+
+@pytest.mark.parametrize("dynamic_dims", ["auto", "all"])
+def test_dynamic_dims_all_takes_other_image_sizes(dynamic_dims):
+    torch.manual_seed(0)
+    model = PooledCNN().eval()
+    q = qbackend.quantize(model, (_images(),), [(_images(8, s),) for s in range(3)],
+                          qbackend.QuantConfig(dynamic_dims=dynamic_dims))
+    x = torch.randn(3, 3, 9, 11, generator=torch.Generator().manual_seed(7))
+    if dynamic_dims == "auto":
+        with pytest.raises(ValueError, match=r"size 6 in dim 2"):
+            q(x)
+        return
+    q.forward_plans = False
+    graph = q(x)
+    q.forward_plans = True
+    q(x)
+    assert torch.equal(q(x), graph)  # the plan recorded at this size replays the graph's result
+    assert torch.allclose(graph, model(x), atol=0.1)
+
+
+def test_sequence_lengths_stay_free_under_auto():
+    torch.manual_seed(0)
+    model = SequenceModel().eval()
+    x = torch.randn(2, 5, 16)
+    q = qbackend.quantize(model, (x,), [(torch.randn(2, 5, 16),)])
+    assert q._input_signature == [["x", 3, True, [None, None, 16]]]
+    y = torch.randn(3, 9, 16)
+    assert q(y).shape == (3, 9, 4)
+    assert torch.allclose(q(y), model(y), atol=0.05)
+    with pytest.raises(ValueError, match=r"'x'.*size 16 in dim 2 \(shape \(\*, \*, 16\)"):
+        q(torch.randn(2, 5, 15))
+
+
+def test_signatures_without_sizes_check_rank_and_dtype_only():
+    from qbackend.nn.inputs import check_inputs
+
+    check_inputs([["image", 4, True]], [torch.randn(2, 3, 7, 7)])
+    with pytest.raises(ValueError, match=r"'image' must be 4-D"):
+        check_inputs([["image", 4, True]], [torch.randn(3, 7, 7)])
+
+
+def test_config_rejects_unknown_dynamic_dims():
+    with pytest.raises(ValueError, match=r"dynamic_dims must be one of auto, all, batch, got 'spatial'"):
+        qbackend.QuantConfig(dynamic_dims="spatial")

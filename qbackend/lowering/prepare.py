@@ -134,7 +134,7 @@ class PrepareState:
 def capture_graph(state: PrepareState) -> PrepareState:
     """torch.export of the model (lowering/capture.py; CaptureError if it fails)."""
     args, kwargs, state.repeated = _batchable(tuple(state.example_args), state.example_kwargs)
-    state.gm = capture(state.model, args, kwargs)
+    state.gm = capture(state.model, args, kwargs, state.config.dynamic_dims)
     return state
 
 
