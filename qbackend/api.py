@@ -57,10 +57,12 @@ class PreparedModel(nn.Module):
         return self._prepared.observers()
 
     def forward(self, *args, **kwargs):
-        if kwargs and isinstance(self._prepared, PreparedGraph):  # inputs by name, as the model takes them
-            inputs = positional_inputs(self.inner)
-            if inputs is not None:
-                args, kwargs = bind_by_name(*inputs, args, kwargs)
+        if isinstance(self._prepared, PreparedGraph):
+            if kwargs:  # inputs by name, as the model takes them
+                inputs = positional_inputs(self.inner)
+                if inputs is not None:
+                    args, kwargs = bind_by_name(*inputs, args, kwargs)
+            return self._prepared.calibration_module()(*args, **kwargs)
         return self.inner(*args, **kwargs)
 
 

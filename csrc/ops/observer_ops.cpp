@@ -99,11 +99,24 @@ void fold(FiniteStats& into, const FiniteStats& s) {
 
 float plus_zero(float v) { return v + 0.0f; }  // -0.0 -> +0.0 (so the result does not depend on order)
 
-Tensor contiguous_input(const Tensor& x) {
+void check_input(const Tensor& x) {
   checks::cpu(x, "x");
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
                    "x must be a float32 or bfloat16 tensor, got ", checks::dtype_name(x.scalar_type()));
+}
+
+Tensor contiguous_input(const Tensor& x) {
+  check_input(x);
   return x.contiguous();
+}
+
+// The values of x in memory order, for statistics that do not depend on the order: a dense tensor
+// in any dim order (channels-last activations) is read where it lies, as a flat view of its
+// memory, instead of being copied into contiguous order.
+Tensor flat_input(const Tensor& x) {
+  check_input(x);
+  if (x.is_contiguous() || !x.is_non_overlapping_and_dense()) return x.contiguous().reshape({-1});
+  return x.as_strided({x.numel()}, {1}, x.storage_offset());
 }
 
 const uint16_t* bf16_ptr(const Tensor& t) {
@@ -176,9 +189,8 @@ std::tuple<Tensor, Tensor, Tensor> minmax_per_channel(const Tensor& x, int64_t a
 }
 
 std::tuple<Tensor, Tensor, Tensor> finite_minmax(const Tensor& x_in, std::optional<int64_t> axis) {
-  const Tensor x = contiguous_input(x_in);
-  if (axis.has_value()) return minmax_per_channel(x, *axis);
-  return minmax_per_tensor(x);
+  if (axis.has_value()) return minmax_per_channel(contiguous_input(x_in), *axis);
+  return minmax_per_tensor(flat_input(x_in));
 }
 
 void check_window(int64_t log2_width, int64_t offset, int64_t bins) {
@@ -191,7 +203,7 @@ void check_window(int64_t log2_width, int64_t offset, int64_t bins) {
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> histogram_pow2(const Tensor& x_in, int64_t log2_width,
                                                                   int64_t offset, int64_t bins) {
-  const Tensor x = contiguous_input(x_in);
+  const Tensor x = flat_input(x_in);
   check_window(log2_width, offset, bins);
   const HistWindow w{std::ldexp(1.0, -int(log2_width)), double(offset), int32_t(bins)};
   const int64_t stride = bins + 2;

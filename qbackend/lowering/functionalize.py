@@ -24,7 +24,7 @@ from torch import fx
 aten = torch.ops.aten
 
 # Ops that read their inputs, write a new tensor, and are left alone by run_decompositions({}).
-_FUNCTIONAL = frozenset({
+FUNCTIONAL = frozenset({
     aten.conv2d.default, aten.linear.default, aten.add.Tensor, aten.mul.Tensor, aten.relu.default,
     aten.hardtanh.default, aten.relu6.default, aten.adaptive_avg_pool2d.default, aten.max_pool2d.default,
     aten.avg_pool2d.default, aten.mean.dim, aten.cat.default, aten.sigmoid.default, aten.silu.default,
@@ -81,7 +81,7 @@ def _supported(graph: fx.Graph) -> bool:
                     u.target in _IN_PLACE and u.args[0] is x for u in x.users):
                 return False
             continue  # a view of x: not a fresh value
-        elif t not in _FUNCTIONAL:
+        elif t not in FUNCTIONAL:
             return False
         made.add(node)
     return True

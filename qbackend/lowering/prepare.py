@@ -15,6 +15,7 @@ from torch import fx, nn
 from ..config import QuantConfig
 from ..observers import Observer
 from ..observers.outliers import TailHistogram, needs_tail_histogram
+from .calibration_graph import calibration_graph
 from .capture import capture
 from .embeddings import EmbeddingOp, match_embeddings
 from .graph_utils import record_example_shapes
@@ -61,6 +62,14 @@ class PreparedGraph:
         self.embeddings = list(embeddings or [])  # weight-only tables, rewritten at convert
         self.smooth_groups = list(smooth_groups or [])  # SmoothQuant candidates, searched at convert
         self.config = config
+        self._calibration_gm: fx.GraphModule | None | bool = False  # built on the first calibration call
+
+    def calibration_module(self) -> fx.GraphModule:
+        """The graph calibration batches run through (lowering/calibration_graph.py: channels-last
+        images where that is safe, else the prepared graph itself)."""
+        if self._calibration_gm is False:
+            self._calibration_gm = calibration_graph(self.gm)
+        return self._calibration_gm if self._calibration_gm is not None else self.gm
 
     def observers(self) -> dict[str, Observer]:
         """Observer name (layer.input / layer.output) -> observer."""

@@ -76,6 +76,29 @@ def test_finite_minmax_per_tensor(n, seed, bf16, layout):
             assert math.copysign(1.0, float(v)) == 1.0
 
 
+@pytest.mark.parametrize("layout", ["channels_last", "transposed", "offset_channels_last"])
+def test_per_tensor_statistics_read_dense_layouts_in_place(layout):
+    """A dense tensor in another dim order (channels-last activations) is read as it lies, not
+    copied: per-tensor min/max and histograms equal those of its contiguous copy bit for bit."""
+    x = special_values(2 * 5 * 7 * 9, 11).reshape(2, 5, 7, 9)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "transposed":
+        x = x.transpose(0, 3)
+    else:
+        big = special_values(3 * 5 * 7 * 9, 12).reshape(3, 5, 7, 9).contiguous(memory_format=torch.channels_last)
+        x = big[1:]  # storage offset 5*7*9, still dense
+        assert x.storage_offset() > 0
+    assert not x.is_contiguous() and torch.empty_like(x).stride() == x.stride()  # dense: its strides kept
+    c = x.contiguous()
+    assert [float(v) for v in OPS.finite_minmax(x)] == [float(v) for v in OPS.finite_minmax(c)]
+    mn, mx, _ = OPS.finite_minmax(c)
+    k, off = -2, math.floor(float(mn) * 4)
+    bins = math.floor(float(mx) * 4) - off + 1
+    got, want = OPS.histogram_pow2(x, k, off, bins), OPS.histogram_pow2(c, k, off, bins)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and int(got[0].sum()) > 0
+
+
 def test_finite_minmax_large_and_signed_zero():
     x = special_values(2_000_003, 3, 100.0)  # several threads and kernel blocks
     mn, mx, nf = OPS.finite_minmax(x)
