@@ -20,6 +20,10 @@
 #include <thread>
 #include <vector>
 
+namespace qbackend::ops {
+const char* woq_kernel_name();  // csrc/ops/woq_ops.cpp
+}
+
 namespace {
 
 pybind11::dict cpu_probe() {
@@ -180,6 +184,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
   m.def("native_packed_size", &native_packed_size, "bytes of the native provider's packed N x K weight");
   m.def("native_isa", &native_isa, "the native GEMM's instruction set here, or '' where it has none");
+  m.def("woq_isa", [] { return std::string(qbackend::ops::woq_kernel_name()); },
+        "the instruction set of the weight-only int8 kernels in use (avx512, avx2 or scalar)");
   m.def("set_native_kernel", &qbackend::native::set_kernel_override, py::arg("name"),
         "tests: run the native GEMM on the named kernel (amx, amx_emulated: the AMX kernel over emulated tiles, "
         "avx512_vnni, avx2_vnni, avx2_vnni_evex: the AVX-VNNI kernel's code on EVEX, avx2: int16 products), '' = "

@@ -8,7 +8,7 @@ own VNNI/AMX GEMMs, FBGEMM or oneDNN).
     qmodel = qbackend.convert(prepared)
 
 or `qbackend.quantize(model, example_inputs, calibration_data)` in one call, and
-`qbackend.quantize_dynamic(model)`. The ops themselves are torch.ops.qbackend.*; qbackend.ops wraps them.
+`qbackend.quantize_dynamic(model)`; decoder LLMs: `qbackend.quantize_llm(model)` (in place). The ops themselves are torch.ops.qbackend.*; qbackend.ops wraps them.
 
 Layers, bottom first. A module imports only from its own layer and the layers below it, at module
 level (tests/test_layers.py checks both):
@@ -21,7 +21,7 @@ level (tests/test_layers.py checks both):
   5 config         config                  QuantConfig and its parts
   6 nn             nn                      quantized modules, QuantizedModel
   7 algorithms     algorithms              calibration-time methods on tensors: GPTQ, SmoothQuant
-  8 lowering       lowering                capture, graph passes, convert, module swap
+  8 lowering       lowering, llm           capture, graph passes, convert, module swap; LLM Linears
   9 report         report                  explain, accuracy against FP32, the budgeted fallback
   10 serialization serialization           save / load, rebinding a loaded model to this CPU
   11 api           api                     prepare, calibrate, convert, quantize
@@ -37,8 +37,9 @@ from .report import explain
 from .nn.model import QuantizedModel
 from .report import compare
 from .serialization import load, save
+from .llm import LLMConfig, quantize_llm
 
 __version__ = VERSION
 __all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "PreparedModel", "QuantizedModel",
            "QuantConfig", "ObserverSpec", "EmbeddingConfig", "SmoothQuantConfig", "save", "load", "explain", "compare",
-           "cpu_features", "CalibrationOutlierWarning", "__version__"]
+           "cpu_features", "CalibrationOutlierWarning", "LLMConfig", "quantize_llm", "__version__"]

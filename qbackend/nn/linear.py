@@ -88,7 +88,9 @@ class DynamicQuantizedLinear(Tracked, _PackedLinearShape, nn.Module):
 
 
 class WeightOnlyLinear(Tracked, nn.Module):
-    """int8 weight (per-channel scales) kept in memory; dequantized to float for each call."""
+    """int8 weight (per-channel scales) kept in memory, float activations: float32 inputs go to
+    qbackend::woq_linear (the weights streamed as int8, products in float32); other float dtypes
+    multiply the weight dequantized to their dtype."""
 
     def __init__(self, weight: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -104,6 +106,8 @@ class WeightOnlyLinear(Tracked, nn.Module):
         return cls(q, scales, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return torch.ops.qbackend.woq_linear(x, self.weight_int8, self.w_scales, self.bias)
         w = self.weight_int8.to(x.dtype) * self.w_scales.to(x.dtype)
         return nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
 

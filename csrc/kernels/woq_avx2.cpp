@@ -1,0 +1,87 @@
+// AVX2 weight-only int8 products (woq_kernels.h): four output channels by up to four rows of x
+// per pass, 8 weights a step (sign-extended, converted to float32, one FMA per row), the last
+// K % 8 in float32 scalars. Only this file is compiled for AVX2 with FMA (pragma below).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/targets.h"
+#include "kernels/woq_kernels.h"
+
+QB_TARGET(QB_ISA_AVX2)
+
+namespace qbackend::kernels {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 load_w8(const int8_t* p) {
+  int64_t bits;
+  std::memcpy(&bits, p, 8);
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bits)));
+}
+
+template <int MR>
+void pass(const float* x, int64_t ldx, const int8_t* const wr[4], int64_t K, float out[MR][4]) {
+  __m256 acc[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
+  const int64_t K8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m256 wv[4];
+    for (int j = 0; j < 4; ++j) wv[j] = load_w8(wr[j] + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) {
+      float s = hsum(acc[i][j]);
+      for (int64_t k = K8; k < K; ++k) s += x[i * ldx + k] * float(wr[j][k]);
+      out[i][j] = s;
+    }
+}
+
+template <int MR>
+void rows(const float* x, int64_t ldx, const int8_t* w, int64_t K, int64_t n0, int64_t n1, const float* scale,
+          const float* bias, float* y, int64_t ldy) {
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int64_t nr = std::min<int64_t>(4, n1 - n);
+    const int8_t* wr[4];
+    for (int j = 0; j < 4; ++j) wr[j] = w + (n + std::min<int64_t>(j, nr - 1)) * K;
+    float out[MR][4];
+    pass<MR>(x, ldx, wr, K, out);
+    for (int i = 0; i < MR; ++i)
+      for (int64_t j = 0; j < nr; ++j) y[i * ldy + n + j] = out[i][j] * scale[n + j] + (bias ? bias[n + j] : 0.0f);
+  }
+}
+
+void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
+             const float* scale, const float* bias, float* y, int64_t ldy) {
+  for (int64_t m = 0; m < M; m += kRowsPerPass) {
+    const float* xm = x + m * ldx;
+    float* ym = y + m * ldy;
+    switch (std::min<int64_t>(kRowsPerPass, M - m)) {
+      case 1: rows<1>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
+      case 2: rows<2>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
+      case 3: rows<3>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
+      default: rows<4>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
+    }
+  }
+}
+
+constexpr WoqKernels kTable{"avx2", &gemv_s8};
+
+}  // namespace
+
+const WoqKernels& woq_kernels_avx2() { return kTable; }
+
+}  // namespace qbackend::kernels

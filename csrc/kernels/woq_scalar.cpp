@@ -1,0 +1,26 @@
+// Portable weight-only int8 products (woq_kernels.h): one float32 accumulator per output, in k order.
+#include "kernels/woq_kernels.h"
+
+namespace qbackend::kernels {
+namespace {
+
+void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
+             const float* scale, const float* bias, float* y, int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    for (int64_t n = n0; n < n1; ++n) {
+      const int8_t* wr = w + n * K;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += xr[k] * float(wr[k]);
+      y[m * ldy + n] = acc * scale[n] + (bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
+constexpr WoqKernels kTable{"scalar", &gemv_s8};
+
+}  // namespace
+
+const WoqKernels& woq_kernels_scalar() { return kTable; }
+
+}  // namespace qbackend::kernels

@@ -1,0 +1,59 @@
+"""quantize_llm: a decoder LLM's Linears replaced in place by weight-only int8 modules, so the
+user's own model object (a Hugging Face causal LM: `generate`, `config`, its cache classes and
+attribute access) keeps working, with its weights in int8.
+
+Every `nn.Linear` (the attention projections, the MLP, and the output projection unless
+`LLMConfig(lm_head=False)`) becomes a `qbackend.nn.WeightOnlyLinear`: int8 weights with one scale
+per output channel, float32 activations, products by qbackend::woq_linear (csrc/ops/woq_ops.cpp:
+weight-streaming kernels for decoding and prompts, a dequantized panel for long ones); a model run
+in bfloat16 or float16 multiplies the weights dequantized to its dtype per call instead. No
+whitelist of architectures: whatever the blocks are made of, their nn.Linear modules are found by
+type (GPT-2's Conv1D projections are not Linears and stay float).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..nn.linear import WeightOnlyLinear
+from .config import LLMConfig
+
+
+_FLOAT_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _output_projection(model: nn.Module) -> nn.Module | None:
+    get = getattr(model, "get_output_embeddings", None)
+    out = get() if callable(get) else None
+    return out if isinstance(out, nn.Module) else getattr(model, "lm_head", None)
+
+
+def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module:
+    """Replace `model`'s Linears in place (see the module docstring); returns `model` itself, with
+    `model.qbackend_llm` listing what became int8 and what stayed float."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    config = config if config is not None else LLMConfig()
+    if not isinstance(config, LLMConfig):
+        raise TypeError(f"config must be a qbackend.LLMConfig, got {type(config).__name__}")
+    head = _output_projection(model)
+    chosen, kept = [], []
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear:
+            continue
+        if config.skips(name) or (module is head and not config.lm_head):
+            kept.append(name)
+            continue
+        if module.weight.device.type != "cpu" or module.weight.dtype not in _FLOAT_WEIGHTS:
+            raise ValueError(f"{name}: qbackend quantizes float32, bfloat16 or float16 weights on the CPU, got "
+                             f"{module.weight.dtype} on {module.weight.device}")
+        chosen.append(name)
+    if not chosen:
+        raise ValueError("the model has no nn.Linear to quantize" + (f" (kept in float: {', '.join(kept)})"
+                                                                     if kept else ""))
+    for name in chosen:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, WeightOnlyLinear.from_float(getattr(parent, attr), name=name))
+    model.qbackend_llm = {"weights": config.weights, "int8": chosen, "float": kept}
+    return model

@@ -1,0 +1,90 @@
+"""qbackend.quantize_llm on Hugging Face causal LMs built from configs (no download): the user's own
+model object keeps working (generate, config, attribute access), every Linear but the skipped ones
+becomes a WeightOnlyLinear whose weight is the per-channel int8 rounding of the float one, the
+logits stay close to FP32, and bad input is an error naming it."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qbackend
+from qbackend.nn import WeightOnlyLinear
+
+transformers = pytest.importorskip("transformers")
+
+
+def _llama(seed=0, tie=True):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   tie_word_embeddings=tie)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _ids(n=2, t=12, seed=1):
+    return torch.randint(0, 300, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def _sqnr(ref, out):
+    return float(10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum()))
+
+
+def test_llama_in_place_close_to_fp32_and_generates():
+    model = _llama()
+    ids = _ids()
+    with torch.no_grad():
+        ref = model(ids).logits
+    floats = {n: m.weight.detach().clone() for n, m in model.named_modules() if type(m) is nn.Linear}
+    out_model = qbackend.quantize_llm(model)
+    assert out_model is model
+    assert set(model.qbackend_llm["int8"]) == set(floats) and model.qbackend_llm["float"] == []
+    assert len(floats) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and lm_head
+    for name, w in floats.items():
+        q = model.get_submodule(name)
+        assert isinstance(q, WeightOnlyLinear)
+        scale = w.abs().amax(dim=1) * 2 / 255  # symmetric int8: [-amax, amax] over the 255 steps of [-128, 127]
+        torch.testing.assert_close(q.w_scales.reshape(-1), scale, rtol=1e-6, atol=0)
+        assert float((q.weight_int8.float() - w / scale[:, None]).abs().max()) <= 0.5 + 1e-4  # nearest level
+    assert isinstance(model.model.embed_tokens, nn.Embedding)  # tied input embedding stays float
+    with torch.no_grad():
+        out = model(ids).logits
+    assert out.shape == ref.shape and _sqnr(ref, out) > 30
+    gen = model.generate(ids[:1], max_new_tokens=6, do_sample=False)
+    assert gen.shape == (1, 18) and torch.equal(gen[:, :12], ids[:1])
+    assert model.config.num_hidden_layers == 2  # the HF object is intact
+
+
+def test_lm_head_and_skip_keep_float():
+    model = _llama(tie=False)
+    qbackend.quantize_llm(model, qbackend.LLMConfig(lm_head=False, skip=("model.layers.1.mlp",)))
+    assert type(model.lm_head) is nn.Linear
+    assert type(model.model.layers[1].mlp.down_proj) is nn.Linear
+    assert isinstance(model.model.layers[1].self_attn.q_proj, WeightOnlyLinear)
+    assert set(model.qbackend_llm["float"]) == {"lm_head", "model.layers.1.mlp.gate_proj",
+                                                 "model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj"}
+
+
+def test_gpt2_style_conv1d_blocks_are_found_by_type():
+    """GPT-2 uses transformers' Conv1D, not nn.Linear: only its lm_head is a Linear."""
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100,
+                                                                 n_positions=32)).eval()
+    qbackend.quantize_llm(model)
+    assert model.qbackend_llm["int8"] == ["lm_head"]
+
+
+def test_bad_input_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="no nn.Linear to quantize"):
+        qbackend.quantize_llm(nn.Sequential(nn.Embedding(4, 3)))
+    with pytest.raises(ValueError, match=r"no nn.Linear to quantize \(kept in float: 0\)"):
+        qbackend.quantize_llm(nn.Sequential(nn.Linear(3, 3)), qbackend.LLMConfig(skip=("0",)))
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        qbackend.quantize_llm("model")
+    with pytest.raises(ValueError, match="weights must be one of int8, got 'int3'"):
+        qbackend.LLMConfig(weights="int3")
+    with pytest.raises(TypeError, match="skip must be a tuple of module names"):
+        qbackend.LLMConfig(skip="lm_head")
+    with pytest.raises(ValueError, match=r"0: qbackend quantizes float32, bfloat16 or float16 weights on the CPU, "
+                                         r"got torch.float64"):
+        qbackend.quantize_llm(nn.Sequential(nn.Linear(3, 3).double()))
