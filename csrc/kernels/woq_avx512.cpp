@@ -38,33 +38,7 @@ void pass(const float* x, int64_t ldx, const int8_t* const wr[4], int64_t K, flo
     for (int j = 0; j < 4; ++j) acc_out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-template <int MR>
-void rows(const float* x, int64_t ldx, const int8_t* w, int64_t K, int64_t n0, int64_t n1, const float* scale,
-          const float* bias, float* y, int64_t ldy) {
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t nr = std::min<int64_t>(4, n1 - n);
-    const int8_t* wr[4];
-    for (int j = 0; j < 4; ++j) wr[j] = w + (n + std::min<int64_t>(j, nr - 1)) * K;
-    float out[MR][4];
-    pass<MR>(x, ldx, wr, K, out);
-    for (int i = 0; i < MR; ++i)
-      for (int64_t j = 0; j < nr; ++j) y[i * ldy + n + j] = out[i][j] * scale[n + j] + (bias ? bias[n + j] : 0.0f);
-  }
-}
-
-void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
-             const float* scale, const float* bias, float* y, int64_t ldy) {
-  for (int64_t m = 0; m < M; m += kRowsPerPass) {
-    const float* xm = x + m * ldx;
-    float* ym = y + m * ldy;
-    switch (std::min<int64_t>(kRowsPerPass, M - m)) {
-      case 1: rows<1>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
-      case 2: rows<2>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
-      case 3: rows<3>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
-      default: rows<4>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
-    }
-  }
-}
+#include "kernels/woq_rows_impl.h"
 
 constexpr WoqKernels kTable{"avx512", &gemv_s8};
 

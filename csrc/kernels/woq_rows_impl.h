@@ -1,0 +1,33 @@
+// The row and channel loops of the weight-only int8 kernels (woq_kernels.h), shared by the ISA units:
+// each defines, in its anonymous namespace, `template <int MR> void pass(x, ldx, wr[4], K, out[MR][4])`
+// (the sums of MR rows of x against four weight rows) and then includes this header there, after its
+// QB_TARGET, so the loops compile for its ISA.
+#pragma once
+
+template <int MR>
+void rows(const float* x, int64_t ldx, const int8_t* w, int64_t K, int64_t n0, int64_t n1, const float* scale,
+          const float* bias, float* y, int64_t ldy) {
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int64_t nr = std::min<int64_t>(4, n1 - n);
+    const int8_t* wr[4];
+    for (int j = 0; j < 4; ++j) wr[j] = w + (n + std::min<int64_t>(j, nr - 1)) * K;  // a short tail repeats its last row
+    float out[MR][4];
+    pass<MR>(x, ldx, wr, K, out);
+    for (int i = 0; i < MR; ++i)
+      for (int64_t j = 0; j < nr; ++j) y[i * ldy + n + j] = out[i][j] * scale[n + j] + (bias ? bias[n + j] : 0.0f);
+  }
+}
+
+void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
+             const float* scale, const float* bias, float* y, int64_t ldy) {
+  for (int64_t m = 0; m < M; m += kRowsPerPass) {
+    const float* xm = x + m * ldx;
+    float* ym = y + m * ldy;
+    switch (std::min<int64_t>(kRowsPerPass, M - m)) {
+      case 1: rows<1>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
+      case 2: rows<2>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
+      case 3: rows<3>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
+      default: rows<4>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
+    }
+  }
+}
