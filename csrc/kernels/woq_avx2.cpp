@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -50,9 +51,47 @@ void pass(const float* x, int64_t ldx, const int8_t* const wr[4], int64_t K, flo
     }
 }
 
+// 8 nibbles of 4 bytes as 8 floats in k order.
+inline __m256 nibbles(const uint8_t* p) {
+  int32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m128i b = _mm_cvtsi32_si128(bits);
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m128i u = _mm_unpacklo_epi8(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(u));
+}
+
+template <int MR>
+void pass4(const float* x, int64_t ldx, const uint8_t* const wr[4], const float* const sc[4], const float* const of[4],
+           int64_t K, int64_t G, int64_t ldw, float out[MR][4]) {
+  __m256 acc[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
+  const int64_t K8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < K8; k += 8) {
+    const int64_t g = k / G;
+    __m256 wv[4];
+    for (int j = 0; j < 4; ++j)
+      wv[j] = _mm256_fmadd_ps(nibbles(wr[j] + k / 2), _mm256_set1_ps(sc[j][g]), _mm256_set1_ps(of[j][g]));
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) {
+      float s = hsum(acc[i][j]);
+      for (int64_t k = K8; k < K; ++k) {
+        const int u = (k & 1) ? (wr[j][k / 2] >> 4) : (wr[j][k / 2] & 15);
+        s += x[i * ldx + k] * std::fma(sc[j][k / G], float(u), of[j][k / G]);
+      }
+      out[i][j] = s;
+    }
+}
+
 #include "kernels/woq_rows_impl.h"
 
-constexpr WoqKernels kTable{"avx2", &gemv_s8};
+constexpr WoqKernels kTable{"avx2", &gemv_s8, &gemv_u4};
 
 }  // namespace
 

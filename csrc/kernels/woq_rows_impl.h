@@ -10,7 +10,8 @@ void rows(const float* x, int64_t ldx, const int8_t* w, int64_t K, int64_t n0, i
   for (int64_t n = n0; n < n1; n += 4) {
     const int64_t nr = std::min<int64_t>(4, n1 - n);
     const int8_t* wr[4];
-    for (int j = 0; j < 4; ++j) wr[j] = w + (n + std::min<int64_t>(j, nr - 1)) * K;  // a short tail repeats its last row
+    // a short tail of channels repeats its last row (its sums are not stored)
+    for (int j = 0; j < 4; ++j) wr[j] = w + (n + std::min<int64_t>(j, nr - 1)) * K;
     float out[MR][4];
     pass<MR>(x, ldx, wr, K, out);
     for (int i = 0; i < MR; ++i)
@@ -28,6 +29,44 @@ void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K,
       case 2: rows<2>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
       case 3: rows<3>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
       default: rows<4>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
+    }
+  }
+}
+
+// The int4 loops: each unit's `pass4<MR>(x, ldx, wr[4], sc[4], of[4], K, G, ldw, out[MR][4])` returns the
+// sums of MR rows of x against four dequantized 4-bit weight rows (their group scales and offsets).
+template <int MR>
+void rows4(const float* x, int64_t ldx, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
+           const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
+  const int64_t ng = (K + G - 1) / G, ldw = (K + 1) / 2;
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int64_t nr = std::min<int64_t>(4, n1 - n);
+    const uint8_t* wr[4];
+    const float* sc[4];
+    const float* of[4];
+    for (int j = 0; j < 4; ++j) {
+      const int64_t row = n + std::min<int64_t>(j, nr - 1);
+      wr[j] = w + row * ldw;
+      sc[j] = scale + row * ng;
+      of[j] = offset + row * ng;
+    }
+    float out[MR][4];
+    pass4<MR>(x, ldx, wr, sc, of, K, G, ldw, out);
+    for (int i = 0; i < MR; ++i)
+      for (int64_t j = 0; j < nr; ++j) y[i * ldy + n + j] = out[i][j] + (bias ? bias[n + j] : 0.0f);
+  }
+}
+
+void gemv_u4(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
+             const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
+  for (int64_t m = 0; m < M; m += kRowsPerPass) {
+    const float* xm = x + m * ldx;
+    float* ym = y + m * ldy;
+    switch (std::min<int64_t>(kRowsPerPass, M - m)) {
+      case 1: rows4<1>(xm, ldx, w, K, G, n0, n1, scale, offset, bias, ym, ldy); break;
+      case 2: rows4<2>(xm, ldx, w, K, G, n0, n1, scale, offset, bias, ym, ldy); break;
+      case 3: rows4<3>(xm, ldx, w, K, G, n0, n1, scale, offset, bias, ym, ldy); break;
+      default: rows4<4>(xm, ldx, w, K, G, n0, n1, scale, offset, bias, ym, ldy); break;
     }
   }
 }

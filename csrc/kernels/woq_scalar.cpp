@@ -1,4 +1,7 @@
-// Portable weight-only int8 products (woq_kernels.h): one float32 accumulator per output, in k order.
+// Portable weight-only int8 and int4 products (woq_kernels.h): one float32 accumulator per output, in k
+// order (each int4 weight dequantized by std::fma, one rounding, as the SIMD kernels' FMA).
+#include <cmath>
+
 #include "kernels/woq_kernels.h"
 
 namespace qbackend::kernels {
@@ -17,7 +20,25 @@ void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K,
   }
 }
 
-constexpr WoqKernels kTable{"scalar", &gemv_s8};
+void gemv_u4(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
+             const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
+  const int64_t ng = (K + G - 1) / G, ldw = (K + 1) / 2;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* wr = w + n * ldw;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        const int u = (k & 1) ? (wr[k / 2] >> 4) : (wr[k / 2] & 15);
+        const int64_t g = n * ng + k / G;
+        acc += xr[k] * std::fma(scale[g], float(u), offset[g]);
+      }
+      y[m * ldy + n] = acc + (bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
+constexpr WoqKernels kTable{"scalar", &gemv_s8, &gemv_u4};
 
 }  // namespace
 

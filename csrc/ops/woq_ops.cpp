@@ -1,8 +1,12 @@
-// The weight-only int8 Linear op (qbackend.nn.WeightOnlyLinear, qbackend.quantize_llm):
+// The weight-only Linear ops (qbackend.nn.WeightOnlyLinear, Int4WeightOnlyLinear, qbackend.quantize_llm):
 //
 //   woq_linear(x, w, scales, bias=None) -> y
 //       y = x @ (float(w) * scales[:, None])^T + bias, x float32 [..., K], w int8 [N, K] (one scale
 //       per output channel), scales float32 [N], bias float32 [N] or None; y float32 [..., N].
+//   woq4_linear(x, w, scales, offsets, group_size, in_features, bias=None) -> y
+//       y = x @ W^T + bias with W[n, k] = scales[n, g] * u(n, k) + offsets[n, g], g = k / group_size:
+//       4-bit weights u packed two to a byte (uint8 [N, ceil(K / 2)], k even in the low nibble),
+//       scales and offsets float32 [N, ceil(K / group_size)], group_size a multiple of 16, K = in_features.
 //
 // Up to kGemvMaxRows rows of x (decoding, prompts): csrc/kernels/woq_*.cpp on blocks of output
 // channels of about kBlockBytes of weights, each block read from memory once and reused from the
@@ -27,14 +31,16 @@ namespace {
 using at::Tensor;
 
 constexpr int64_t kGemvMaxRows = 256;
-constexpr int64_t kBlockBytes = 32 << 10;  // int8 weights per call of the kernel: a block the rows of x reuse from cache
+// Weight bytes per call of the kernel: a block of channels the rows of x reuse from the cache.
+constexpr int64_t kBlockBytes = 32 << 10;
 constexpr int64_t kPanelRows = 512;
 
 const kernels::WoqKernels& woq_kernels() {
   return cpu::kernel_table(&kernels::woq_kernels_scalar, &kernels::woq_kernels_avx2, &kernels::woq_kernels_avx512);
 }
 
-Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const std::optional<Tensor>& bias_in) {
+Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
+                  const std::optional<Tensor>& bias_in) {
   checks::dtype(x, at::kFloat, "x");
   checks::dtype(w_in, at::kChar, "w");
   checks::dtype(scales_in, at::kFloat, "scales");
@@ -87,14 +93,81 @@ Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, 
   return y.view(out_shape);
 }
 
+Tensor woq4_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const Tensor& offsets_in,
+                   int64_t G, int64_t K, const std::optional<Tensor>& bias_in) {
+  checks::dtype(x, at::kFloat, "x");
+  checks::dtype(w_in, at::kByte, "w");
+  checks::dtype(scales_in, at::kFloat, "scales");
+  checks::dtype(offsets_in, at::kFloat, "offsets");
+  TORCH_CHECK_VALUE(G >= 16 && G % 16 == 0, "group_size must be a positive multiple of 16, got ", G);
+  TORCH_CHECK_VALUE(K >= 1, "in_features must be >= 1, got ", K);
+  TORCH_CHECK_VALUE(w_in.dim() == 2 && w_in.size(1) == (K + 1) / 2, "w must be [N, ceil(in_features / 2)] = [N, ",
+                    (K + 1) / 2, "] (two 4-bit weights a byte), got ", w_in.sizes());
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == K, "x's last dimension must be in_features ", K, ", got ",
+                    x.dim() >= 1 ? x.size(-1) : 0);
+  const int64_t N = w_in.size(0), ng = (K + G - 1) / G;
+  TORCH_CHECK_VALUE(scales_in.dim() == 2 && scales_in.size(0) == N && scales_in.size(1) == ng,
+                    "scales must be [N, ceil(in_features / group_size)] = [", N, ", ", ng, "], got ",
+                    scales_in.sizes());
+  TORCH_CHECK_VALUE(offsets_in.sizes() == scales_in.sizes(), "offsets must have the shape of scales ",
+                    scales_in.sizes(), ", got ", offsets_in.sizes());
+  Tensor bias;
+  if (bias_in.has_value() && bias_in->defined()) {
+    checks::dtype(*bias_in, at::kFloat, "bias");
+    TORCH_CHECK_VALUE(bias_in->numel() == N, "bias must hold ", N, " values, got ", bias_in->numel());
+    bias = bias_in->reshape({-1}).contiguous();
+  }
+  const Tensor w = w_in.contiguous(), scales = scales_in.contiguous(), offsets = offsets_in.contiguous();
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = N;
+  int64_t M = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
+  const Tensor x2 = x.reshape({M, K}).contiguous();
+  Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y.view(out_shape);
+  if (M <= kGemvMaxRows) {
+    const auto& k = woq_kernels();
+    const float* xp = x2.data_ptr<float>();
+    const uint8_t* wp = w.data_ptr<uint8_t>();
+    const float* sp = scales.data_ptr<float>();
+    const float* op = offsets.data_ptr<float>();
+    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    float* yp = y.data_ptr<float>();
+    const int64_t block = std::max<int64_t>(4, 2 * kBlockBytes / K / 4 * 4);
+    const int64_t grain = std::max<int64_t>(4, (int64_t(1) << 16) / K);
+    at::parallel_for(0, (N + 3) / 4, std::max<int64_t>(1, grain / 4), [&](int64_t b0, int64_t b1) {
+      const int64_t end = std::min(N, b1 * 4);
+      for (int64_t n = b0 * 4; n < end; n += block)
+        k.gemv_u4(xp, K, M, wp, K, G, n, std::min(end, n + block), sp, op, bp, yp, N);
+    });
+    return y.view(out_shape);
+  }
+  for (int64_t n0 = 0; n0 < N; n0 += kPanelRows) {
+    const int64_t nb = std::min(kPanelRows, N - n0);
+    const Tensor b = w.narrow(0, n0, nb);
+    const Tensor u = at::stack({b.bitwise_and(15), b.bitwise_right_shift(4)}, 2).reshape({nb, -1}).narrow(1, 0, K);
+    const Tensor s = scales.narrow(0, n0, nb).repeat_interleave(G, 1).narrow(1, 0, K);
+    const Tensor o = offsets.narrow(0, n0, nb).repeat_interleave(G, 1).narrow(1, 0, K);
+    Tensor part = at::mm(x2, at::addcmul(o, u.to(at::kFloat), s).t());
+    if (bias.defined()) part.add_(bias.narrow(0, n0, nb));
+    y.narrow(1, n0, nb).copy_(part);
+  }
+  return y.view(out_shape);
+}
+
 }  // namespace
 }  // namespace qbackend::ops
 
 TORCH_LIBRARY_FRAGMENT(qbackend, m) {
   m.def("woq_linear(Tensor x, Tensor w, Tensor scales, Tensor? bias=None) -> Tensor");
+  m.def("woq4_linear(Tensor x, Tensor w, Tensor scales, Tensor offsets, int group_size, int in_features, "
+        "Tensor? bias=None) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(qbackend, CPU, m) { m.impl("woq_linear", &qbackend::ops::woq_linear); }
+TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
+  m.impl("woq_linear", &qbackend::ops::woq_linear);
+  m.impl("woq4_linear", &qbackend::ops::woq4_linear);
+}
 
 // The kernel table in use, for tests and `qbackend info`.
 namespace qbackend::ops {

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WEIGHT_SCHEMES = ("int8",)
+from ..nn.int4_linear import GROUP_SIZES
+
+WEIGHT_SCHEMES = ("int8", "int4")
 
 
 @dataclass(frozen=True)
 class LLMConfig:
     """weights: "int8": int8 weights with one symmetric scale per output channel (the observer's
-      range, nearest rounding), float32 activations, products in float32 (qbackend::woq_linear).
+      range, nearest rounding), float32 activations, products in float32 (qbackend::woq_linear);
+      "int4": 4-bit weights in groups of `group_size` input features, each group with its own scale
+      and offset (qbackend.nn.Int4WeightOnlyLinear, qbackend::woq4_linear).
+    group_size, symmetric: the int4 groups (16 to 256 features; asymmetric: each group's [min, max],
+      the form of GGUF's Q4_1 blocks; symmetric: [-max|w|, max|w|]). Only with weights="int4".
     lm_head: also quantize the output projection (the model's get_output_embeddings(), or the
       module named "lm_head"); with tied embeddings the input embedding stays float.
     skip: module names (or name prefixes at a dot) kept in float.
@@ -19,6 +25,8 @@ class LLMConfig:
     weights: str = "int8"
     lm_head: bool = True
     skip: tuple[str, ...] = ()
+    group_size: int | None = None
+    symmetric: bool | None = None
 
     def __post_init__(self):
         if self.weights not in WEIGHT_SCHEMES:
@@ -28,6 +36,18 @@ class LLMConfig:
         if isinstance(self.skip, str) or not all(isinstance(s, str) and s for s in self.skip):
             raise TypeError(f"skip must be a tuple of module names, got {self.skip!r}")
         object.__setattr__(self, "skip", tuple(self.skip))
+        if self.weights != "int4":
+            if self.group_size is not None or self.symmetric is not None:
+                raise ValueError(f"group_size and symmetric apply to weights='int4', not {self.weights!r}")
+            return
+        if self.group_size is None:
+            object.__setattr__(self, "group_size", 32)
+        if self.symmetric is None:
+            object.__setattr__(self, "symmetric", False)
+        if self.group_size not in GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {', '.join(map(str, GROUP_SIZES))}, got {self.group_size!r}")
+        if not isinstance(self.symmetric, bool):
+            raise TypeError(f"symmetric must be True or False, got {self.symmetric!r}")
 
     def skips(self, name: str) -> bool:
         return any(name == s or name.startswith(s + ".") for s in self.skip)

@@ -3,7 +3,8 @@ user's own model object (a Hugging Face causal LM: `generate`, `config`, its cac
 attribute access) keeps working, with its weights in int8.
 
 Every `nn.Linear` (the attention projections, the MLP, and the output projection unless
-`LLMConfig(lm_head=False)`) becomes a `qbackend.nn.WeightOnlyLinear`: int8 weights with one scale
+`LLMConfig(lm_head=False)`) becomes a `qbackend.nn.Int4WeightOnlyLinear` (LLMConfig(weights="int4"):
+4-bit weights in groups, qbackend::woq4_linear) or a `qbackend.nn.WeightOnlyLinear`: int8 weights with one scale
 per output channel, float32 activations, products by qbackend::woq_linear (csrc/ops/woq_ops.cpp:
 weight-streaming kernels for decoding and prompts, a dequantized panel for long ones); a model run
 in bfloat16 or float16 multiplies the weights dequantized to its dtype per call instead. No
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from .config import LLMConfig
 
@@ -28,9 +30,15 @@ def _output_projection(model: nn.Module) -> nn.Module | None:
     return out if isinstance(out, nn.Module) else getattr(model, "lm_head", None)
 
 
+def _quantized(linear: nn.Linear, name: str, config: LLMConfig) -> nn.Module:
+    if config.weights == "int4":
+        return Int4WeightOnlyLinear.from_float(linear, config.group_size, config.symmetric)
+    return WeightOnlyLinear.from_float(linear, name=name)
+
+
 def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module:
     """Replace `model`'s Linears in place (see the module docstring); returns `model` itself, with
-    `model.qbackend_llm` listing what became int8 and what stayed float."""
+    `model.qbackend_llm` listing what was quantized and what stayed float."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = config if config is not None else LLMConfig()
@@ -54,6 +62,6 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module
     for name in chosen:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, WeightOnlyLinear.from_float(getattr(parent, attr), name=name))
-    model.qbackend_llm = {"weights": config.weights, "int8": chosen, "float": kept}
+        setattr(parent, attr, _quantized(getattr(parent, attr), name, config))
+    model.qbackend_llm = {"weights": config.weights, "quantized": chosen, "float": kept}
     return model

@@ -1,6 +1,7 @@
 """Quantized modules: drop-in nn.Module replacements holding packed int8 weights.
 
   QuantizedLinear, DynamicQuantizedLinear, WeightOnlyLinear   (linear.py)
+  Int4WeightOnlyLinear                                         (int4_linear.py: 4-bit group-wise weights)
   QuantizedConv2d, WeightOnlyConv2d                            (conv.py)
   DynamicQuantizedLSTM                                         (lstm.py)
   QuantizedEmbedding, QuantizedEmbeddingBag                    (embedding.py: weight-only, rowwise 8/4-bit)
@@ -14,6 +15,7 @@ take and give float tensors.
 """
 from .conv import QuantizedConv2d, WeightOnlyConv2d
 from .linear import DynamicQuantizedLinear, QuantizedLinear, WeightOnlyLinear
+from .int4_linear import Int4WeightOnlyLinear
 from .embedding import QuantizedEmbedding, QuantizedEmbeddingBag
 from .lstm import DynamicQuantizedLSTM
 from .attention import FusedAttention
@@ -21,5 +23,6 @@ from .layer_norm import LayerNormQuantize
 from .pool import GlobalAvgPoolQuantize
 
 __all__ = ["QuantizedConv2d", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear",
+           "Int4WeightOnlyLinear",
            "DynamicQuantizedLSTM", "QuantizedEmbedding", "QuantizedEmbeddingBag", "FusedAttention",
            "LayerNormQuantize", "GlobalAvgPoolQuantize"]

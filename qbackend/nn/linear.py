@@ -3,7 +3,7 @@
   QuantizedLinear         static: int8 activations in (uint8/int8 with fixed qparams), uint8/int8
                           (requantized in the kernel's epilogue) or float32 out; relu/gelu fused.
   DynamicQuantizedLinear  float in, float out; the activation is quantized per call over its own range.
-  WeightOnlyLinear        int8 weight in memory, float compute (the weight is dequantized per call).
+  WeightOnlyLinear        int8 weight in memory, float activations (qbackend::woq_linear for float32).
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def test_llama_in_place_close_to_fp32_and_generates():
     floats = {n: m.weight.detach().clone() for n, m in model.named_modules() if type(m) is nn.Linear}
     out_model = qbackend.quantize_llm(model)
     assert out_model is model
-    assert set(model.qbackend_llm["int8"]) == set(floats) and model.qbackend_llm["float"] == []
+    assert set(model.qbackend_llm["quantized"]) == set(floats) and model.qbackend_llm["float"] == []
     assert len(floats) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and lm_head
     for name, w in floats.items():
         q = model.get_submodule(name)
@@ -71,7 +71,7 @@ def test_gpt2_style_conv1d_blocks_are_found_by_type():
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100,
                                                                  n_positions=32)).eval()
     qbackend.quantize_llm(model)
-    assert model.qbackend_llm["int8"] == ["lm_head"]
+    assert model.qbackend_llm["quantized"] == ["lm_head"]
 
 
 def test_bad_input_is_an_error_naming_it():
@@ -81,10 +81,38 @@ def test_bad_input_is_an_error_naming_it():
         qbackend.quantize_llm(nn.Sequential(nn.Linear(3, 3)), qbackend.LLMConfig(skip=("0",)))
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         qbackend.quantize_llm("model")
-    with pytest.raises(ValueError, match="weights must be one of int8, got 'int3'"):
+    with pytest.raises(ValueError, match="weights must be one of int8, int4, got 'int3'"):
         qbackend.LLMConfig(weights="int3")
     with pytest.raises(TypeError, match="skip must be a tuple of module names"):
         qbackend.LLMConfig(skip="lm_head")
     with pytest.raises(ValueError, match=r"0: qbackend quantizes float32, bfloat16 or float16 weights on the CPU, "
                                          r"got torch.float64"):
         qbackend.quantize_llm(nn.Sequential(nn.Linear(3, 3).double()))
+
+
+@pytest.mark.parametrize("group_size,symmetric", [(32, False), (128, True)])
+def test_int4_groups_in_place(group_size, symmetric):
+    from qbackend.nn import Int4WeightOnlyLinear
+
+    model = _llama()
+    ids = _ids()
+    with torch.no_grad():
+        ref = model(ids).logits
+    qbackend.quantize_llm(model, qbackend.LLMConfig(weights="int4", group_size=group_size, symmetric=symmetric))
+    q = model.model.layers[0].mlp.down_proj  # in_features 160: a partial last group of 128
+    assert isinstance(q, Int4WeightOnlyLinear) and (q.group_size, q.symmetric) == (group_size, symmetric)
+    assert model.qbackend_llm["weights"] == "int4" and len(model.qbackend_llm["quantized"]) == 15
+    with torch.no_grad():
+        out = model(ids).logits
+    assert _sqnr(ref, out) > 12  # 4-bit weights: coarser than int8's > 30 dB, far from noise
+    assert model.generate(ids[:1], max_new_tokens=4, do_sample=False).shape == (1, 16)
+
+
+def test_int4_settings_are_checked():
+    with pytest.raises(ValueError, match="group_size and symmetric apply to weights='int4', not 'int8'"):
+        qbackend.LLMConfig(group_size=32)
+    with pytest.raises(ValueError, match="group_size must be one of 16, 32, 64, 128, 256, got 100"):
+        qbackend.LLMConfig(weights="int4", group_size=100)
+    with pytest.raises(TypeError, match="symmetric must be True or False"):
+        qbackend.LLMConfig(weights="int4", symmetric="yes")
+    assert (qbackend.LLMConfig(weights="int4").group_size, qbackend.LLMConfig(weights="int4").symmetric) == (32, False)

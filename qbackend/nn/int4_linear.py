@@ -1,0 +1,103 @@
+"""Int4WeightOnlyLinear: 4-bit weights in groups of `group_size` consecutive input features (two
+weights a byte, a float32 scale and offset per group: w = scale * u + offset, u in [0, 15]), float
+activations; and `quantize_int4`, the group-wise quantizer that makes them.
+
+Asymmetric groups (the default) span each group's [min, max] with 16 levels (offset = min: the form
+of GGUF's Q4_1 blocks); symmetric ones span [-a, a] (a = the group's largest magnitude) with the
+levels -8..7 (u = level + 8, offset = -8 * scale). Float32 inputs run qbackend::woq4_linear
+(csrc/ops/woq_ops.cpp: the weights stay packed, each dequantized in registers by one FMA); other
+float dtypes multiply the dequantized weight in their dtype.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..core.generation import Tracked
+
+__all__ = ["Int4WeightOnlyLinear", "quantize_int4", "GROUP_SIZES"]
+
+GROUP_SIZES = (16, 32, 64, 128, 256)
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = 32, symmetric: bool = False):
+    """(packed uint8 [N, ceil(K / 2)], scales float32 [N, G], offsets float32 [N, G]) for a float
+    weight [N, K], G = ceil(K / group_size) groups per row (the last may be shorter), each weight
+    rounded to its nearest level of its group."""
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size must be one of {', '.join(map(str, GROUP_SIZES))}, got {group_size!r}")
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"weight must be a 2-D float tensor, got {tuple(weight.shape)} {weight.dtype}")
+    w = weight.detach().float()
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("weight has NaN or infinite values")
+    n, k = w.shape
+    groups = -(-k // group_size)
+    pad = groups * group_size - k
+    padded = nn.functional.pad(w, (0, pad)).reshape(n, groups, group_size)
+    valid = nn.functional.pad(torch.ones(k, dtype=torch.bool), (0, pad)).reshape(groups, group_size)
+    if symmetric:
+        amax = padded.abs().amax(dim=2)
+        scales = amax * 2 / 15
+        scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+        levels = torch.clamp(torch.round(padded / scales[..., None]), -8, 7) + 8
+        offsets = -8 * scales
+    else:
+        lo = torch.where(valid, padded, torch.full_like(padded, float("inf"))).amin(dim=2)
+        hi = torch.where(valid, padded, torch.full_like(padded, float("-inf"))).amax(dim=2)
+        scales = (hi - lo) / 15
+        scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+        levels = torch.clamp(torch.round((padded - lo[..., None]) / scales[..., None]), 0, 15)
+        offsets = lo
+    u = levels.reshape(n, groups * group_size)[:, :k].to(torch.uint8)
+    if k % 2:
+        u = nn.functional.pad(u, (0, 1))
+    packed = u[:, 0::2] | (u[:, 1::2] << 4)
+    return packed.contiguous(), scales.contiguous(), offsets.contiguous()
+
+
+def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int,
+                    in_features: int) -> torch.Tensor:
+    """The float32 weight [N, K] the packed form stands for (scale * u + offset, one rounding)."""
+    n = packed.shape[0]
+    u = torch.stack([packed & 15, packed >> 4], dim=2).reshape(n, -1)[:, :in_features].float()
+    s = scales.repeat_interleave(group_size, dim=1)[:, :in_features]
+    o = offsets.repeat_interleave(group_size, dim=1)[:, :in_features]
+    return torch.addcmul(o, u, s)
+
+
+class Int4WeightOnlyLinear(Tracked, nn.Module):
+    """4-bit group-wise weights kept packed, float activations (see the module docstring)."""
+
+    def __init__(self, packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None,
+                 group_size: int, in_features: int, symmetric: bool):
+        super().__init__()
+        if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] != (in_features + 1) // 2:
+            raise ValueError("Int4WeightOnlyLinear needs a uint8 [N, ceil(in_features / 2)] packed weight")
+        self.register_buffer("weight_packed", packed.contiguous())
+        self.register_buffer("scales", scales.float().contiguous())
+        self.register_buffer("offsets", offsets.float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.group_size = int(group_size)
+        self.in_features = int(in_features)
+        self.out_features = int(packed.shape[0])
+        self.symmetric = bool(symmetric)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, group_size: int = 32, symmetric: bool = False) -> "Int4WeightOnlyLinear":
+        packed, scales, offsets = quantize_int4(linear.weight, group_size, symmetric)
+        return cls(packed, scales, offsets, linear.bias, group_size, linear.in_features, symmetric)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return dequantize_int4(self.weight_packed, self.scales, self.offsets, self.group_size, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return torch.ops.qbackend.woq4_linear(x, self.weight_packed, self.scales, self.offsets, self.group_size,
+                                                  self.in_features, self.bias)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return nn.functional.linear(x, self.dequantized_weight().to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
+                f"{'symmetric' if self.symmetric else 'asymmetric'}")

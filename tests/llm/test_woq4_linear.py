@@ -1,0 +1,135 @@
+"""4-bit group-wise weights: the quantizer (qbackend.nn.int4_linear.quantize_int4: each weight at its
+nearest level of its group, the levels in range, the packing two to a byte in k order) and the op
+qbackend::woq4_linear against fp64 math on the same dequantized weights (scale * u + offset, one
+float32 rounding), on the AVX512, AVX2 and scalar kernels and the panel path, for every group size,
+partial last groups, odd K, both symmetries; bad arguments are errors naming them."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import qbackend
+from qbackend.nn import Int4WeightOnlyLinear
+from qbackend.nn.int4_linear import GROUP_SIZES, dequantize_int4, quantize_int4
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from subprocess_utils import run_py  # noqa: E402
+
+OP = torch.ops.qbackend.woq4_linear
+SHAPES = [(1, 16, 4, 16), (2, 33, 5, 16), (3, 100, 9, 32), (4, 576, 13, 128), (5, 64, 70, 64), (16, 257, 3, 256),
+          (17, 48, 9, 16), (300, 40, 6, 32)]  # (M, K, N, group); 300 rows take the panel path
+
+
+def _case(m, k, n, g, seed, symmetric=False, bias=True):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    x = torch.randn(m, k, generator=gen) * 2
+    b = torch.randn(n, generator=gen) if bias else None
+    packed, scales, offsets = quantize_int4(w, g, symmetric)
+    return x, packed, scales, offsets, g, k, b, w
+
+
+def _check(y, x, packed, scales, offsets, g, k, b):
+    wd = dequantize_int4(packed, scales, offsets, g, k).double()
+    xd = x.double()
+    ref = xd @ wd.T + (b.double() if b is not None else 0)
+    bound = (xd.abs() @ wd.abs().T) * (k + 3) * 2 ** -24 + (b.double().abs() if b is not None else 0) * 2 ** -23
+    err = (y.double() - ref).abs()
+    assert y.shape == ref.shape and bool((err <= bound + 1e-30).all()), float((err / (bound + 1e-30)).max())
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("g", GROUP_SIZES)
+def test_quantizer_nearest_level_of_each_group(g, symmetric):
+    x, packed, scales, offsets, g, k, b, w = _case(1, 300, 7, g, g, symmetric)
+    groups = -(-300 // g)
+    assert packed.shape == (7, 150) and scales.shape == offsets.shape == (7, groups)
+    u = torch.stack([packed & 15, packed >> 4], dim=2).reshape(7, -1)
+    assert int(u.max()) <= 15
+    wd = dequantize_int4(packed, scales, offsets, g, 300)
+    s = scales.repeat_interleave(g, dim=1)[:, :300]
+    assert bool(((wd - w).abs() <= s / 2 * (1 + 1e-5)).all())  # nearest level (none clipped)
+    if symmetric:
+        torch.testing.assert_close(offsets, -8 * scales, rtol=0, atol=0)
+        amax = nn.functional.pad(w.abs(), (0, groups * g - 300)).reshape(7, groups, g).amax(2)
+        torch.testing.assert_close(scales, amax * 2 / 15, rtol=1e-6, atol=0)
+    else:  # each group's minimum is its level 0, exactly
+        lo = nn.functional.pad(w, (0, groups * g - 300), value=float("inf")).reshape(7, groups, g).amin(2)
+        assert torch.equal(offsets, lo)
+
+
+def test_packing_order_and_odd_k():
+    w = torch.tensor([[0.0, 1.0, 2.0, 3.0, 15.0]])  # asymmetric: min 0, scale 1: levels are the values
+    packed, scales, offsets = quantize_int4(w, 16)
+    assert torch.equal(packed, torch.tensor([[0x10, 0x32, 0x0F]], dtype=torch.uint8))
+    assert scales.tolist() == [[1.0]] and offsets.tolist() == [[0.0]]
+    assert torch.equal(dequantize_int4(packed, scales, offsets, 16, 5), w)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("m,k,n,g", SHAPES)
+def test_matches_fp64_on_the_same_weights(m, k, n, g, symmetric):
+    for bias in (True, False):
+        x, packed, scales, offsets, g, k, b, _ = _case(m, k, n, g, m + k + n + g, symmetric, bias)
+        _check(OP(x, packed, scales, offsets, g, k, b), x, packed, scales, offsets, g, k, b)
+
+
+CHILD = """
+import torch, qbackend
+qbackend._C.set_isa_cap({level})
+cases = torch.load({inp!r})
+torch.save({{"isa": qbackend._C.woq_isa(), "out": [torch.ops.qbackend.woq4_linear(*c) for c in cases]}}, {outp!r})
+"""
+
+
+def test_every_isa_kernel(tmp_path):
+    cases = [_case(m, k, n, g, 3 * m + k, sym)[:7] for m, k, n, g in SHAPES if m <= 17 for sym in (False, True)]
+    inp = str(tmp_path / "in.pt")
+    torch.save(cases, inp)
+    levels = {"scalar": 0, "avx2": 1}
+    if int(qbackend._C.usable_isa()) >= 2:
+        levels["avx512"] = -1
+    for isa, level in levels.items():
+        outp = str(tmp_path / f"{isa}.pt")
+        run_py(CHILD.format(level=level, inp=inp, outp=outp), check=True)
+        res = torch.load(outp)
+        assert res["isa"] == isa
+        for case, y in zip(cases, res["out"]):
+            _check(y, *case)
+
+
+def test_module_other_dtypes_and_export():
+    torch.manual_seed(0)
+    lin = nn.Linear(40, 6)
+    q = Int4WeightOnlyLinear.from_float(lin, group_size=16, symmetric=True)
+    x = torch.randn(2, 3, 40)
+    y = q(x)
+    torch.testing.assert_close(y, nn.functional.linear(x, q.dequantized_weight(), lin.bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q(x.bfloat16()).float(), y, rtol=0.05, atol=0.05)
+    ep = torch.export.export(q, (x,))
+    assert any("woq4_linear" in str(n.target) for n in ep.graph.nodes)
+    torch.testing.assert_close(ep.module()(x), y, rtol=0, atol=0)
+
+
+def test_bad_arguments_name_themselves():
+    x, packed, scales, offsets, g, k, b, w = _case(2, 64, 5, 32, 1)
+    with pytest.raises(ValueError, match="group_size must be a positive multiple of 16"):
+        OP(x, packed, scales, offsets, 24, k, b)
+    with pytest.raises(ValueError, match=r"w must be \[N, ceil\(in_features / 2\)\]"):
+        OP(torch.randn(2, 66), packed, scales, offsets, g, 66, b)
+    with pytest.raises(ValueError, match="x's last dimension must be in_features 64"):
+        OP(torch.randn(2, 63), packed, scales, offsets, g, k, b)
+    with pytest.raises(ValueError, match=r"scales must be \[N, ceil\(in_features / group_size\)\]"):
+        OP(x, packed, scales[:, :1], offsets, g, k, b)
+    with pytest.raises(ValueError, match="offsets must have the shape of scales"):
+        OP(x, packed, scales, offsets[:, :1], g, k, b)
+    with pytest.raises(TypeError, match="w must have dtype torch.uint8"):
+        OP(x, packed.to(torch.int8), scales, offsets, g, k, b)
+    with pytest.raises(ValueError, match="group_size must be one of 16, 32, 64, 128, 256"):
+        quantize_int4(w, 48)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        quantize_int4(torch.tensor([[float("nan"), 1.0]]), 16)
