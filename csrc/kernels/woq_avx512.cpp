@@ -38,33 +38,52 @@ void pass(const float* x, int64_t ldx, const int8_t* const wr[4], int64_t K, flo
     for (int j = 0; j < 4; ++j) acc_out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-// 16 nibbles of 8 bytes (fewer at the row's end, the rest read as 0) as 16 floats in k order.
-inline __m512 nibbles(const uint8_t* p, int64_t nbytes) {
+// The nibbles of `nbytes` bytes (at most 16; the rest read as 0) as floats in k order: the first 16
+// in lo, the next 16 in hi.
+inline void nibbles(const uint8_t* p, int64_t nbytes, __m512* lo, __m512* hi) {
   const __m128i b = _mm_maskz_loadu_epi8(__mmask16((1u << nbytes) - 1), p);
   const __m128i low = _mm_set1_epi8(0x0F);
-  const __m128i u = _mm_unpacklo_epi8(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u));
+  const __m128i l = _mm_and_si128(b, low), h = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+  *lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(l, h)));
+  *hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(l, h)));
 }
 
+inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
+// Group by group (the scale and offset of each row broadcast once), 32 weights a step: one 16-byte
+// load per row and step, dequantized by one FMA per 16.
 template <int MR>
 void pass4(const float* x, int64_t ldx, const uint8_t* const wr[4], const float* const sc[4], const float* const of[4],
            int64_t K, int64_t G, int64_t ldw, float acc_out[MR][4]) {
   __m512 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    const int64_t left = K - k;
-    const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-    const int64_t nbytes = left >= 16 ? 8 : (left + 1) / 2;
-    const int64_t g = k / G;
-    if ((k & 127) == 0)  // the next pass's rows (4 rows on), one cache line per 128 weights
-      for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + 4 * ldw + k / 2), _MM_HINT_T0);
-    __m512 wv[4];
-    for (int j = 0; j < 4; ++j)
-      wv[j] = _mm512_fmadd_ps(nibbles(wr[j] + k / 2, nbytes), _mm512_set1_ps(sc[j][g]), _mm512_set1_ps(of[j][g]));
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
-      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+  for (int64_t k0 = 0, g = 0; k0 < K; k0 += G, ++g) {
+    __m512 s[4], o[4];
+    for (int j = 0; j < 4; ++j) {
+      s[j] = _mm512_set1_ps(sc[j][g]);
+      o[j] = _mm512_set1_ps(of[j][g]);
+      _mm_prefetch(reinterpret_cast<const char*>(wr[j] + 4 * ldw + k0 / 2), _MM_HINT_T0);  // the next pass's rows
+    }
+    const int64_t k1 = std::min(K, k0 + G);
+    for (int64_t k = k0; k < k1; k += 32) {
+      const int64_t left = k1 - k;
+      const int64_t nbytes = std::min<int64_t>(16, (left + 1) / 2);
+      __m512 wlo[4], whi[4];
+      for (int j = 0; j < 4; ++j) {
+        nibbles(wr[j] + k / 2, nbytes, &wlo[j], &whi[j]);
+        wlo[j] = _mm512_fmadd_ps(wlo[j], s[j], o[j]);
+        whi[j] = _mm512_fmadd_ps(whi[j], s[j], o[j]);
+      }
+      const __mmask16 mlo = lanes(left), mhi = lanes(left - 16 > 0 ? left - 16 : 0);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xlo = _mm512_maskz_loadu_ps(mlo, x + i * ldx + k);
+        const __m512 xhi = _mm512_maskz_loadu_ps(mhi, x + i * ldx + k + 16);
+        for (int j = 0; j < 4; ++j) {
+          acc[i][j] = _mm512_fmadd_ps(xlo, wlo[j], acc[i][j]);
+          acc[i][j] = _mm512_fmadd_ps(xhi, whi[j], acc[i][j]);
+        }
+      }
     }
   }
   for (int i = 0; i < MR; ++i)

@@ -8,8 +8,8 @@
 //       4-bit weights u packed two to a byte (uint8 [N, ceil(K / 2)], k even in the low nibble),
 //       scales and offsets float32 [N, ceil(K / group_size)], group_size a multiple of 16, K = in_features.
 //
-// Up to kGemvMaxRows rows of x (decoding, prompts): csrc/kernels/woq_*.cpp on blocks of output
-// channels of about kBlockBytes of weights, each block read from memory once and reused from the
+// Up to kGemvMaxRows rows of x (int4: kGemv4MaxRows; decoding, prompts): csrc/kernels/woq_*.cpp on
+// blocks of output channels of about kBlockBytes of weights, each block read from memory once and reused from the
 // cache by every four rows of x, in float32 (the weights are never stored in float). On Zen 5 this
 // beat torch's float32 linear (MKL) at every M up to 256 on SmolLM2's shapes (2.5x at M = 1, 1.45x
 // at M = 256). More rows: the weights dequantized block by block (kPanelRows output channels) into a
@@ -31,6 +31,10 @@ namespace {
 using at::Tensor;
 
 constexpr int64_t kGemvMaxRows = 256;
+// int4: unpacking the nibbles again for every four rows costs more than a dequantized panel beyond
+// about this many rows (Zen 5, 1536 x 576: 175 us against torch's fp32 linear's 221 at 16 rows,
+// 698 against 620 at 64).
+constexpr int64_t kGemv4MaxRows = 16;
 // Weight bytes per call of the kernel: a block of channels the rows of x reuse from the cache.
 constexpr int64_t kBlockBytes = 32 << 10;
 constexpr int64_t kPanelRows = 512;
@@ -125,7 +129,7 @@ Tensor woq4_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
   const Tensor x2 = x.reshape({M, K}).contiguous();
   Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y.view(out_shape);
-  if (M <= kGemvMaxRows) {
+  if (M <= kGemv4MaxRows) {
     const auto& k = woq_kernels();
     const float* xp = x2.data_ptr<float>();
     const uint8_t* wp = w.data_ptr<uint8_t>();
