@@ -29,6 +29,15 @@ inline __m256 load_w8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bits)));
 }
 
+// acc[i][j] += x[i][k..k+8) * wv[j] for the MR rows of x.
+template <int MR>
+inline void fma_rows(const float* x, int64_t ldx, int64_t k, const __m256 wv[4], __m256 acc[MR][4]) {
+  for (int i = 0; i < MR; ++i) {
+    const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+  }
+}
+
 template <int MR>
 void pass(const float* x, int64_t ldx, const int8_t* const wr[4], int64_t K, float out[MR][4]) {
   __m256 acc[MR][4];
@@ -38,10 +47,7 @@ void pass(const float* x, int64_t ldx, const int8_t* const wr[4], int64_t K, flo
   for (int64_t k = 0; k < K8; k += 8) {
     __m256 wv[4];
     for (int j = 0; j < 4; ++j) wv[j] = load_w8(wr[j] + k);
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
-      for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
+    fma_rows<MR>(x, ldx, k, wv, acc);
   }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) {
@@ -73,10 +79,7 @@ void pass4(const float* x, int64_t ldx, const uint8_t* const wr[4], const float*
     __m256 wv[4];
     for (int j = 0; j < 4; ++j)
       wv[j] = _mm256_fmadd_ps(nibbles(wr[j] + k / 2), _mm256_set1_ps(sc[j][g]), _mm256_set1_ps(of[j][g]));
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
-      for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
+    fma_rows<MR>(x, ldx, k, wv, acc);
   }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) {

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "common/checks.h"
 #include "cpu/kernel_table.h"
@@ -43,6 +44,29 @@ const kernels::WoqKernels& woq_kernels() {
   return cpu::kernel_table(&kernels::woq_kernels_scalar, &kernels::woq_kernels_avx2, &kernels::woq_kernels_avx512);
 }
 
+// The optional bias as float32 [N] (undefined when None), checked.
+Tensor checked_bias(const std::optional<Tensor>& bias_in, int64_t N) {
+  if (!bias_in.has_value() || !bias_in->defined()) return Tensor();
+  checks::dtype(*bias_in, at::kFloat, "bias");
+  TORCH_CHECK_VALUE(bias_in->numel() == N, "bias must hold ", N, " values, got ", bias_in->numel());
+  return bias_in->reshape({-1}).contiguous();
+}
+
+// x [..., K] as contiguous rows [M, K], and the shape of y [..., N].
+struct Rows {
+  Tensor x;
+  int64_t M;
+  std::vector<int64_t> out_shape;
+};
+
+Rows as_rows(const Tensor& x, int64_t K, int64_t N) {
+  Rows r{Tensor(), 1, std::vector<int64_t>(x.sizes().begin(), x.sizes().end())};
+  r.out_shape.back() = N;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) r.M *= x.size(d);
+  r.x = x.reshape({r.M, K}).contiguous();
+  return r;
+}
+
 Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
                   const std::optional<Tensor>& bias_in) {
   checks::dtype(x, at::kFloat, "x");
@@ -55,19 +79,10 @@ Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
                     x.size(-1));
   TORCH_CHECK_VALUE(scales_in.numel() == N, "scales must hold one value per output channel (", N, "), got ",
                     scales_in.numel());
-  Tensor bias;
-  if (bias_in.has_value() && bias_in->defined()) {
-    checks::dtype(*bias_in, at::kFloat, "bias");
-    TORCH_CHECK_VALUE(bias_in->numel() == N, "bias must hold ", N, " values, got ", bias_in->numel());
-    bias = bias_in->reshape({-1}).contiguous();
-  }
+  const Tensor bias = checked_bias(bias_in, N);
   const Tensor w = w_in.contiguous();
   const Tensor scales = scales_in.reshape({-1}).contiguous();
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = N;
-  int64_t M = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
-  const Tensor x2 = x.reshape({M, K}).contiguous();
+  const auto [x2, M, out_shape] = as_rows(x, K, N);
   Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y.view(out_shape);
   if (K == 0) return (bias.defined() ? bias.expand({M, N}).clone() : y.zero_()).view(out_shape);
@@ -115,18 +130,9 @@ Tensor woq4_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
                     scales_in.sizes());
   TORCH_CHECK_VALUE(offsets_in.sizes() == scales_in.sizes(), "offsets must have the shape of scales ",
                     scales_in.sizes(), ", got ", offsets_in.sizes());
-  Tensor bias;
-  if (bias_in.has_value() && bias_in->defined()) {
-    checks::dtype(*bias_in, at::kFloat, "bias");
-    TORCH_CHECK_VALUE(bias_in->numel() == N, "bias must hold ", N, " values, got ", bias_in->numel());
-    bias = bias_in->reshape({-1}).contiguous();
-  }
+  const Tensor bias = checked_bias(bias_in, N);
   const Tensor w = w_in.contiguous(), scales = scales_in.contiguous(), offsets = offsets_in.contiguous();
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = N;
-  int64_t M = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
-  const Tensor x2 = x.reshape({M, K}).contiguous();
+  const auto [x2, M, out_shape] = as_rows(x, K, N);
   Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y.view(out_shape);
   if (M <= kGemv4MaxRows) {

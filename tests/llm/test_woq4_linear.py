@@ -5,19 +5,14 @@ float32 rounding), on the AVX512, AVX2 and scalar kernels and the panel path, fo
 partial last groups, odd K, both symmetries; bad arguments are errors naming them."""
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 from torch import nn
 
-import qbackend
 from qbackend.nn import Int4WeightOnlyLinear
 from qbackend.nn.int4_linear import GROUP_SIZES, dequantize_int4, quantize_int4
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from subprocess_utils import run_py  # noqa: E402
+from .isa_children import outputs_on_every_isa
 
 OP = torch.ops.qbackend.woq4_linear
 SHAPES = [(1, 16, 4, 16), (2, 33, 5, 16), (3, 100, 9, 32), (4, 576, 13, 128), (5, 64, 70, 64), (16, 257, 3, 256),
@@ -78,27 +73,10 @@ def test_matches_fp64_on_the_same_weights(m, k, n, g, symmetric):
         _check(OP(x, packed, scales, offsets, g, k, b), x, packed, scales, offsets, g, k, b)
 
 
-CHILD = """
-import torch, qbackend
-qbackend._C.set_isa_cap({level})
-cases = torch.load({inp!r})
-torch.save({{"isa": qbackend._C.woq_isa(), "out": [torch.ops.qbackend.woq4_linear(*c) for c in cases]}}, {outp!r})
-"""
-
-
 def test_every_isa_kernel(tmp_path):
     cases = [_case(m, k, n, g, 3 * m + k, sym)[:7] for m, k, n, g in SHAPES if m <= 17 for sym in (False, True)]
-    inp = str(tmp_path / "in.pt")
-    torch.save(cases, inp)
-    levels = {"scalar": 0, "avx2": 1}
-    if int(qbackend._C.usable_isa()) >= 2:
-        levels["avx512"] = -1
-    for isa, level in levels.items():
-        outp = str(tmp_path / f"{isa}.pt")
-        run_py(CHILD.format(level=level, inp=inp, outp=outp), check=True)
-        res = torch.load(outp)
-        assert res["isa"] == isa
-        for case, y in zip(cases, res["out"]):
+    for outs in outputs_on_every_isa(tmp_path, "woq4_linear", cases).values():
+        for case, y in zip(cases, outs):
             _check(y, *case)
 
 

@@ -5,16 +5,10 @@ of the kernel's four-row passes and of its switch to dequantized panels, K tails
 output-channel tails and blocks; bad arguments are errors naming them."""
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-import qbackend
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from subprocess_utils import run_py  # noqa: E402
+from .isa_children import outputs_on_every_isa
 
 OP = torch.ops.qbackend.woq_linear
 SHAPES = [(1, 1, 1), (1, 7, 5), (2, 16, 4), (3, 33, 9), (4, 100, 13), (5, 17, 70), (16, 130, 3), (17, 64, 257),
@@ -66,29 +60,12 @@ def test_empty_inputs():
                        torch.arange(4.0).expand(3, 4))
 
 
-CHILD = """
-import torch, qbackend
-qbackend._C.set_isa_cap({level})
-cases = torch.load({inp!r})
-torch.save({{"isa": qbackend._C.woq_isa(), "out": [torch.ops.qbackend.woq_linear(*c) for c in cases]}}, {outp!r})
-"""
-
-
 def test_every_isa_kernel(tmp_path):
     """Each ISA's kernel in a child process capped to it, against fp64 (the three agree to float32
     rounding, not bit for bit: their sums run in different orders)."""
     cases = [_case(m, k, n, 7 + m + k + n) for m, k, n in SHAPES if m <= 40]
-    inp = str(tmp_path / "in.pt")
-    torch.save(cases, inp)
-    levels = {"scalar": 0, "avx2": 1}
-    if int(qbackend._C.usable_isa()) >= 2:
-        levels["avx512"] = -1
-    for isa, level in levels.items():
-        outp = str(tmp_path / f"{isa}.pt")
-        run_py(CHILD.format(level=level, inp=inp, outp=outp), check=True)
-        res = torch.load(outp)
-        assert res["isa"] == isa
-        for (x, w, s, b), y in zip(cases, res["out"]):
+    for outs in outputs_on_every_isa(tmp_path, "woq_linear", cases).values():
+        for (x, w, s, b), y in zip(cases, outs):
             _check(y, x, w, s, b)
 
 

@@ -1,0 +1,36 @@
+"""Runs a weight-only op on cases in child processes capped to each ISA this CPU has (scalar, AVX2,
+AVX512), for the kernels' tests: {isa: the outputs}; each child says which kernel table it used."""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+import qbackend
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from subprocess_utils import run_py  # noqa: E402
+
+CHILD = """
+import torch, qbackend
+qbackend._C.set_isa_cap({level})
+cases = torch.load({inp!r})
+torch.save({{"isa": qbackend._C.woq_isa(), "out": [torch.ops.qbackend.{op}(*c) for c in cases]}}, {outp!r})
+"""
+
+
+def outputs_on_every_isa(tmp_path, op: str, cases: list) -> dict:
+    inp = str(tmp_path / "in.pt")
+    torch.save(cases, inp)
+    levels = {"scalar": 0, "avx2": 1}
+    if int(qbackend._C.usable_isa()) >= 2:
+        levels["avx512"] = -1
+    results = {}
+    for isa, level in levels.items():
+        outp = str(tmp_path / f"{isa}.pt")
+        run_py(CHILD.format(level=level, inp=inp, outp=outp, op=op), check=True)
+        res = torch.load(outp)
+        assert res["isa"] == isa
+        results[isa] = res["out"]
+    return results
