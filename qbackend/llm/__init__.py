@@ -1,5 +1,5 @@
-"""Decoder LLMs: quantize_llm swaps a causal LM's Linears for weight-only int8 modules in place
-(quantize.py), as an LLMConfig says (config.py)."""
+"""Decoder LLMs: quantize_llm swaps a causal LM's Linears for weight-only int8 or int4 modules in
+place (quantize.py), as an LLMConfig says (config.py)."""
 from .config import LLMConfig, WEIGHT_SCHEMES
 from .quantize import quantize_llm
 

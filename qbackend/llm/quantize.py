@@ -1,6 +1,6 @@
-"""quantize_llm: a decoder LLM's Linears replaced in place by weight-only int8 modules, so the
-user's own model object (a Hugging Face causal LM: `generate`, `config`, its cache classes and
-attribute access) keeps working, with its weights in int8.
+"""quantize_llm: a decoder LLM's Linears replaced in place by weight-only int8 or int4 modules, so
+the user's own model object (a Hugging Face causal LM: `generate`, `config`, its cache classes and
+attribute access) keeps working, with its weights in 8 or 4 bits.
 
 Every `nn.Linear` (the attention projections, the MLP, and the output projection unless
 `LLMConfig(lm_head=False)`) becomes a `qbackend.nn.Int4WeightOnlyLinear` (LLMConfig(weights="int4"):
@@ -60,8 +60,6 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module
         raise ValueError("the model has no nn.Linear to quantize" + (f" (kept in float: {', '.join(kept)})"
                                                                      if kept else ""))
     for name in chosen:
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, _quantized(getattr(parent, attr), name, config))
+        model.set_submodule(name, _quantized(model.get_submodule(name), name, config))
     model.qbackend_llm = {"weights": config.weights, "quantized": chosen, "float": kept}
     return model
