@@ -49,6 +49,11 @@ def _cpu_facts(op: str, shape: Mapping, cpu: CpuFeatures) -> Mapping:
     return shape
 
 
+def _runs(family: str, name: str, op: str, shape: Mapping, exclude: frozenset) -> bool:
+    """Whether provider `name` may run the op instance: not excluded, and it does not refuse it."""
+    return name not in exclude and registry.get(family, name).refuses(op, shape) is None
+
+
 def _rule_choice(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozenset,
                  cpu: CpuFeatures) -> tuple[Rule | None, str | None]:
     """Step 2 of the module docstring without its messages: (the rule row that applies, or None;
@@ -56,7 +61,7 @@ def _rule_choice(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozen
     family = registry.family_of(op)
 
     def runs(name: str) -> bool:
-        return name not in exclude and registry.get(family, name).refuses(op, shape) is None
+        return _runs(family, name, op, shape, exclude)
 
     def exact(name: str) -> bool:
         return not eight_bit_input or registry.get(family, name).exact_8bit(op, shape)
@@ -85,11 +90,8 @@ def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozens
             return Route(provider, RULE, f"{prefix}no rule row applies; {provider} runs it", rule=None)
         return Route(provider, RULE, f"{prefix}{rule.provider} (rule [{rule.condition}]) saturates 8-bit "
                                      f"activations on this CPU; {provider} is exact", rule=rule.condition)
-
-    def runs(name: str) -> bool:
-        return name not in exclude and registry.get(family, name).refuses(op, shape) is None
-
-    if eight_bit_input and (rule is not None or any(runs(p) for p in registry.routed_names(family))):
+    if eight_bit_input and (rule is not None or any(_runs(family, p, op, shape, exclude)
+                                                    for p in registry.routed_names(family))):
         raise ValueError(f"no provider multiplies 8-bit activations exactly on this CPU ({cpu.isa_class}); "
                          f"for this {op} ({dict(shape)}); use 7-bit activations (reduce_range=True in the "
                          "activation observers)")
