@@ -67,6 +67,30 @@ Rows as_rows(const Tensor& x, int64_t K, int64_t N) {
   return r;
 }
 
+// Runs kernel(n0, n1) over the output channels [0, N) in blocks of about kBlockBytes of weights
+// (row_bytes per channel; a multiple of four channels), the blocks shared out among the threads.
+template <typename Kernel>
+void by_channel_blocks(int64_t N, int64_t row_bytes, const Kernel& kernel) {
+  const int64_t block = std::max<int64_t>(4, kBlockBytes / std::max<int64_t>(row_bytes, 1) / 4 * 4);
+  at::parallel_for(0, (N + 3) / 4, block / 4, [&](int64_t b0, int64_t b1) {
+    const int64_t end = std::min(N, b1 * 4);
+    for (int64_t n = b0 * 4; n < end; n += block) kernel(n, std::min(end, n + block));
+  });
+}
+
+// y = x2 @ panel(n0, nb)^T + bias over the output channels in panels of kPanelRows: panel(n0, nb)
+// is those channels' weights dequantized to float32 [nb, K].
+template <typename Panel>
+void by_float_panels(const Tensor& x2, const Tensor& bias, Tensor& y, const Panel& panel) {
+  const int64_t N = y.size(1);
+  for (int64_t n0 = 0; n0 < N; n0 += kPanelRows) {
+    const int64_t nb = std::min(kPanelRows, N - n0);
+    Tensor part = at::mm(x2, panel(n0, nb).t());
+    if (bias.defined()) part.add_(bias.narrow(0, n0, nb));
+    y.narrow(1, n0, nb).copy_(part);
+  }
+}
+
 Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
                   const std::optional<Tensor>& bias_in) {
   checks::dtype(x, at::kFloat, "x");
@@ -93,22 +117,12 @@ Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
     const float* sp = scales.data_ptr<float>();
     const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
-    const int64_t grain = std::max<int64_t>(4, (int64_t(1) << 15) / std::max<int64_t>(K, 1)) / 4 * 4;
-    const int64_t block = std::max<int64_t>(4, kBlockBytes / std::max<int64_t>(K, 1) / 4 * 4);
-    at::parallel_for(0, (N + 3) / 4, std::max<int64_t>(1, grain / 4), [&](int64_t b0, int64_t b1) {
-      const int64_t end = std::min(N, b1 * 4);
-      for (int64_t n = b0 * 4; n < end; n += block)
-        k.gemv_s8(xp, K, M, wp, K, n, std::min(end, n + block), sp, bp, yp, N);
-    });
+    by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8(xp, K, M, wp, K, n0, n1, sp, bp, yp, N); });
     return y.view(out_shape);
   }
-  for (int64_t n0 = 0; n0 < N; n0 += kPanelRows) {
-    const int64_t nb = std::min(kPanelRows, N - n0);
-    const Tensor panel = w.narrow(0, n0, nb).to(at::kFloat).mul_(scales.narrow(0, n0, nb).unsqueeze(1));
-    Tensor part = at::mm(x2, panel.t());
-    if (bias.defined()) part.add_(bias.narrow(0, n0, nb));
-    y.narrow(1, n0, nb).copy_(part);
-  }
+  by_float_panels(x2, bias, y, [&](int64_t n0, int64_t nb) {
+    return w.narrow(0, n0, nb).to(at::kFloat).mul_(scales.narrow(0, n0, nb).unsqueeze(1));
+  });
   return y.view(out_shape);
 }
 
@@ -143,25 +157,18 @@ Tensor woq4_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
     const float* op = offsets.data_ptr<float>();
     const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
-    const int64_t block = std::max<int64_t>(4, 2 * kBlockBytes / K / 4 * 4);
-    const int64_t grain = std::max<int64_t>(4, (int64_t(1) << 16) / K);
-    at::parallel_for(0, (N + 3) / 4, std::max<int64_t>(1, grain / 4), [&](int64_t b0, int64_t b1) {
-      const int64_t end = std::min(N, b1 * 4);
-      for (int64_t n = b0 * 4; n < end; n += block)
-        k.gemv_u4(xp, K, M, wp, K, G, n, std::min(end, n + block), sp, op, bp, yp, N);
+    by_channel_blocks(N, (K + 1) / 2, [&](int64_t n0, int64_t n1) {
+      k.gemv_u4(xp, K, M, wp, K, G, n0, n1, sp, op, bp, yp, N);
     });
     return y.view(out_shape);
   }
-  for (int64_t n0 = 0; n0 < N; n0 += kPanelRows) {
-    const int64_t nb = std::min(kPanelRows, N - n0);
+  by_float_panels(x2, bias, y, [&](int64_t n0, int64_t nb) {
     const Tensor b = w.narrow(0, n0, nb);
     const Tensor u = at::stack({b.bitwise_and(15), b.bitwise_right_shift(4)}, 2).reshape({nb, -1}).narrow(1, 0, K);
     const Tensor s = scales.narrow(0, n0, nb).repeat_interleave(G, 1).narrow(1, 0, K);
     const Tensor o = offsets.narrow(0, n0, nb).repeat_interleave(G, 1).narrow(1, 0, K);
-    Tensor part = at::mm(x2, at::addcmul(o, u.to(at::kFloat), s).t());
-    if (bias.defined()) part.add_(bias.narrow(0, n0, nb));
-    y.narrow(1, n0, nb).copy_(part);
-  }
+    return at::addcmul(o, u.to(at::kFloat), s);
+  });
   return y.view(out_shape);
 }
 
@@ -179,7 +186,7 @@ TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
   m.impl("woq4_linear", &qbackend::ops::woq4_linear);
 }
 
-// The kernel table in use, for tests and `qbackend info`.
+// The kernel table in use (qbackend._C.woq_isa, for the tests).
 namespace qbackend::ops {
 const char* woq_kernel_name() { return woq_kernels().name; }
 }  // namespace qbackend::ops
