@@ -17,9 +17,9 @@ known to compute the same values in either layout), run as prepared (None).
 """
 from __future__ import annotations
 
-import torch
 import operator
 
+import torch
 from torch import fx
 from torch.utils._pytree import tree_map
 

@@ -129,8 +129,8 @@ class QuantizedModel(nn.Module):
             return ["module-swap model: its layers run as modules (no forward plans)"]
         if not self.forward_plans:
             return ["forward plans are off: every call runs the graph"]
-        return self._plans.describe(self.layer_by_module()) or ["no call yet: a plan is recorded on the second call of each input "
-                                                  "signature"]
+        return self._plans.describe(self.layer_by_module()) or [
+            "no call yet: a plan is recorded on the second call of each input signature"]
 
     def _apply(self, fn, *args, **kwargs):
         generation.bump()  # .to() / .float() replace buffers without registration hooks
