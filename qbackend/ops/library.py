@@ -8,8 +8,15 @@ import torch
 from ..core.extension import _C  # noqa: F401  (loads the .so, which registers the ops)
 
 
+def _kernel_providers(names: set[str]) -> list[str]:
+    """The providers the extension defines kernels for: each registers "<provider>_linear_prepack"."""
+    tail = "_linear_prepack"
+    return sorted(n[len("qbackend::"):-len(tail)] for n in names if n.startswith("qbackend::") and n.endswith(tail))
+
+
 def ops_named(suffix: str) -> list[str]:
-    """The qualified names ("qbackend::fbgemm_linear", ...) of the registered qbackend ops named
-    "<provider>_<suffix>" (suffix "linear" matches fbgemm_linear, not fbgemm_linear_dynamic)."""
-    return sorted(name for name in torch._C._dispatch_get_all_op_names()
-                  if name.startswith("qbackend::") and name.endswith("_" + suffix))
+    """The qualified names ("qbackend::fbgemm_linear", ...) of the registered ops named
+    "<provider>_<suffix>" for each kernel provider (suffix "linear" matches fbgemm_linear, not
+    fbgemm_linear_dynamic nor the weight-only qbackend::woq_linear, whose signature differs)."""
+    names = set(torch._C._dispatch_get_all_op_names())
+    return [f"qbackend::{p}_{suffix}" for p in _kernel_providers(names) if f"qbackend::{p}_{suffix}" in names]
