@@ -21,7 +21,8 @@
 #include <vector>
 
 namespace qbackend::ops {
-const char* woq_kernel_name();  // csrc/ops/woq_ops.cpp
+const char* woq_kernel_name();     // csrc/ops/woq_ops.cpp
+const char* woq_a8_kernel_name();  // csrc/ops/woq_ops.cpp
 }
 
 namespace {
@@ -186,6 +187,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("native_isa", &native_isa, "the native GEMM's instruction set here, or '' where it has none");
   m.def("woq_isa", [] { return std::string(qbackend::ops::woq_kernel_name()); },
         "the instruction set of the weight-only int8 kernels in use (avx512, avx2 or scalar)");
+  m.def("woq_a8_isa", [] { return std::string(qbackend::ops::woq_a8_kernel_name()); },
+        "the instruction set of the int4-weight, int8-activation kernels in use (avx512_vnni, avx2 or scalar)");
   m.def("set_native_kernel", &qbackend::native::set_kernel_override, py::arg("name"),
         "tests: run the native GEMM on the named kernel (amx, amx_emulated: the AMX kernel over emulated tiles, "
         "avx512_vnni, avx2_vnni, avx2_vnni_evex: the AVX-VNNI kernel's code on EVEX, avx2: int16 products), '' = "

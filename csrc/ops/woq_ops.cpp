@@ -7,6 +7,11 @@
 //       y = x @ W^T + bias with W[n, k] = scales[n, g] * u(n, k) + offsets[n, g], g = k / group_size:
 //       4-bit weights u packed two to a byte (uint8 [N, ceil(K / 2)], k even in the low nibble),
 //       scales and offsets float32 [N, ceil(K / group_size)], group_size a multiple of 16, K = in_features.
+//   woq4a8_linear(x, w, scales, offsets, group_size, in_features, bias=None) -> y
+//       the same int4 weights (group_size a power of two) against x quantized to int8 by blocks of 32 k
+//       (each block's scale max |x| / 127, values rounded half to even): y = xq_dequantized @ W^T + bias,
+//       the products u8 x s8 in int32 (csrc/kernels/woq_a8_*.cpp, W4A8, the form of llama.cpp's
+//       Q4 x Q8 dot products); a block with a NaN or infinity makes its row's outputs NaN.
 //
 // Up to kGemvMaxRows rows of x (int4: kGemv4MaxRows; decoding, prompts): csrc/kernels/woq_*.cpp on
 // blocks of output channels of about kBlockBytes of weights, each block read from memory once and reused from the
@@ -19,11 +24,13 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <vector>
 
 #include "common/checks.h"
 #include "cpu/kernel_table.h"
+#include "kernels/woq_a8_kernels.h"
 #include "kernels/woq_kernels.h"
 
 namespace qbackend::ops {
@@ -42,6 +49,13 @@ constexpr int64_t kPanelRows = 512;
 
 const kernels::WoqKernels& woq_kernels() {
   return cpu::kernel_table(&kernels::woq_kernels_scalar, &kernels::woq_kernels_avx2, &kernels::woq_kernels_avx512);
+}
+
+// W4A8 needs u8 x s8 dot products: AVX512-VNNI, else AVX2's 16-bit pairs (exact here), else scalar.
+const kernels::WoqA8Kernels& woq_a8_kernels() {
+  if (cpu::has(cpu::Isa::Avx512Vnni)) return kernels::woq_a8_kernels_avx512_vnni();
+  if (cpu::has(cpu::Isa::Avx2)) return kernels::woq_a8_kernels_avx2();
+  return kernels::woq_a8_kernels_scalar();
 }
 
 // The optional bias as float32 [N] (undefined when None), checked.
@@ -126,8 +140,13 @@ Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
   return y.view(out_shape);
 }
 
-Tensor woq4_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const Tensor& offsets_in,
-                   int64_t G, int64_t K, const std::optional<Tensor>& bias_in) {
+// The int4 ops' arguments checked (their contract at the top of the file); the weight's N and groups.
+struct Int4Shape {
+  int64_t N, ng;
+};
+
+Int4Shape check_int4(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const Tensor& offsets_in, int64_t G,
+                     int64_t K) {
   checks::dtype(x, at::kFloat, "x");
   checks::dtype(w_in, at::kByte, "w");
   checks::dtype(scales_in, at::kFloat, "scales");
@@ -144,6 +163,24 @@ Tensor woq4_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
                     scales_in.sizes());
   TORCH_CHECK_VALUE(offsets_in.sizes() == scales_in.sizes(), "offsets must have the shape of scales ",
                     scales_in.sizes(), ", got ", offsets_in.sizes());
+  return {N, ng};
+}
+
+// The dequantized-panel product of x2 [M, K] and the int4 weight, for the rows beyond the kernels'.
+void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const Tensor& offsets, int64_t G, int64_t K,
+                 const Tensor& bias, Tensor& y) {
+  by_float_panels(x2, bias, y, [&](int64_t n0, int64_t nb) {
+    const Tensor b = w.narrow(0, n0, nb);
+    const Tensor u = at::stack({b.bitwise_and(15), b.bitwise_right_shift(4)}, 2).reshape({nb, -1}).narrow(1, 0, K);
+    const Tensor s = scales.narrow(0, n0, nb).repeat_interleave(G, 1).narrow(1, 0, K);
+    const Tensor o = offsets.narrow(0, n0, nb).repeat_interleave(G, 1).narrow(1, 0, K);
+    return at::addcmul(o, u.to(at::kFloat), s);
+  });
+}
+
+Tensor woq4_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const Tensor& offsets_in,
+                   int64_t G, int64_t K, const std::optional<Tensor>& bias_in) {
+  const auto [N, ng] = check_int4(x, w_in, scales_in, offsets_in, G, K);
   const Tensor bias = checked_bias(bias_in, N);
   const Tensor w = w_in.contiguous(), scales = scales_in.contiguous(), offsets = offsets_in.contiguous();
   const auto [x2, M, out_shape] = as_rows(x, K, N);
@@ -162,13 +199,91 @@ Tensor woq4_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
     });
     return y.view(out_shape);
   }
-  by_float_panels(x2, bias, y, [&](int64_t n0, int64_t nb) {
-    const Tensor b = w.narrow(0, n0, nb);
-    const Tensor u = at::stack({b.bitwise_and(15), b.bitwise_right_shift(4)}, 2).reshape({nb, -1}).narrow(1, 0, K);
-    const Tensor s = scales.narrow(0, n0, nb).repeat_interleave(G, 1).narrow(1, 0, K);
-    const Tensor o = offsets.narrow(0, n0, nb).repeat_interleave(G, 1).narrow(1, 0, K);
-    return at::addcmul(o, u.to(at::kFloat), s);
-  });
+  int4_panels(x2, w, scales, offsets, G, K, bias, y);
+  return y.view(out_shape);
+}
+
+// x2 [M, K] quantized by blocks of 32 k (woq_a8_kernels.h), in the buffers `q` points into: the block
+// scale d = max |x| / 127, xq = x / d rounded half to even (as torch.round). A block holding a NaN or an
+// infinity gets a NaN scale, so its row's outputs are NaN (as a float product would not be finite).
+struct BlockQuantized {
+  std::vector<int8_t> even, odd;
+  std::vector<float> lane_scale, group_sum;
+  kernels::BlockQuantizedRows rows;
+};
+
+BlockQuantized quantize_blocks(const Tensor& x2, int64_t K, int64_t G) {
+  constexpr int64_t kBlock = 32;
+  const int64_t M = x2.size(0), Kp = (K + 127) / 128 * 128, ldq = Kp / 2, ldl = Kp / 8, ng = (K + G - 1) / G;
+  BlockQuantized b{std::vector<int8_t>(size_t(M * ldq), 0), std::vector<int8_t>(size_t(M * ldq), 0),
+                   std::vector<float>(size_t(M * ldl), 0.0f), std::vector<float>(size_t(M * ng), 0.0f), {}};
+  const float* xp = x2.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = xp + m * K;
+    int8_t* even = b.even.data() + m * ldq;
+    int8_t* odd = b.odd.data() + m * ldq;
+    float* lane = b.lane_scale.data() + m * ldl;
+    float* gsum = b.group_sum.data() + m * ng;
+    for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
+      const int64_t k1 = std::min(K, k0 + kBlock);
+      float amax = 0.0f;
+      bool finite = true;
+      for (int64_t k = k0; k < k1; ++k) {
+        finite = finite && std::isfinite(xr[k]);
+        amax = std::max(amax, std::fabs(xr[k]));
+      }
+      const float d = finite ? amax / 127.0f : NAN;
+      for (int64_t l = k0 / 8; l * 8 < k1; ++l) {
+        int32_t sum = 0;
+        for (int64_t k = l * 8; k < std::min(k1, l * 8 + 8); ++k) {
+          const int8_t q = (finite && d > 0.0f) ? int8_t(std::nearbyint(xr[k] / d)) : int8_t(0);
+          (k % 2 ? odd : even)[k / 2] = q;
+          sum += q;
+        }
+        lane[l] = d;
+        gsum[l * 8 / G] += d * float(sum);
+      }
+    }
+  }
+  b.rows = {b.even.data(), b.odd.data(), ldq, b.lane_scale.data(), ldl, b.group_sum.data(), ng};
+  return b;
+}
+
+// x2's rows as their block-quantized values (the semantics of woq4a8_linear), in float32.
+Tensor dequantized_blocks(const BlockQuantized& b, int64_t M, int64_t K) {
+  Tensor out = at::empty({M, K}, at::kFloat);
+  float* o = out.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      const int8_t q = (k % 2 ? b.odd : b.even)[size_t(m * b.rows.ldq + k / 2)];
+      o[m * K + k] = float(q) * b.lane_scale[size_t(m * b.rows.ldl + k / 8)];
+    }
+  return out;
+}
+
+Tensor woq4a8_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const Tensor& offsets_in,
+                     int64_t G, int64_t K, const std::optional<Tensor>& bias_in) {
+  const auto [N, ng] = check_int4(x, w_in, scales_in, offsets_in, G, K);
+  TORCH_CHECK_VALUE((G & (G - 1)) == 0, "group_size must be a power of two with int8 activations, got ", G);
+  const Tensor bias = checked_bias(bias_in, N);
+  const Tensor w = w_in.contiguous(), scales = scales_in.contiguous(), offsets = offsets_in.contiguous();
+  const auto [x2, M, out_shape] = as_rows(x, K, N);
+  Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y.view(out_shape);
+  const BlockQuantized q = quantize_blocks(x2, K, G);
+  if (M <= kGemv4MaxRows) {
+    const auto& k = woq_a8_kernels();
+    const uint8_t* wp = w.data_ptr<uint8_t>();
+    const float* sp = scales.data_ptr<float>();
+    const float* op = offsets.data_ptr<float>();
+    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    float* yp = y.data_ptr<float>();
+    by_channel_blocks(N, (K + 1) / 2, [&](int64_t n0, int64_t n1) {
+      k.gemv_u4a8(q.rows, M, wp, K, G, n0, n1, sp, op, bp, yp, N);
+    });
+    return y.view(out_shape);
+  }
+  int4_panels(dequantized_blocks(q, M, K), w, scales, offsets, G, K, bias, y);
   return y.view(out_shape);
 }
 
@@ -179,14 +294,18 @@ TORCH_LIBRARY_FRAGMENT(qbackend, m) {
   m.def("woq_linear(Tensor x, Tensor w, Tensor scales, Tensor? bias=None) -> Tensor");
   m.def("woq4_linear(Tensor x, Tensor w, Tensor scales, Tensor offsets, int group_size, int in_features, "
         "Tensor? bias=None) -> Tensor");
+  m.def("woq4a8_linear(Tensor x, Tensor w, Tensor scales, Tensor offsets, int group_size, int in_features, "
+        "Tensor? bias=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
   m.impl("woq_linear", &qbackend::ops::woq_linear);
   m.impl("woq4_linear", &qbackend::ops::woq4_linear);
+  m.impl("woq4a8_linear", &qbackend::ops::woq4a8_linear);
 }
 
 // The kernel table in use (qbackend._C.woq_isa, for the tests).
 namespace qbackend::ops {
 const char* woq_kernel_name() { return woq_kernels().name; }
+const char* woq_a8_kernel_name() { return woq_a8_kernels().name; }
 }  // namespace qbackend::ops

@@ -4,7 +4,7 @@ attribute access) keeps working, with its weights in 8 or 4 bits.
 
 Every `nn.Linear` (the attention projections, the MLP, and the output projection unless
 `LLMConfig(lm_head=False)`) becomes a `qbackend.nn.Int4WeightOnlyLinear` (LLMConfig(weights="int4"):
-4-bit weights in groups, qbackend::woq4_linear) or a `qbackend.nn.WeightOnlyLinear`: int8 weights with one scale
+4-bit weights in groups, qbackend::woq4_linear; with activations="int8", qbackend::woq4a8_linear) or a `qbackend.nn.WeightOnlyLinear`: int8 weights with one scale
 per output channel, float32 activations, products by qbackend::woq_linear (csrc/ops/woq_ops.cpp:
 weight-streaming kernels for decoding and prompts, a dequantized panel for long ones); a model run
 in bfloat16 or float16 multiplies the weights dequantized to its dtype per call instead. No
@@ -32,7 +32,7 @@ def _output_projection(model: nn.Module) -> nn.Module | None:
 
 def _quantized(linear: nn.Linear, name: str, config: LLMConfig) -> nn.Module:
     if config.weights == "int4":
-        return Int4WeightOnlyLinear.from_float(linear, config.group_size, config.symmetric)
+        return Int4WeightOnlyLinear.from_float(linear, config.group_size, config.symmetric, config.activations)
     return WeightOnlyLinear.from_float(linear, name=name)
 
 
@@ -61,5 +61,6 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module
                                                                      if kept else ""))
     for name in chosen:
         model.set_submodule(name, _quantized(model.get_submodule(name), name, config))
-    model.qbackend_llm = {"weights": config.weights, "quantized": chosen, "float": kept}
+    model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": chosen,
+                          "float": kept}
     return model

@@ -5,8 +5,10 @@ activations; and `quantize_int4`, the group-wise quantizer that makes them.
 Asymmetric groups (the default) span each group's [min, max] with 16 levels (offset = min: the form
 of GGUF's Q4_1 blocks); symmetric ones span [-a, a] (a = the group's largest magnitude) with the
 levels -8..7 (u = level + 8, offset = -8 * scale). Float32 inputs run qbackend::woq4_linear
-(csrc/ops/woq_ops.cpp: the weights stay packed, each dequantized in registers by one FMA); other
-float dtypes multiply the dequantized weight in their dtype.
+(csrc/ops/woq_ops.cpp: the weights stay packed, each dequantized in registers by one FMA), or with
+activations="int8" qbackend::woq4a8_linear (W4A8: the input quantized to int8 by blocks of 32
+features per call, the products u8 x s8 in int32 by VNNI: about twice as fast at decoding, at the
+cost of the activations' rounding); other float dtypes multiply the dequantized weight in their dtype.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from torch import nn
 
 from ..core.generation import Tracked
 
-__all__ = ["Int4WeightOnlyLinear", "quantize_int4", "GROUP_SIZES"]
+__all__ = ["Int4WeightOnlyLinear", "quantize_int4", "GROUP_SIZES", "ACTIVATIONS"]
 
 GROUP_SIZES = (16, 32, 64, 128, 256)
+ACTIVATIONS = ("float", "int8")
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int = 32, symmetric: bool = False):
@@ -70,8 +73,10 @@ class Int4WeightOnlyLinear(Tracked, nn.Module):
     """4-bit group-wise weights kept packed, float activations (see the module docstring)."""
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None,
-                 group_size: int, in_features: int, symmetric: bool):
+                 group_size: int, in_features: int, symmetric: bool, activations: str = "float"):
         super().__init__()
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
         if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] != (in_features + 1) // 2:
             raise ValueError("Int4WeightOnlyLinear needs a uint8 [N, ceil(in_features / 2)] packed weight")
         self.register_buffer("weight_packed", packed.contiguous())
@@ -82,22 +87,24 @@ class Int4WeightOnlyLinear(Tracked, nn.Module):
         self.in_features = int(in_features)
         self.out_features = int(packed.shape[0])
         self.symmetric = bool(symmetric)
+        self.activations = activations
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, group_size: int = 32, symmetric: bool = False) -> "Int4WeightOnlyLinear":
+    def from_float(cls, linear: nn.Linear, group_size: int = 32, symmetric: bool = False,
+                   activations: str = "float") -> "Int4WeightOnlyLinear":
         packed, scales, offsets = quantize_int4(linear.weight, group_size, symmetric)
-        return cls(packed, scales, offsets, linear.bias, group_size, linear.in_features, symmetric)
+        return cls(packed, scales, offsets, linear.bias, group_size, linear.in_features, symmetric, activations)
 
     def dequantized_weight(self) -> torch.Tensor:
         return dequantize_int4(self.weight_packed, self.scales, self.offsets, self.group_size, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
-            return torch.ops.qbackend.woq4_linear(x, self.weight_packed, self.scales, self.offsets, self.group_size,
-                                                  self.in_features, self.bias)
+            op = torch.ops.qbackend.woq4a8_linear if self.activations == "int8" else torch.ops.qbackend.woq4_linear
+            return op(x, self.weight_packed, self.scales, self.offsets, self.group_size, self.in_features, self.bias)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return nn.functional.linear(x, self.dequantized_weight().to(x.dtype), bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
-                f"{'symmetric' if self.symmetric else 'asymmetric'}")
+                f"{'symmetric' if self.symmetric else 'asymmetric'}, activations={self.activations}")

@@ -1,5 +1,5 @@
-"""Fake (meta) impls of torch.ops.qbackend.woq_linear and woq4_linear, the weight-only int8 and int4
-Linears (the C++ ops in csrc/ops/woq_ops.cpp document them; qbackend.nn.WeightOnlyLinear and
+"""Fake (meta) impls of torch.ops.qbackend.woq_linear, woq4_linear and woq4a8_linear, the weight-only
+int8 and int4 Linears (the last with int8 activations) (the C++ ops in csrc/ops/woq_ops.cpp document them; qbackend.nn.WeightOnlyLinear and
 Int4WeightOnlyLinear are their users), so torch.compile and torch.export trace them."""
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def _woq_linear_fake(x, w, scales, bias=None):
 
 
 @torch.library.register_fake("qbackend::woq4_linear")
+@torch.library.register_fake("qbackend::woq4a8_linear")
 def _woq4_linear_fake(x, w, scales, offsets, group_size, in_features, bias=None):
     torch._check_value(w.dim() == 2, lambda: f"w must be 2-D [N, ceil(in_features / 2)], got {w.dim()}-D")
     torch._check_value(x.shape[-1] == in_features,

@@ -1,5 +1,6 @@
 """Runs a weight-only op on cases in child processes capped to each ISA this CPU has (scalar, AVX2,
-AVX512), for the kernels' tests: {isa: the outputs}; each child says which kernel table it used."""
+and uncapped), for the kernels' tests: {isa: the outputs}; each child says which kernel table it
+used (`isa_fn`, a qbackend._C function naming it)."""
 from __future__ import annotations
 
 import os
@@ -16,20 +17,22 @@ CHILD = """
 import torch, qbackend
 qbackend._C.set_isa_cap({level})
 cases = torch.load({inp!r})
-torch.save({{"isa": qbackend._C.woq_isa(), "out": [torch.ops.qbackend.{op}(*c) for c in cases]}}, {outp!r})
+torch.save({{"isa": qbackend._C.{isa_fn}(), "out": [torch.ops.qbackend.{op}(*c) for c in cases]}}, {outp!r})
 """
 
 
-def outputs_on_every_isa(tmp_path, op: str, cases: list) -> dict:
+def outputs_on_every_isa(tmp_path, op: str, cases: list, isa_fn: str = "woq_isa", top: str = "avx512",
+                         top_level: int = 2) -> dict:
+    """`top`: the name of the kernel table used uncapped where the CPU reaches `top_level` (an Isa value)."""
     inp = str(tmp_path / "in.pt")
     torch.save(cases, inp)
     levels = {"scalar": 0, "avx2": 1}
-    if int(qbackend._C.usable_isa()) >= 2:
-        levels["avx512"] = -1
+    if int(qbackend._C.usable_isa()) >= top_level:
+        levels[top] = -1
     results = {}
     for isa, level in levels.items():
         outp = str(tmp_path / f"{isa}.pt")
-        run_py(CHILD.format(level=level, inp=inp, outp=outp, op=op), check=True)
+        run_py(CHILD.format(level=level, inp=inp, outp=outp, op=op, isa_fn=isa_fn), check=True)
         res = torch.load(outp)
         assert res["isa"] == isa
         results[isa] = res["out"]

@@ -116,3 +116,28 @@ def test_int4_settings_are_checked():
     with pytest.raises(TypeError, match="symmetric must be True or False"):
         qbackend.LLMConfig(weights="int4", symmetric="yes")
     assert (qbackend.LLMConfig(weights="int4").group_size, qbackend.LLMConfig(weights="int4").symmetric) == (32, False)
+
+
+def test_int4_with_int8_activations():
+    """W4A8: every Linear runs woq4a8_linear; the logits stay close to the float-activation int4 model's
+    (the activations' 8-bit rounding on top of the weights' 4-bit one)."""
+    model, model_a8 = _llama(), _llama()
+    ids = _ids()
+    with torch.no_grad():
+        ref = model(ids).logits
+    qbackend.quantize_llm(model, qbackend.LLMConfig(weights="int4"))
+    qbackend.quantize_llm(model_a8, qbackend.LLMConfig(weights="int4", activations="int8"))
+    assert model_a8.qbackend_llm["activations"] == "int8"
+    assert all(model_a8.get_submodule(n).activations == "int8" for n in model_a8.qbackend_llm["quantized"])
+    with torch.no_grad():
+        out, out_a8 = model(ids).logits, model_a8(ids).logits
+    assert _sqnr(out, out_a8) > 25 and _sqnr(ref, out_a8) > 12
+    assert not torch.equal(out, out_a8)
+    assert model_a8.generate(ids[:1], max_new_tokens=4, do_sample=False).shape == (1, 16)
+
+
+def test_activation_settings_are_checked():
+    with pytest.raises(ValueError, match="activations='int8' needs weights='int4'"):
+        qbackend.LLMConfig(activations="int8")
+    with pytest.raises(ValueError, match="activations must be one of float, int8, got 'int4'"):
+        qbackend.LLMConfig(weights="int4", activations="int4")

@@ -1,0 +1,81 @@
+// AVX2 W4A8 products (woq_a8_kernels.h): 64 k of four weight rows a step; the nibbles (u <= 15) times
+// the int8 activations by vpmaddubsw, whose 16-bit pair sums cannot saturate here (2 x 15 x 128 for
+// each of the even and the odd k), then vpmaddwd into the exact int32 sum of each 8 k, scaled per lane
+// into float32. Only this file is compiled for AVX2 with FMA.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/targets.h"
+#include "kernels/woq_a8_kernels.h"
+
+QB_TARGET(QB_ISA_AVX2)
+
+namespace qbackend::kernels {
+namespace {
+
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+template <int MR>
+void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* const wr[4], const float* const sc[4], int64_t K,
+             int64_t G, float acc_out[MR][4]) {
+  const int64_t nbytes = (K + 1) / 2, ng = q.ng;
+  const int sh = __builtin_ctzll(uint64_t(G));
+  const __m128i shift = _mm_cvtsi32_si128(sh);
+  const __m256i lane_k = _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t b0 = 0; b0 < nbytes; b0 += 32) {
+    const int64_t k0 = 2 * b0, g0 = k0 >> sh;
+    const __m256i gmask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(8, ng - g0))), lane);
+    const __m256i gidx = _mm256_sub_epi32(_mm256_srl_epi32(_mm256_add_epi32(_mm256_set1_epi32(int(k0)), lane_k), shift),
+                                          _mm256_set1_epi32(int(g0)));
+    __m256i lo[4], hi[4];
+    __m256 sv[4];
+    for (int j = 0; j < 4; ++j) {
+      __m256i v;
+      if (nbytes - b0 >= 32) {
+        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + b0));
+      } else {  // the row's last bytes, zero-padded
+        alignas(32) uint8_t tail[32] = {};
+        std::memcpy(tail, wr[j] + b0, size_t(nbytes - b0));
+        v = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+      }
+      lo[j] = _mm256_and_si256(v, low);
+      hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      sv[j] = _mm256_permutevar8x32_ps(_mm256_maskload_ps(sc[j] + g0, gmask), gidx);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const int64_t row = m0 + i;
+      const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.even + row * q.ldq + b0));
+      const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.odd + row * q.ldq + b0));
+      const __m256 d = _mm256_loadu_ps(q.lane_scale + row * q.ldl + b0 / 4);
+      for (int j = 0; j < 4; ++j) {
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], xe), _mm256_maddubs_epi16(hi[j], xo));
+        const __m256i s = _mm256_madd_epi16(p, ones);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sv[j], d), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc_out[i][j] = hsum(acc[i][j]);
+}
+
+#include "kernels/woq_a8_rows_impl.h"
+
+constexpr WoqA8Kernels kTable{"avx2", &gemv_u4a8};
+
+}  // namespace
+
+const WoqA8Kernels& woq_a8_kernels_avx2() { return kTable; }
+
+}  // namespace qbackend::kernels

@@ -1,0 +1,47 @@
+// 4-bit weights against int8 activations (W4A8) for decoding and short prompts (no torch headers):
+// one table of function pointers per ISA.
+//
+// The activations come quantized by blocks of 32 consecutive k (BlockQuantizedRows, made by the op in
+// csrc/ops/woq_ops.cpp): xq[m][k] = round(x / d) with d = max |x| / 127 over the block, so that
+//
+//   gemv_u4a8(q, M, w, K, G, n0, n1, scale, offset, bias, y, ldy):
+//       for m < M and n0 <= n < n1:
+//         y[m * ldy + n] = sum_l scale[n * ng + (8 l) / G] * q.lane_scale[m][l] * sum_{k = 8l}^{8l+7} u(n, k) xq[m][k]
+//                        + sum_g offset[n * ng + g] * q.group_sum[m][g]  (+ bias[n])
+//
+//   which is x @ W^T for W[n, k] = scale * u + offset (the int4 weights of woq_kernels.h, same packing) with
+//   x replaced by its block-quantized values. u(n, k) in [0, 15] is the low (k even) or high (k odd) nibble
+//   of w[n * ceil(K / 2) + k / 2]; G (the weight group) is a multiple of 16.
+//
+// The products u * xq are summed exactly in int32 over each 8 k (u8 x s8 dot products: VNNI, or
+// AVX2's 16-bit pairs, which cannot saturate with u <= 15); the scaled sums are accumulated in float32
+// in an order each ISA chooses, so the ISAs agree to float32 rounding, not bit for bit.
+#pragma once
+#include <cstdint>
+
+namespace qbackend::kernels {
+
+// The rows of x, quantized by blocks of 32 k. Kp = K rounded up to a multiple of 128.
+struct BlockQuantizedRows {
+  const int8_t* even;        // [M][ldq]: xq at k = 0, 2, 4, ... (ldq = Kp / 2; zero beyond K)
+  const int8_t* odd;         // [M][ldq]: xq at k = 1, 3, 5, ...
+  int64_t ldq;
+  const float* lane_scale;   // [M][ldl]: the block scale d of k = 8l .. 8l + 7 (ldl = Kp / 8; zero beyond K)
+  int64_t ldl;
+  const float* group_sum;    // [M][ng]: sum over the weight group g of d * xq (what the group's offset multiplies)
+  int64_t ng;
+};
+
+struct WoqA8Kernels {
+  const char* name;  // "avx512_vnni", "avx2", "scalar"
+  void (*gemv_u4a8)(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0,
+                    int64_t n1, const float* scale, const float* offset, const float* bias, float* y, int64_t ldy);
+};
+
+// Each in its own translation unit (woq_a8_<isa>.cpp); call an AVX one only where qbackend::cpu::has()
+// allows its level.
+const WoqA8Kernels& woq_a8_kernels_avx512_vnni();
+const WoqA8Kernels& woq_a8_kernels_avx2();
+const WoqA8Kernels& woq_a8_kernels_scalar();
+
+}  // namespace qbackend::kernels

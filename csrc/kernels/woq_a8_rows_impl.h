@@ -1,0 +1,45 @@
+// The row and channel loops of the W4A8 kernels (woq_a8_kernels.h), shared by the SIMD units: each
+// defines, in its anonymous namespace, `template <int MR> void pass_a8(q, m0, wr[4], sc[4], K, G, out[MR][4])`
+// (the scaled sums of rows m0 .. m0 + MR - 1 of q against four weight rows, offsets left out) and then
+// includes this header there, after its QB_TARGET, so the loops compile for its ISA.
+#pragma once
+
+template <int MR>
+void rows_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
+             const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
+  const int64_t ldw = (K + 1) / 2, ng = q.ng;
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int64_t nr = std::min<int64_t>(4, n1 - n);
+    const uint8_t* wr[4];
+    const float* sc[4];
+    // a short tail of channels repeats its last row (its sums are not stored)
+    for (int j = 0; j < 4; ++j) {
+      const int64_t row = n + std::min<int64_t>(j, nr - 1);
+      wr[j] = w + row * ldw;
+      sc[j] = scale + row * ng;
+    }
+    float out[MR][4];
+    pass_a8<MR>(q, m0, wr, sc, K, G, out);
+    for (int i = 0; i < MR; ++i) {
+      const float* gs = q.group_sum + (m0 + i) * ng;
+      for (int64_t j = 0; j < nr; ++j) {
+        const float* of = offset + (n + j) * ng;
+        float o = out[i][j];
+        for (int64_t g = 0; g < ng; ++g) o += of[g] * gs[g];
+        y[(m0 + i) * ldy + n + j] = o + (bias ? bias[n + j] : 0.0f);
+      }
+    }
+  }
+}
+
+void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
+               const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
+  for (int64_t m = 0; m < M; m += 4) {
+    switch (std::min<int64_t>(4, M - m)) {
+      case 1: rows_a8<1>(q, m, w, K, G, n0, n1, scale, offset, bias, y, ldy); break;
+      case 2: rows_a8<2>(q, m, w, K, G, n0, n1, scale, offset, bias, y, ldy); break;
+      case 3: rows_a8<3>(q, m, w, K, G, n0, n1, scale, offset, bias, y, ldy); break;
+      default: rows_a8<4>(q, m, w, K, G, n0, n1, scale, offset, bias, y, ldy); break;
+    }
+  }
+}

@@ -1,0 +1,35 @@
+// Portable W4A8 products (woq_a8_kernels.h): the int32 sum of each 8 k, scaled and accumulated in k order.
+#include "kernels/woq_a8_kernels.h"
+
+namespace qbackend::kernels {
+namespace {
+
+void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
+               const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
+  const int64_t ldw = (K + 1) / 2, lanes = (K + 7) / 8;
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* xe = q.even + m * q.ldq;
+    const int8_t* xo = q.odd + m * q.ldq;
+    const float* d = q.lane_scale + m * q.ldl;
+    const float* gs = q.group_sum + m * q.ng;
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* wr = w + n * ldw;
+      float acc = 0.0f;
+      for (int64_t l = 0; l < lanes; ++l) {
+        int32_t sum = 0;
+        for (int64_t b = 4 * l; b < 4 * l + 4 && b < ldw; ++b) sum += (wr[b] & 15) * xe[b] + (wr[b] >> 4) * xo[b];
+        acc += float(sum) * (scale[n * q.ng + 8 * l / G] * d[l]);
+      }
+      for (int64_t g = 0; g < q.ng; ++g) acc += offset[n * q.ng + g] * gs[g];
+      y[m * ldy + n] = acc + (bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
+constexpr WoqA8Kernels kTable{"scalar", &gemv_u4a8};
+
+}  // namespace
+
+const WoqA8Kernels& woq_a8_kernels_scalar() { return kTable; }
+
+}  // namespace qbackend::kernels
