@@ -23,7 +23,9 @@ class LLMConfig:
       the form of GGUF's Q4_1 blocks; symmetric: [-max|w|, max|w|]). Only with weights="int4".
     lm_head: also quantize the output projection (the model's get_output_embeddings(), or the
       module named "lm_head"); with tied embeddings the input embedding stays float.
-    skip: module names (or name prefixes at a dot) kept in float.
+    skip: module names (or name prefixes at a dot) kept in float (and their norms as they are).
+    native_norms: replace the model's RMSNorms (found by what they compute) by qbackend.nn.RMSNorm,
+      one native call each (outputs equal within float32 rounding).
     """
 
     weights: str = "int8"
@@ -32,12 +34,15 @@ class LLMConfig:
     group_size: int | None = None
     symmetric: bool | None = None
     activations: str = "float"
+    native_norms: bool = True
 
     def __post_init__(self):
         if self.weights not in WEIGHT_SCHEMES:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_SCHEMES)}, got {self.weights!r}")
         if not isinstance(self.lm_head, bool):
             raise TypeError(f"lm_head must be True or False, got {self.lm_head!r}")
+        if not isinstance(self.native_norms, bool):
+            raise TypeError(f"native_norms must be True or False, got {self.native_norms!r}")
         if isinstance(self.skip, str) or not all(isinstance(s, str) and s for s in self.skip):
             raise TypeError(f"skip must be a tuple of module names, got {self.skip!r}")
         object.__setattr__(self, "skip", tuple(self.skip))

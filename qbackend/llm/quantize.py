@@ -9,7 +9,8 @@ per output channel, float32 activations, products by qbackend::woq_linear (csrc/
 weight-streaming kernels for decoding and prompts, a dequantized panel for long ones); a model run
 in bfloat16 or float16 multiplies the weights dequantized to its dtype per call instead. No
 whitelist of architectures: whatever the blocks are made of, their nn.Linear modules are found by
-type (GPT-2's Conv1D projections are not Linears and stay float).
+type (GPT-2's Conv1D projections are not Linears and stay float). The RMSNorms become
+qbackend.nn.RMSNorm (one native call each), found by what they compute (llm/norms.py).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from torch import nn
 from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from .config import LLMConfig
+from .norms import swap_rms_norms
 
 
 _FLOAT_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -37,8 +39,9 @@ def _quantized(linear: nn.Linear, name: str, config: LLMConfig) -> nn.Module:
 
 
 def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module:
-    """Replace `model`'s Linears in place (see the module docstring); returns `model` itself, with
-    `model.qbackend_llm` listing what was quantized and what stayed float."""
+    """Replace `model`'s Linears (and RMSNorms) in place (see the module docstring); returns `model`
+    itself, with `model.qbackend_llm` listing what was quantized, what stayed float and which norms
+    run natively."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = config if config is not None else LLMConfig()
@@ -61,6 +64,7 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module
                                                                      if kept else ""))
     for name in chosen:
         model.set_submodule(name, _quantized(model.get_submodule(name), name, config))
+    norms = swap_rms_norms(model, config.skips) if config.native_norms else []
     model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": chosen,
-                          "float": kept}
+                          "float": kept, "native_norms": norms}
     return model

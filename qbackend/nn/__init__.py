@@ -8,6 +8,7 @@
   FusedAttention                                               (attention.py: SDPA with its output quantize fused)
   LayerNormQuantize                                            (layer_norm.py: add + LayerNorm + quantize fused)
   GlobalAvgPoolQuantize                                        (pool.py: int8 global average pool + requantize)
+  RMSNorm                                                      (rms_norm.py: decoder LLMs' norm in one call)
 
 The static modules take and give plain uint8 tensors with the qparams they were built with (the
 lowering wires them so activations stay in int8 between them); the dynamic and weight-only ones
@@ -21,8 +22,9 @@ from .lstm import DynamicQuantizedLSTM
 from .attention import FusedAttention
 from .layer_norm import LayerNormQuantize
 from .pool import GlobalAvgPoolQuantize
+from .rms_norm import RMSNorm
 
 __all__ = ["QuantizedConv2d", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear",
            "Int4WeightOnlyLinear",
            "DynamicQuantizedLSTM", "QuantizedEmbedding", "QuantizedEmbeddingBag", "FusedAttention",
-           "LayerNormQuantize", "GlobalAvgPoolQuantize"]
+           "LayerNormQuantize", "GlobalAvgPoolQuantize", "RMSNorm"]

@@ -9,7 +9,8 @@ from . import pool  # noqa: F401,E402  (the int8 pooling op's fake impl)
 from .attention import attention  # noqa: E402  (also registers the fused attention op's fake impl)
 from . import layer_norm  # noqa: F401,E402  (the fused LayerNorm + quantize op's fake impl)
 from . import gptq_ops  # noqa: F401,E402  (GPTQ's column loop's fake impl)
-from . import woq  # noqa: F401,E402  (the weight-only int8 Linear's fake impl)
+from . import woq  # noqa: F401,E402  (the weight-only Linears' fake impls)
+from . import rms_norm  # noqa: F401,E402  (the LLMs' RMSNorm's fake impl)
 from .embedding import EMBEDDING_PROVIDERS, PackedEmbeddingTable, quantize_rowwise  # noqa: E402
 from . import registry  # noqa: E402
 
