@@ -3,7 +3,7 @@ the user's own model object (a Hugging Face causal LM: `generate`, `config`, its
 attribute access) keeps working, with its weights in 8 or 4 bits.
 
 Every `nn.Linear` (the attention projections, the MLP, and the output projection unless
-`LLMConfig(lm_head=False)`) becomes a `qbackend.nn.Int4WeightOnlyLinear` (LLMConfig(weights="int4"):
+`LLMConfig(lm_head=False)`; by default it gets int8 weights whatever the scheme) becomes a `qbackend.nn.Int4WeightOnlyLinear` (LLMConfig(weights="int4"):
 4-bit weights in groups, qbackend::woq4_linear; with activations="int8", qbackend::woq4a8_linear) or a `qbackend.nn.WeightOnlyLinear`: int8 weights with one scale
 per output channel, float32 activations, products by qbackend::woq_linear (csrc/ops/woq_ops.cpp:
 weight-streaming kernels for decoding and prompts, a dequantized panel for long ones); a model run
@@ -32,8 +32,8 @@ def _output_projection(model: nn.Module) -> nn.Module | None:
     return out if isinstance(out, nn.Module) else getattr(model, "lm_head", None)
 
 
-def _quantized(linear: nn.Linear, name: str, config: LLMConfig) -> nn.Module:
-    if config.weights == "int4":
+def _quantized(linear: nn.Linear, name: str, config: LLMConfig, weights: str) -> nn.Module:
+    if weights == "int4":
         return Int4WeightOnlyLinear.from_float(linear, config.group_size, config.symmetric, config.activations)
     return WeightOnlyLinear.from_float(linear, name=name)
 
@@ -52,7 +52,7 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module
     for name, module in model.named_modules():
         if type(module) is not nn.Linear:
             continue
-        if config.skips(name) or (module is head and not config.lm_head):
+        if config.skips(name) or (module is head and config.lm_head_weights is None):
             kept.append(name)
             continue
         if module.weight.device.type != "cpu" or module.weight.dtype not in _FLOAT_WEIGHTS:
@@ -63,7 +63,9 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module
         raise ValueError("the model has no nn.Linear to quantize" + (f" (kept in float: {', '.join(kept)})"
                                                                      if kept else ""))
     for name in chosen:
-        model.set_submodule(name, _quantized(model.get_submodule(name), name, config))
+        module = model.get_submodule(name)
+        weights = config.lm_head_weights if module is head else config.weights
+        model.set_submodule(name, _quantized(module, name, config, weights))
     norms = swap_rms_norms(model, config.skips) if config.native_norms else []
     model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": chosen,
                           "float": kept, "native_norms": norms}

@@ -128,7 +128,8 @@ def test_int4_with_int8_activations():
     qbackend.quantize_llm(model, qbackend.LLMConfig(weights="int4"))
     qbackend.quantize_llm(model_a8, qbackend.LLMConfig(weights="int4", activations="int8"))
     assert model_a8.qbackend_llm["activations"] == "int8"
-    assert all(model_a8.get_submodule(n).activations == "int8" for n in model_a8.qbackend_llm["quantized"])
+    assert all(model_a8.get_submodule(n).activations == "int8" for n in model_a8.qbackend_llm["quantized"]
+               if n != "lm_head")  # the output projection: int8 weights, float activations
     with torch.no_grad():
         out, out_a8 = model(ids).logits, model_a8(ids).logits
     assert _sqnr(out, out_a8) > 25 and _sqnr(ref, out_a8) > 12
@@ -141,3 +142,21 @@ def test_activation_settings_are_checked():
         qbackend.LLMConfig(activations="int8")
     with pytest.raises(ValueError, match="activations must be one of float, int8, got 'int4'"):
         qbackend.LLMConfig(weights="int4", activations="int4")
+
+
+def test_output_projection_int8_unless_asked_for_int4():
+    """With 4-bit weights the output projection stays at 8 bits by default (llama.cpp's choice too);
+    lm_head='int4' takes it to 4 bits, with the same groups as the other Linears."""
+    from qbackend.nn import Int4WeightOnlyLinear
+
+    model = qbackend.quantize_llm(_llama(tie=False), qbackend.LLMConfig(weights="int4"))
+    assert type(model.lm_head) is WeightOnlyLinear
+    assert isinstance(model.model.layers[0].self_attn.q_proj, Int4WeightOnlyLinear)
+    model4 = qbackend.quantize_llm(_llama(tie=False), qbackend.LLMConfig(weights="int4", lm_head="int4", group_size=64))
+    assert isinstance(model4.lm_head, Int4WeightOnlyLinear) and model4.lm_head.group_size == 64
+    assert type(qbackend.quantize_llm(_llama(), qbackend.LLMConfig(lm_head="int8")).lm_head) is WeightOnlyLinear
+    with pytest.raises(ValueError, match="lm_head='int4' needs weights='int4'"):
+        qbackend.LLMConfig(lm_head="int4")
+    for bad in ("fp16", 1, None):
+        with pytest.raises(ValueError, match="lm_head must be True, False, 'int8' or 'int4'"):
+            qbackend.LLMConfig(lm_head=bad)
