@@ -29,6 +29,9 @@ class LLMConfig:
     skip: module names (or name prefixes at a dot) kept in float (and their norms as they are).
     native_norms: replace the model's RMSNorms (found by what they compute) by qbackend.nn.RMSNorm,
       one native call each (outputs equal within float32 rounding).
+    fuse_projections: compute the quantized Linears that read the same input (a layer's q, k and v
+      projections; gate and up) as one product each (qbackend.llm.shared_input; the same outputs),
+      found and checked on a probe forward of a few token ids.
     """
 
     weights: str = "int8"
@@ -38,6 +41,7 @@ class LLMConfig:
     symmetric: bool | None = None
     activations: str = "float"
     native_norms: bool = True
+    fuse_projections: bool = True
 
     def __post_init__(self):
         if self.weights not in WEIGHT_SCHEMES:
@@ -46,8 +50,9 @@ class LLMConfig:
             raise ValueError(f"lm_head must be True, False, 'int8' or 'int4', got {self.lm_head!r}")
         if self.lm_head == "int4" and self.weights != "int4":
             raise ValueError("lm_head='int4' needs weights='int4'")
-        if not isinstance(self.native_norms, bool):
-            raise TypeError(f"native_norms must be True or False, got {self.native_norms!r}")
+        for flag in ("native_norms", "fuse_projections"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         if isinstance(self.skip, str) or not all(isinstance(s, str) and s for s in self.skip):
             raise TypeError(f"skip must be a tuple of module names, got {self.skip!r}")
         object.__setattr__(self, "skip", tuple(self.skip))

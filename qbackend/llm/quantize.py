@@ -10,7 +10,9 @@ weight-streaming kernels for decoding and prompts, a dequantized panel for long 
 in bfloat16 or float16 multiplies the weights dequantized to its dtype per call instead. No
 whitelist of architectures: whatever the blocks are made of, their nn.Linear modules are found by
 type (GPT-2's Conv1D projections are not Linears and stay float). The RMSNorms become
-qbackend.nn.RMSNorm (one native call each), found by what they compute (llm/norms.py).
+qbackend.nn.RMSNorm (one native call each), found by what they compute (llm/norms.py), and the
+Linears that read the same input (q, k, v; gate, up) one fused product (llm/shared_input.py), found
+and checked on a probe of a few token ids.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from .config import LLMConfig
 from .norms import swap_rms_norms
+from .shared_input import fuse_shared_inputs
 
 
 _FLOAT_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -30,6 +33,26 @@ def _output_projection(model: nn.Module) -> nn.Module | None:
     get = getattr(model, "get_output_embeddings", None)
     out = get() if callable(get) else None
     return out if isinstance(out, nn.Module) else getattr(model, "lm_head", None)
+
+
+def _probe(model: nn.Module):
+    """A forward of a causal LM on a few tokens returning its logits (None when the model has no
+    vocabulary size in a `config` or does not run on token ids)."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 1:
+        return None
+    ids = (torch.arange(8) * 7919 % vocab).reshape(1, 8)
+
+    def run():
+        out = model(input_ids=ids, use_cache=False)
+        return out.logits if hasattr(out, "logits") else out[0]
+
+    try:
+        with torch.no_grad():
+            run()
+    except Exception:  # noqa: BLE001  (not a model of token ids: no probe, no fusion)
+        return None
+    return run
 
 
 def _quantized(linear: nn.Linear, name: str, config: LLMConfig, weights: str) -> nn.Module:
@@ -67,6 +90,8 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module
         weights = config.lm_head_weights if module is head else config.weights
         model.set_submodule(name, _quantized(module, name, config, weights))
     norms = swap_rms_norms(model, config.skips) if config.native_norms else []
+    probe = _probe(model)
+    fused = fuse_shared_inputs(model, probe) if config.fuse_projections and probe is not None else []
     model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": chosen,
-                          "float": kept, "native_norms": norms}
+                          "float": kept, "native_norms": norms, "fused": fused}
     return model

@@ -36,7 +36,7 @@ def test_llama_in_place_close_to_fp32_and_generates():
     with torch.no_grad():
         ref = model(ids).logits
     floats = {n: m.weight.detach().clone() for n, m in model.named_modules() if type(m) is nn.Linear}
-    out_model = qbackend.quantize_llm(model)
+    out_model = qbackend.quantize_llm(model, qbackend.LLMConfig(fuse_projections=False))  # each Linear its own
     assert out_model is model
     assert set(model.qbackend_llm["quantized"]) == set(floats) and model.qbackend_llm["float"] == []
     assert len(floats) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and lm_head
@@ -60,7 +60,7 @@ def test_lm_head_and_skip_keep_float():
     qbackend.quantize_llm(model, qbackend.LLMConfig(lm_head=False, skip=("model.layers.1.mlp",)))
     assert type(model.lm_head) is nn.Linear
     assert type(model.model.layers[1].mlp.down_proj) is nn.Linear
-    assert isinstance(model.model.layers[1].self_attn.q_proj, WeightOnlyLinear)
+    assert isinstance(model.model.layers[1].self_attn.o_proj, WeightOnlyLinear)
     assert set(model.qbackend_llm["float"]) == {"lm_head", "model.layers.1.mlp.gate_proj",
                                                  "model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj"}
 
@@ -121,6 +121,8 @@ def test_int4_settings_are_checked():
 def test_int4_with_int8_activations():
     """W4A8: every Linear runs woq4a8_linear; the logits stay close to the float-activation int4 model's
     (the activations' 8-bit rounding on top of the weights' 4-bit one)."""
+    from qbackend.nn import Int4WeightOnlyLinear
+
     model, model_a8 = _llama(), _llama()
     ids = _ids()
     with torch.no_grad():
@@ -128,8 +130,8 @@ def test_int4_with_int8_activations():
     qbackend.quantize_llm(model, qbackend.LLMConfig(weights="int4"))
     qbackend.quantize_llm(model_a8, qbackend.LLMConfig(weights="int4", activations="int8"))
     assert model_a8.qbackend_llm["activations"] == "int8"
-    assert all(model_a8.get_submodule(n).activations == "int8" for n in model_a8.qbackend_llm["quantized"]
-               if n != "lm_head")  # the output projection: int8 weights, float activations
+    int4 = [m for m in model_a8.modules() if isinstance(m, Int4WeightOnlyLinear)]  # fused groups' too
+    assert len(int4) == 2 * 4 and all(m.activations == "int8" for m in int4)  # per layer: q|k|v, o, gate|up, down
     with torch.no_grad():
         out, out_a8 = model(ids).logits, model_a8(ids).logits
     assert _sqnr(out, out_a8) > 25 and _sqnr(ref, out_a8) > 12
@@ -151,7 +153,7 @@ def test_output_projection_int8_unless_asked_for_int4():
 
     model = qbackend.quantize_llm(_llama(tie=False), qbackend.LLMConfig(weights="int4"))
     assert type(model.lm_head) is WeightOnlyLinear
-    assert isinstance(model.model.layers[0].self_attn.q_proj, Int4WeightOnlyLinear)
+    assert isinstance(model.model.layers[0].self_attn.o_proj, Int4WeightOnlyLinear)
     model4 = qbackend.quantize_llm(_llama(tie=False), qbackend.LLMConfig(weights="int4", lm_head="int4", group_size=64))
     assert isinstance(model4.lm_head, Int4WeightOnlyLinear) and model4.lm_head.group_size == 64
     assert type(qbackend.quantize_llm(_llama(), qbackend.LLMConfig(lm_head="int8")).lm_head) is WeightOnlyLinear
