@@ -13,7 +13,7 @@
 //       the products u8 x s8 in int32 (csrc/kernels/woq_a8_*.cpp, W4A8, the form of llama.cpp's
 //       Q4 x Q8 dot products); a block with a NaN or infinity makes its row's outputs NaN.
 //
-// Up to kGemvMaxRows rows of x (int4: kGemv4MaxRows; decoding, prompts): csrc/kernels/woq_*.cpp on
+// Up to kGemvMaxRows rows of x (int4: kGemv4MaxRows, kGemv4A8MaxRows; decoding, prompts): csrc/kernels/woq_*.cpp on
 // blocks of output channels of about kBlockBytes of weights, each block read from memory once and reused from the
 // cache by every four rows of x, in float32 (the weights are never stored in float). On Zen 5 this
 // beat torch's float32 linear (MKL) at every M up to 256 on SmolLM2's shapes (2.5x at M = 1, 1.45x
@@ -40,9 +40,11 @@ using at::Tensor;
 
 constexpr int64_t kGemvMaxRows = 256;
 // int4: unpacking the nibbles again for every four rows costs more than a dequantized panel beyond
-// about this many rows (Zen 5, 1536 x 576: 175 us against torch's fp32 linear's 221 at 16 rows,
-// 698 against 620 at 64).
-constexpr int64_t kGemv4MaxRows = 16;
+// about this many rows (Zen 4, float activations: the kernel 34-57 us a row at SmolLM2's and a
+// 1024-wide Llama's shapes, the panel 16-64 us a row at 128 rows; int8 activations (VNNI): the
+// kernel 23-48 us a row, the panel 20-74 at 128 rows and 14-48 at 512).
+constexpr int64_t kGemv4MaxRows = 64;
+constexpr int64_t kGemv4A8MaxRows = 128;
 // Weight bytes per call of the kernel: a block of channels the rows of x reuse from the cache.
 constexpr int64_t kBlockBytes = 32 << 10;
 constexpr int64_t kPanelRows = 512;
@@ -166,15 +168,38 @@ Int4Shape check_int4(const Tensor& x, const Tensor& w_in, const Tensor& scales_i
   return {N, ng};
 }
 
-// The dequantized-panel product of x2 [M, K] and the int4 weight, for the rows beyond the kernels'.
+// The dequantized-panel product of x2 [M, K] and the int4 weight, for the rows beyond the kernels':
+// each panel's weights dequantized (scale * u + offset in float32) group by group by a plain loop,
+// its rows shared out among the threads.
 void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const Tensor& offsets, int64_t G, int64_t K,
                  const Tensor& bias, Tensor& y) {
+  const int64_t ldw = (K + 1) / 2, ng = (K + G - 1) / G;
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* op = offsets.data_ptr<float>();
   by_float_panels(x2, bias, y, [&](int64_t n0, int64_t nb) {
-    const Tensor b = w.narrow(0, n0, nb);
-    const Tensor u = at::stack({b.bitwise_and(15), b.bitwise_right_shift(4)}, 2).reshape({nb, -1}).narrow(1, 0, K);
-    const Tensor s = scales.narrow(0, n0, nb).repeat_interleave(G, 1).narrow(1, 0, K);
-    const Tensor o = offsets.narrow(0, n0, nb).repeat_interleave(G, 1).narrow(1, 0, K);
-    return at::addcmul(o, u.to(at::kFloat), s);
+    Tensor panel = at::empty({nb, K}, at::kFloat);
+    float* pp = panel.data_ptr<float>();
+    at::parallel_for(0, nb, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* wr = wp + (n0 + r) * ldw;
+        const float* sr = sp + (n0 + r) * ng;
+        const float* orow = op + (n0 + r) * ng;
+        float* out = pp + r * K;
+        for (int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += G) {  // G is even: a group starts on a byte
+          const int64_t k1 = std::min(K, k0 + G);
+          const float sc = sr[g], of = orow[g];
+          int64_t k = k0;
+          for (; k + 1 < k1; k += 2) {
+            const uint8_t b = wr[k / 2];
+            out[k] = sc * float(b & 15) + of;
+            out[k + 1] = sc * float(b >> 4) + of;
+          }
+          if (k < k1) out[k] = sc * float(wr[k / 2] & 15) + of;
+        }
+      }
+    });
+    return panel;
   });
 }
 
@@ -271,7 +296,7 @@ Tensor woq4a8_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_i
   Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y.view(out_shape);
   const BlockQuantized q = quantize_blocks(x2, K, G);
-  if (M <= kGemv4MaxRows) {
+  if (M <= kGemv4A8MaxRows) {
     const auto& k = woq_a8_kernels();
     const uint8_t* wp = w.data_ptr<uint8_t>();
     const float* sp = scales.data_ptr<float>();
