@@ -124,15 +124,25 @@ def load_wide():
     return LlamaForCausalLM(LlamaConfig(**WIDE)).eval()
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    """A tensor's bytes; a tensor subclass's (torchao's quantized weights) are its inner tensors'."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        return sum(_nbytes(getattr(t, name)) for name in t.__tensor_flatten__()[0])
+    return t.numel() * t.element_size()
+
+
 def weight_bytes(model) -> int:
-    """Bytes a decode step streams: every parameter and buffer, less the input embedding (one row read)."""
+    """Bytes a decode step streams: every parameter and buffer, less the input embedding (one row read)
+    unless it is also the output projection (tied)."""
     embed = model.get_input_embeddings().weight
+    out = model.get_output_embeddings()
+    tied = out is not None and getattr(out, "weight", None) is embed
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
-        if t.data_ptr() in seen or t.data_ptr() == embed.data_ptr():
+        if id(t) in seen or (t is embed and not tied):
             continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
+        seen.add(id(t))
+        total += _nbytes(t)
     return total
 
 

@@ -1,4 +1,4 @@
-// AVX2 W4A8 products (woq_a8_kernels.h): 64 k of four weight rows a step; the nibbles (u <= 15) times
+// AVX2 W4A8 and W8A8 products (woq_a8_kernels.h). W4A8: 64 k of four weight rows a step; the nibbles (u <= 15) times
 // the int8 activations by vpmaddubsw, whose 16-bit pair sums cannot saturate here (2 x 15 x 128 for
 // each of the even and the odd k), then vpmaddwd into the exact int32 sum of each 8 k, scaled per lane
 // into float32. Only this file is compiled for AVX2 with FMA.
@@ -70,9 +70,46 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* const wr[4]
     for (int j = 0; j < 4; ++j) acc_out[i][j] = hsum(acc[i][j]);
 }
 
+// One block of 32 k of four int8 weight rows a step: both operands sign-extended to 16 bits and
+// multiplied by vpmaddwd (exact for every int8, -128 included), the block's sums scaled by its d.
+template <int MR>
+void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* const wr[4], int64_t K, float acc_out[MR][4]) {
+  __m256 acc[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    __m256i wl[4], wh[4];
+    for (int j = 0; j < 4; ++j) {
+      __m256i v;
+      if (K - k0 >= 32) {
+        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + k0));
+      } else {  // the row's last weights, zero-padded
+        alignas(32) int8_t tail[32] = {};
+        std::memcpy(tail, wr[j] + k0, size_t(K - k0));
+        v = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+      }
+      wl[j] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+      wh[j] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+    }
+    for (int i = 0; i < MR; ++i) {
+      const int64_t row = m0 + i;
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.xq + row * q.ldq + k0));
+      const __m256i xl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(xv));
+      const __m256i xh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(xv, 1));
+      const __m256 d = _mm256_set1_ps(q.lane_scale[row * q.ldl + k0 / 4]);
+      for (int j = 0; j < 4; ++j) {
+        const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(wl[j], xl), _mm256_madd_epi16(wh[j], xh));
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc_out[i][j] = hsum(acc[i][j]);
+}
+
 #include "kernels/woq_a8_rows_impl.h"
 
-constexpr WoqA8Kernels kTable{"avx2", &gemv_u4a8};
+constexpr WoqA8Kernels kTable{"avx2", &gemv_u4a8, &gemv_s8a8};
 
 }  // namespace
 

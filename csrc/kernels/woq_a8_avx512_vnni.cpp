@@ -1,4 +1,4 @@
-// AVX512-VNNI W4A8 products (woq_a8_kernels.h): 128 k of four weight rows a step, their nibbles split
+// AVX512-VNNI W4A8 and W8A8 products (woq_a8_kernels.h). W4A8: 128 k of four weight rows a step, their nibbles split
 // by two masks into the even and the odd k, each multiplied with the matching int8 activations by
 // one vpdpbusd (u8 x s8, exact int32 sums of each 8 k), then scaled per lane (weight group scale x
 // activation block scale) into float32. Only this file is compiled for AVX512-VNNI.
@@ -59,9 +59,40 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* const wr[4]
     for (int j = 0; j < 4; ++j) acc_out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
+// 64 k of four int8 weight rows a step: the sign bit flipped makes them w + 128 (u8), whose products
+// with xq vpdpbusd sums per 4 k; the lane's 128 * sum(xq) taken off leaves the exact sum of w * xq.
+template <int MR>
+void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* const wr[4], int64_t K, float acc_out[MR][4]) {
+  const __m512i flip = _mm512_set1_epi8(int8_t(0x80));
+  __m512 acc[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k0 = 0; k0 < K; k0 += 64) {
+    // beyond K the weight reads 0 (128 after the flip) against xq = 0
+    const __mmask64 km = K - k0 >= 64 ? ~__mmask64(0) : (__mmask64(1) << (K - k0)) - 1;
+    __m512i wu[4];
+    for (int j = 0; j < 4; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr[j] + 4 * K + k0), _MM_HINT_T0);  // the next pass's rows
+      wu[j] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(km, wr[j] + k0), flip);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const int64_t row = m0 + i;
+      const __m512i xv = _mm512_loadu_si512(q.xq + row * q.ldq + k0);
+      const __m512i off = _mm512_loadu_si512(q.lane_offset + row * q.ldl + k0 / 4);
+      const __m512 d = _mm512_loadu_ps(q.lane_scale + row * q.ldl + k0 / 4);
+      for (int j = 0; j < 4; ++j) {
+        const __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wu[j], xv), off);
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 4; ++j) acc_out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
 #include "kernels/woq_a8_rows_impl.h"
 
-constexpr WoqA8Kernels kTable{"avx512_vnni", &gemv_u4a8};
+constexpr WoqA8Kernels kTable{"avx512_vnni", &gemv_u4a8, &gemv_s8a8};
 
 }  // namespace
 

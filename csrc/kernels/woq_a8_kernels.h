@@ -1,5 +1,5 @@
-// 4-bit weights against int8 activations (W4A8) for decoding and short prompts (no torch headers):
-// one table of function pointers per ISA.
+// Weights against int8 activations for decoding and prompts (no torch headers): 4-bit (W4A8) and
+// 8-bit (W8A8) weights; one table of function pointers per ISA.
 //
 // The activations come quantized by blocks of 32 consecutive k (BlockQuantizedRows, made by the op in
 // csrc/ops/woq_ops.cpp): xq[m][k] = round(x / d) with d = max |x| / 127 over the block, so that
@@ -32,10 +32,28 @@ struct BlockQuantizedRows {
   int64_t ng;
 };
 
+// The same block quantization in k order, for int8 weights (W8A8):
+//
+//   gemv_s8a8(q, M, w, K, n0, n1, scale, bias, y, ldy):
+//       y[m * ldy + n] = scale[n] * sum_l q.lane_scale[m][l] * sum_{k = 4l}^{4l+3} w[n * K + k] xq[m][k]  (+ bias[n])
+//
+// for int8 weights w [N, K] (any value, -128 included) with one scale per output channel. VNNI takes
+// w + 128 as its unsigned operand (the sign bit flipped) and subtracts q.lane_offset = 128 * the lane's
+// sum of xq; AVX2 multiplies 16-bit values (vpmaddwd), exact for every int8.
+struct BlockQuantizedRows8 {
+  const int8_t* xq;           // [M][ldq]: xq in k order (ldq = K rounded up to 64; zero beyond K)
+  int64_t ldq;
+  const float* lane_scale;    // [M][ldl]: the block scale d of k = 4l .. 4l + 3 (ldl = ldq / 4; zero beyond K)
+  const int32_t* lane_offset; // [M][ldl]: 128 * sum_{k = 4l}^{4l+3} xq[k]
+  int64_t ldl;
+};
+
 struct WoqA8Kernels {
   const char* name;  // "avx512_vnni", "avx2", "scalar"
   void (*gemv_u4a8)(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0,
                     int64_t n1, const float* scale, const float* offset, const float* bias, float* y, int64_t ldy);
+  void (*gemv_s8a8)(const BlockQuantizedRows8& q, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
+                    const float* scale, const float* bias, float* y, int64_t ldy);
 };
 
 // Each in its own translation unit (woq_a8_<isa>.cpp); call an AVX one only where qbackend::cpu::has()

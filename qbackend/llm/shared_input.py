@@ -35,7 +35,7 @@ def _version(x: torch.Tensor):
 def _format(m: nn.Module):
     """What must agree for two quantized Linears' weights to be concatenated (None: not fusable)."""
     if type(m) is WeightOnlyLinear:
-        return ("int8", m.weight_int8.shape[1])
+        return ("int8", m.weight_int8.shape[1], m.activations)
     if type(m) is Int4WeightOnlyLinear:
         return ("int4", m.in_features, m.group_size, m.symmetric, m.activations)
     return None
@@ -55,7 +55,7 @@ def _fused(members: list[nn.Module]) -> nn.Module:
     first, bias = members[0], _concat_bias(members)
     if type(first) is WeightOnlyLinear:
         return WeightOnlyLinear(torch.cat([m.weight_int8 for m in members]), torch.cat([m.w_scales for m in members]),
-                                bias)
+                                bias, first.activations)
     return Int4WeightOnlyLinear(torch.cat([m.weight_packed for m in members]), torch.cat([m.scales for m in members]),
                                 torch.cat([m.offsets for m in members]), bias, first.group_size, first.in_features,
                                 first.symmetric, first.activations)

@@ -89,27 +89,38 @@ class DynamicQuantizedLinear(Tracked, _PackedLinearShape, nn.Module):
 
 class WeightOnlyLinear(Tracked, nn.Module):
     """int8 weight (per-channel scales) kept in memory, float activations: float32 inputs go to
-    qbackend::woq_linear (the weights streamed as int8, products in float32); other float dtypes
-    multiply the weight dequantized to their dtype."""
+    qbackend::woq_linear (the weights streamed as int8, products in float32), or with
+    activations="int8" to qbackend::woq_a8_linear (W8A8: the input quantized to int8 by blocks of 32
+    features per call, u8 x s8 products in int32); other float dtypes multiply the weight
+    dequantized to their dtype."""
 
-    def __init__(self, weight: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None):
+    activations = "float"  # the default of instances restored from files written before the choice existed
+
+    def __init__(self, weight: torch.Tensor, w_scales: torch.Tensor, bias: torch.Tensor | None,
+                 activations: str = "float"):
         super().__init__()
         if weight.dtype != torch.int8 or weight.dim() != 2:
             raise TypeError("WeightOnlyLinear needs a 2-D int8 weight")
+        if activations not in ("float", "int8"):
+            raise ValueError(f"activations must be one of float, int8, got {activations!r}")
+        self.activations = activations
         self.register_buffer("weight_int8", weight.contiguous())
         self.register_buffer("w_scales", w_scales.float().reshape(-1, 1).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, weight_observer=None, name: str | None = None) -> "WeightOnlyLinear":
+    def from_float(cls, linear: nn.Linear, weight_observer=None, name: str | None = None,
+                   activations: str = "float") -> "WeightOnlyLinear":
         q, scales = quantize_weight(linear.weight, weight_observer, name)
-        return cls(q, scales, linear.bias)
+        return cls(q, scales, linear.bias, activations)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
-            return torch.ops.qbackend.woq_linear(x, self.weight_int8, self.w_scales, self.bias)
+            op = torch.ops.qbackend.woq_a8_linear if self.activations == "int8" else torch.ops.qbackend.woq_linear
+            return op(x, self.weight_int8, self.w_scales, self.bias)
         w = self.weight_int8.to(x.dtype) * self.w_scales.to(x.dtype)
         return nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
 
     def extra_repr(self) -> str:
-        return f"in_features={self.weight_int8.shape[1]}, out_features={self.weight_int8.shape[0]}"
+        act = ", activations=int8" if self.activations == "int8" else ""
+        return f"in_features={self.weight_int8.shape[1]}, out_features={self.weight_int8.shape[0]}{act}"

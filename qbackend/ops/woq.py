@@ -1,5 +1,5 @@
-"""Fake (meta) impls of torch.ops.qbackend.woq_linear, woq4_linear and woq4a8_linear, the weight-only
-int8 and int4 Linears (the last with int8 activations) (the C++ ops in csrc/ops/woq_ops.cpp document them; qbackend.nn.WeightOnlyLinear and
+"""Fake (meta) impls of torch.ops.qbackend.woq_linear, woq_a8_linear, woq4_linear and woq4a8_linear,
+the int8 and int4 weight Linears (the a8 ones with int8 activations) (the C++ ops in csrc/ops/woq_ops.cpp document them; qbackend.nn.WeightOnlyLinear and
 Int4WeightOnlyLinear are their users), so torch.compile and torch.export trace them."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ __all__: list[str] = []
 
 
 @torch.library.register_fake("qbackend::woq_linear")
+@torch.library.register_fake("qbackend::woq_a8_linear")
 def _woq_linear_fake(x, w, scales, bias=None):
     torch._check_value(w.dim() == 2, lambda: f"w must be 2-D [N, K], got {w.dim()}-D")
     torch._check_value(x.shape[-1] == w.shape[1],
