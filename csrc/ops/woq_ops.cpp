@@ -266,32 +266,38 @@ float block_scale(const float* x, int64_t k0, int64_t k1) {
 // x / d rounded half to even (0 where d is 0 or NaN).
 int8_t quantized(float x, float d) { return d > 0.0f ? int8_t(std::nearbyint(x / d)) : int8_t(0); }
 
+// Calls block(m, xr, k0, k1, d) for each block [k0, k1) of 32 k of each row m of x2 (xr: the row), d
+// its scale.
+template <typename Block>
+void each_block(const Tensor& x2, int64_t K, const Block& block) {
+  const float* xp = x2.data_ptr<float>();
+  for (int64_t m = 0; m < x2.size(0); ++m) {
+    const float* xr = xp + m * K;
+    for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
+      const int64_t k1 = std::min(K, k0 + kBlock);
+      block(m, xr, k0, k1, block_scale(xr, k0, k1));
+    }
+  }
+}
+
 BlockQuantized quantize_blocks(const Tensor& x2, int64_t K, int64_t G) {
   const int64_t M = x2.size(0), Kp = (K + 127) / 128 * 128, ldq = Kp / 2, ldl = Kp / 8, ng = (K + G - 1) / G;
   BlockQuantized b{std::vector<int8_t>(size_t(M * ldq), 0), std::vector<int8_t>(size_t(M * ldq), 0),
                    std::vector<float>(size_t(M * ldl), 0.0f), std::vector<float>(size_t(M * ng), 0.0f), {}};
-  const float* xp = x2.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xr = xp + m * K;
+  each_block(x2, K, [&](int64_t m, const float* xr, int64_t k0, int64_t k1, float d) {
     int8_t* even = b.even.data() + m * ldq;
     int8_t* odd = b.odd.data() + m * ldq;
-    float* lane = b.lane_scale.data() + m * ldl;
-    float* gsum = b.group_sum.data() + m * ng;
-    for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
-      const int64_t k1 = std::min(K, k0 + kBlock);
-      const float d = block_scale(xr, k0, k1);
-      for (int64_t l = k0 / 8; l * 8 < k1; ++l) {
-        int32_t sum = 0;
-        for (int64_t k = l * 8; k < std::min(k1, l * 8 + 8); ++k) {
-          const int8_t q = quantized(xr[k], d);
-          (k % 2 ? odd : even)[k / 2] = q;
-          sum += q;
-        }
-        lane[l] = d;
-        gsum[l * 8 / G] += d * float(sum);
+    for (int64_t l = k0 / 8; l * 8 < k1; ++l) {
+      int32_t sum = 0;
+      for (int64_t k = l * 8; k < std::min(k1, l * 8 + 8); ++k) {
+        const int8_t q = quantized(xr[k], d);
+        (k % 2 ? odd : even)[k / 2] = q;
+        sum += q;
       }
+      b.lane_scale[size_t(m * ldl + l)] = d;
+      b.group_sum[size_t(m * ng + l * 8 / G)] += d * float(sum);
     }
-  }
+  });
   b.rows = {b.even.data(), b.odd.data(), ldq, b.lane_scale.data(), ldl, b.group_sum.data(), ng};
   return b;
 }
@@ -308,22 +314,14 @@ BlockQuantized8 quantize_blocks8(const Tensor& x2, int64_t K) {
   const int64_t M = x2.size(0), ldq = (K + 63) / 64 * 64, ldl = ldq / 4;
   BlockQuantized8 b{std::vector<int8_t>(size_t(M * ldq), 0), std::vector<float>(size_t(M * ldl), 0.0f),
                     std::vector<int32_t>(size_t(M * ldl), 0), {}};
-  const float* xp = x2.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xr = xp + m * K;
+  each_block(x2, K, [&](int64_t m, const float* xr, int64_t k0, int64_t k1, float d) {
     int8_t* xq = b.xq.data() + m * ldq;
-    float* lane = b.lane_scale.data() + m * ldl;
-    int32_t* off = b.lane_offset.data() + m * ldl;
-    for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
-      const int64_t k1 = std::min(K, k0 + kBlock);
-      const float d = block_scale(xr, k0, k1);
-      for (int64_t k = k0; k < k1; ++k) {
-        xq[k] = quantized(xr[k], d);
-        off[k / 4] += 128 * xq[k];
-      }
-      for (int64_t l = k0 / 4; l * 4 < k1; ++l) lane[l] = d;
+    for (int64_t k = k0; k < k1; ++k) {
+      xq[k] = quantized(xr[k], d);
+      b.lane_offset[size_t(m * ldl + k / 4)] += 128 * xq[k];
     }
-  }
+    for (int64_t l = k0 / 4; l * 4 < k1; ++l) b.lane_scale[size_t(m * ldl + l)] = d;
+  });
   b.rows = {b.xq.data(), ldq, b.lane_scale.data(), b.lane_offset.data(), ldl};
   return b;
 }
