@@ -131,30 +131,6 @@ Tensor int8_panel(const Tensor& w, const Tensor& scales, int64_t n0, int64_t nb)
   return w.narrow(0, n0, nb).to(at::kFloat).mul_(scales.narrow(0, n0, nb).unsqueeze(1));
 }
 
-Tensor woq_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
-                  const std::optional<Tensor>& bias_in) {
-  const auto [N, K] = check_int8(x, w_in, scales_in);
-  const Tensor bias = checked_bias(bias_in, N);
-  const Tensor w = w_in.contiguous();
-  const Tensor scales = scales_in.reshape({-1}).contiguous();
-  const auto [x2, M, out_shape] = as_rows(x, K, N);
-  Tensor y = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return y.view(out_shape);
-  if (K == 0) return (bias.defined() ? bias.expand({M, N}).clone() : y.zero_()).view(out_shape);
-  if (M <= kGemvMaxRows) {
-    const auto& k = woq_kernels();
-    const float* xp = x2.data_ptr<float>();
-    const int8_t* wp = w.data_ptr<int8_t>();
-    const float* sp = scales.data_ptr<float>();
-    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-    float* yp = y.data_ptr<float>();
-    by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8(xp, K, M, wp, K, n0, n1, sp, bp, yp, N); });
-    return y.view(out_shape);
-  }
-  by_float_panels(x2, bias, y, [&](int64_t n0, int64_t nb) { return int8_panel(w, scales, n0, nb); });
-  return y.view(out_shape);
-}
-
 // The int4 ops' arguments checked (their contract at the top of the file); the weight's N and groups.
 struct Int4Shape {
   int64_t N, ng;
@@ -214,31 +190,6 @@ void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const 
     });
     return panel;
   });
-}
-
-Tensor woq4_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const Tensor& offsets_in,
-                   int64_t G, int64_t K, const std::optional<Tensor>& bias_in) {
-  const auto [N, ng] = check_int4(x, w_in, scales_in, offsets_in, G, K);
-  const Tensor bias = checked_bias(bias_in, N);
-  const Tensor w = w_in.contiguous(), scales = scales_in.contiguous(), offsets = offsets_in.contiguous();
-  const auto [x2, M, out_shape] = as_rows(x, K, N);
-  Tensor y = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return y.view(out_shape);
-  if (M <= kGemv4MaxRows) {
-    const auto& k = woq_kernels();
-    const float* xp = x2.data_ptr<float>();
-    const uint8_t* wp = w.data_ptr<uint8_t>();
-    const float* sp = scales.data_ptr<float>();
-    const float* op = offsets.data_ptr<float>();
-    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-    float* yp = y.data_ptr<float>();
-    by_channel_blocks(N, (K + 1) / 2, [&](int64_t n0, int64_t n1) {
-      k.gemv_u4(xp, K, M, wp, K, G, n0, n1, sp, op, bp, yp, N);
-    });
-    return y.view(out_shape);
-  }
-  int4_panels(x2, w, scales, offsets, G, K, bias, y);
-  return y.view(out_shape);
 }
 
 // x2 [M, K] quantized by blocks of 32 k (woq_a8_kernels.h), in the buffers `q` points into: the block
@@ -338,32 +289,6 @@ Tensor dequantized_blocks(const BlockQuantized& b, int64_t M, int64_t K) {
   return out;
 }
 
-Tensor woq4a8_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const Tensor& offsets_in,
-                     int64_t G, int64_t K, const std::optional<Tensor>& bias_in) {
-  const auto [N, ng] = check_int4(x, w_in, scales_in, offsets_in, G, K);
-  TORCH_CHECK_VALUE((G & (G - 1)) == 0, "group_size must be a power of two with int8 activations, got ", G);
-  const Tensor bias = checked_bias(bias_in, N);
-  const Tensor w = w_in.contiguous(), scales = scales_in.contiguous(), offsets = offsets_in.contiguous();
-  const auto [x2, M, out_shape] = as_rows(x, K, N);
-  Tensor y = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return y.view(out_shape);
-  const BlockQuantized q = quantize_blocks(x2, K, G);
-  if (M <= kGemv4A8MaxRows) {
-    const auto& k = woq_a8_kernels();
-    const uint8_t* wp = w.data_ptr<uint8_t>();
-    const float* sp = scales.data_ptr<float>();
-    const float* op = offsets.data_ptr<float>();
-    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-    float* yp = y.data_ptr<float>();
-    by_channel_blocks(N, (K + 1) / 2, [&](int64_t n0, int64_t n1) {
-      k.gemv_u4a8(q.rows, M, wp, K, G, n0, n1, sp, op, bp, yp, N);
-    });
-    return y.view(out_shape);
-  }
-  int4_panels(dequantized_blocks(q, M, K), w, scales, offsets, G, K, bias, y);
-  return y.view(out_shape);
-}
-
 // x2's rows as their block-quantized values in k order (woq_a8_linear's semantics), in float32.
 Tensor dequantized_blocks8(const BlockQuantized8& b, int64_t M, int64_t K) {
   Tensor out = at::empty({M, K}, at::kFloat);
@@ -374,8 +299,9 @@ Tensor dequantized_blocks8(const BlockQuantized8& b, int64_t M, int64_t K) {
   return out;
 }
 
-Tensor woq_a8_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
-                     const std::optional<Tensor>& bias_in) {
+// woq_linear (int8_activations false) and woq_a8_linear (true).
+Tensor int8_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in,
+                          const std::optional<Tensor>& bias_in, bool int8_activations) {
   const auto [N, K] = check_int8(x, w_in, scales_in);
   const Tensor bias = checked_bias(bias_in, N);
   const Tensor w = w_in.contiguous();
@@ -384,19 +310,87 @@ Tensor woq_a8_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_i
   Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y.view(out_shape);
   if (K == 0) return (bias.defined() ? bias.expand({M, N}).clone() : y.zero_()).view(out_shape);
-  const BlockQuantized8 q = quantize_blocks8(x2, K);
-  if (M <= kGemvMaxRows) {
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const auto panel = [&](int64_t n0, int64_t nb) { return int8_panel(w, scales, n0, nb); };
+  if (int8_activations) {
+    const BlockQuantized8 q = quantize_blocks8(x2, K);
+    if (M > kGemvMaxRows) {
+      by_float_panels(dequantized_blocks8(q, M, K), bias, y, panel);
+      return y.view(out_shape);
+    }
     const auto& k = woq_a8_kernels();
-    const int8_t* wp = w.data_ptr<int8_t>();
-    const float* sp = scales.data_ptr<float>();
-    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
-    float* yp = y.data_ptr<float>();
     by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8a8(q.rows, M, wp, K, n0, n1, sp, bp, yp, N); });
     return y.view(out_shape);
   }
-  by_float_panels(dequantized_blocks8(q, M, K), bias, y,
-                  [&](int64_t n0, int64_t nb) { return int8_panel(w, scales, n0, nb); });
+  if (M > kGemvMaxRows) {
+    by_float_panels(x2, bias, y, panel);
+    return y.view(out_shape);
+  }
+  const auto& k = woq_kernels();
+  const float* xp = x2.data_ptr<float>();
+  by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8(xp, K, M, wp, K, n0, n1, sp, bp, yp, N); });
   return y.view(out_shape);
+}
+
+// woq4_linear (int8_activations false) and woq4a8_linear (true).
+Tensor int4_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const Tensor& offsets_in,
+                          int64_t G, int64_t K, const std::optional<Tensor>& bias_in, bool int8_activations) {
+  const auto [N, ng] = check_int4(x, w_in, scales_in, offsets_in, G, K);
+  TORCH_CHECK_VALUE(!int8_activations || (G & (G - 1)) == 0,
+                    "group_size must be a power of two with int8 activations, got ", G);
+  const Tensor bias = checked_bias(bias_in, N);
+  const Tensor w = w_in.contiguous(), scales = scales_in.contiguous(), offsets = offsets_in.contiguous();
+  const auto [x2, M, out_shape] = as_rows(x, K, N);
+  Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y.view(out_shape);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* op = offsets.data_ptr<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  if (int8_activations) {
+    const BlockQuantized q = quantize_blocks(x2, K, G);
+    if (M > kGemv4A8MaxRows) {
+      int4_panels(dequantized_blocks(q, M, K), w, scales, offsets, G, K, bias, y);
+      return y.view(out_shape);
+    }
+    const auto& k = woq_a8_kernels();
+    by_channel_blocks(N, (K + 1) / 2, [&](int64_t n0, int64_t n1) {
+      k.gemv_u4a8(q.rows, M, wp, K, G, n0, n1, sp, op, bp, yp, N);
+    });
+    return y.view(out_shape);
+  }
+  if (M > kGemv4MaxRows) {
+    int4_panels(x2, w, scales, offsets, G, K, bias, y);
+    return y.view(out_shape);
+  }
+  const auto& k = woq_kernels();
+  const float* xp = x2.data_ptr<float>();
+  by_channel_blocks(N, (K + 1) / 2, [&](int64_t n0, int64_t n1) {
+    k.gemv_u4(xp, K, M, wp, K, G, n0, n1, sp, op, bp, yp, N);
+  });
+  return y.view(out_shape);
+}
+
+Tensor woq_linear(const Tensor& x, const Tensor& w, const Tensor& scales, const std::optional<Tensor>& bias) {
+  return int8_weight_linear(x, w, scales, bias, false);
+}
+
+Tensor woq_a8_linear(const Tensor& x, const Tensor& w, const Tensor& scales, const std::optional<Tensor>& bias) {
+  return int8_weight_linear(x, w, scales, bias, true);
+}
+
+Tensor woq4_linear(const Tensor& x, const Tensor& w, const Tensor& scales, const Tensor& offsets, int64_t G, int64_t K,
+                   const std::optional<Tensor>& bias) {
+  return int4_weight_linear(x, w, scales, offsets, G, K, bias, false);
+}
+
+Tensor woq4a8_linear(const Tensor& x, const Tensor& w, const Tensor& scales, const Tensor& offsets, int64_t G,
+                     int64_t K, const std::optional<Tensor>& bias) {
+  return int4_weight_linear(x, w, scales, offsets, G, K, bias, true);
 }
 
 }  // namespace
