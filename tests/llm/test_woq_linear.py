@@ -97,8 +97,8 @@ def test_traces_under_compile_and_export():
 
 def test_fake_impls_are_the_weight_only_ones():
     """The providers' linear fakes are registered for "<provider>_linear" ops only, not for
-    woq_linear (whose name also ends in "_linear" but whose signature differs): torch releases that
-    refuse a second fake registration failed at import before."""
+    woq_linear (whose name also ends in "_linear" but whose signature differs), so a torch that
+    refuses a second fake registration for one op imports qbackend."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from qbackend.ops.library import ops_named
     assert "qbackend::woq_linear" not in ops_named("linear")
