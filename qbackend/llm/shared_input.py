@@ -67,6 +67,12 @@ class _Group:
     def __init__(self, fused: nn.Module, sizes: list[int]):
         self.fused, self.sizes, self.local = fused, sizes, threading.local()
 
+    def __getstate__(self):  # copies and pickles (copy.deepcopy, torch.save) leave the pending slices behind
+        return {"fused": self.fused, "sizes": self.sizes}
+
+    def __setstate__(self, state):
+        self.__init__(state["fused"], state["sizes"])
+
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         pending = getattr(self.local, "pending", None)
         if pending is not None and pending[0] is x and pending[1] == _version(x) and pending[2][index] is not None:

@@ -105,3 +105,22 @@ def test_a_model_that_cannot_take_slices_stays_unfused():
     ids = torch.arange(6).reshape(1, 6)
     with torch.no_grad():
         assert model(ids)[0].shape == (1, 6, 50)
+
+
+def test_deepcopy_and_pickle():
+    import copy
+    import io
+
+    fused = qbackend.quantize_llm(_llama())
+    ids = _ids()
+    with torch.no_grad():
+        ref = fused(ids).logits
+        dup = copy.deepcopy(fused)
+        torch.testing.assert_close(dup(ids).logits, ref, rtol=0, atol=0)
+        q = dup.model.layers[0].self_attn.q_proj
+        assert q._group.fused is q.fused and q.fused is not fused.model.layers[0].self_attn.q_proj.fused
+        buf = io.BytesIO()
+        torch.save(fused, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        torch.testing.assert_close(loaded(ids).logits, ref, rtol=0, atol=0)
