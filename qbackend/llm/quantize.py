@@ -3,17 +3,17 @@ the user's own model object (a Hugging Face causal LM: `generate`, `config`, its
 attribute access) keeps working, with its weights in 8 or 4 bits.
 
 Every `nn.Linear` (the attention projections, the MLP, and the output projection unless
-`LLMConfig(lm_head=False)`; by default it gets int8 weights whatever the scheme) becomes a `qbackend.nn.Int4WeightOnlyLinear` (LLMConfig(weights="int4"):
-4-bit weights in groups, qbackend::woq4_linear; with activations="int8", qbackend::woq4a8_linear) or a `qbackend.nn.WeightOnlyLinear`: int8 weights with one scale
-per output channel, float32 activations, products by qbackend::woq_linear (with activations="int8",
-woq_a8_linear; csrc/ops/woq_ops.cpp:
-weight-streaming kernels for decoding and prompts, a dequantized panel for long ones); a model run
-in bfloat16 or float16 multiplies the weights dequantized to its dtype per call instead. No
-whitelist of architectures: whatever the blocks are made of, their nn.Linear modules are found by
-type (GPT-2's Conv1D projections are not Linears and stay float). The RMSNorms become
-qbackend.nn.RMSNorm (one native call each), found by what they compute (llm/norms.py), and the
-Linears that read the same input (q, k, v; gate, up) one fused product (llm/shared_input.py), found
-and checked on a probe of a few token ids.
+`LLMConfig(lm_head=False)`; the output projection gets int8 weights by default whatever the scheme)
+becomes a `qbackend.nn.Int4WeightOnlyLinear` (LLMConfig(weights="int4"): 4-bit weights in groups,
+qbackend::woq4_linear) or a `qbackend.nn.WeightOnlyLinear` (int8 weights with one scale per output
+channel, qbackend::woq_linear); with LLMConfig(activations="int8") their inputs are quantized to int8
+per call (woq4a8_linear, woq_a8_linear). csrc/ops/woq_ops.cpp holds the weight-streaming kernels for
+decoding and prompts and a dequantized panel for long ones; a model run in bfloat16 or float16
+multiplies the weights dequantized to its dtype per call instead. No whitelist of architectures:
+whatever the blocks are made of, their nn.Linear modules are found by type (GPT-2's Conv1D
+projections are not Linears and stay float). The RMSNorms become qbackend.nn.RMSNorm (one native call
+each), found by what they compute (llm/norms.py), and the Linears that read the same input (q, k, v;
+gate, up) one fused product (llm/shared_input.py), found and checked on a probe of a few token ids.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _output_projection(model: nn.Module) -> nn.Module | None:
 
 def _probe(model: nn.Module):
     """A forward of a causal LM on a few tokens returning its logits (None when the model has no
-    vocabulary size in a `config` or does not run on token ids)."""
+    vocabulary size in a `config`; a model that does not run on token ids fails in the probe's run)."""
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if not isinstance(vocab, int) or vocab < 1:
         return None
@@ -48,11 +48,6 @@ def _probe(model: nn.Module):
         out = model(input_ids=ids, use_cache=False)
         return out.logits if hasattr(out, "logits") else out[0]
 
-    try:
-        with torch.no_grad():
-            run()
-    except Exception:  # noqa: BLE001  (not a model of token ids: no probe, no fusion)
-        return None
     return run
 
 
@@ -91,8 +86,8 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module
         weights = config.lm_head_weights if module is head else config.weights
         model.set_submodule(name, _quantized(module, name, config, weights))
     norms = swap_rms_norms(model, config.skips) if config.native_norms else []
-    probe = _probe(model)
-    fused = fuse_shared_inputs(model, probe) if config.fuse_projections and probe is not None else []
+    probe = _probe(model) if config.fuse_projections else None
+    fused = fuse_shared_inputs(model, probe) if probe is not None else []
     model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": chosen,
                           "float": kept, "native_norms": norms, "fused": fused}
     return model

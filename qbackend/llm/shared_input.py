@@ -105,16 +105,16 @@ class SharedInputLinear(nn.Module):
                 f"{len(self._group.sizes)} sharing one {type(self._group.fused).__name__}")
 
 
-def _groups_seen(model: nn.Module, run) -> list[list[str]]:
+def _groups_seen(model: nn.Module, run) -> tuple[list[list[str]], torch.Tensor]:
     """Runs `run()` with every fusable Linear recording its input: the runs of consecutive calls with
-    one input object (each member called once, one weight format)."""
+    one input object (each member called once, one weight format), and the run's output."""
     calls, handles = [], []
     for name, m in model.named_modules():
         if _format(m) is not None:
             handles.append(m.register_forward_pre_hook(lambda mod, args, name=name: calls.append((name, args[0]))))
     try:
         with torch.no_grad():
-            run()
+            out = run()
     finally:
         for h in handles:
             h.remove()
@@ -132,17 +132,19 @@ def _groups_seen(model: nn.Module, run) -> list[list[str]]:
         current = [(name, x)]
     if len(current) > 1:
         groups.append([n for n, _ in current])
-    return [g for g in groups if all(counts[n] == 1 for n in g)]
+    return [g for g in groups if all(counts[n] == 1 for n in g)], out
 
 
 def fuse_shared_inputs(model: nn.Module, run) -> list[list[str]]:
     """Fuse `model`'s groups of same-input Linears in place, found and checked by `run()` (a forward on
-    a probe returning a tensor); returns the groups fused (none if the check failed)."""
-    groups = _groups_seen(model, run)
+    a probe returning a tensor); returns the groups fused (none if the model does not run on the probe
+    or the check failed)."""
+    try:
+        groups, before = _groups_seen(model, run)
+    except Exception:  # noqa: BLE001  (a model the probe does not fit: nothing fused)
+        return []
     if not groups:
         return []
-    with torch.no_grad():
-        before = run()
     originals = {}
     for names in groups:
         members = [model.get_submodule(n) for n in names]
