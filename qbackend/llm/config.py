@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..nn.int4_linear import ACTIVATIONS, GROUP_SIZES
+from ..nn.int4_linear import GROUP_SIZES
+from ..nn.linear import check_activations
 
 WEIGHT_SCHEMES = ("int8", "int4")
 
@@ -57,8 +58,7 @@ class LLMConfig:
         if isinstance(self.skip, str) or not all(isinstance(s, str) and s for s in self.skip):
             raise TypeError(f"skip must be a tuple of module names, got {self.skip!r}")
         object.__setattr__(self, "skip", tuple(self.skip))
-        if self.activations not in ACTIVATIONS:
-            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {self.activations!r}")
+        check_activations(self.activations)
         if self.weights != "int4":
             if self.group_size is not None or self.symmetric is not None:
                 raise ValueError(f"group_size and symmetric apply to weights='int4', not {self.weights!r}")

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from ..core.generation import Tracked
+from .linear import check_activations
 
-__all__ = ["Int4WeightOnlyLinear", "quantize_int4", "GROUP_SIZES", "ACTIVATIONS"]
+__all__ = ["Int4WeightOnlyLinear", "quantize_int4", "GROUP_SIZES"]
 
 GROUP_SIZES = (16, 32, 64, 128, 256)
-ACTIVATIONS = ("float", "int8")
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int = 32, symmetric: bool = False):
@@ -75,8 +75,6 @@ class Int4WeightOnlyLinear(Tracked, nn.Module):
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None,
                  group_size: int, in_features: int, symmetric: bool, activations: str = "float"):
         super().__init__()
-        if activations not in ACTIVATIONS:
-            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
         if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] != (in_features + 1) // 2:
             raise ValueError("Int4WeightOnlyLinear needs a uint8 [N, ceil(in_features / 2)] packed weight")
         self.register_buffer("weight_packed", packed.contiguous())
@@ -87,7 +85,7 @@ class Int4WeightOnlyLinear(Tracked, nn.Module):
         self.in_features = int(in_features)
         self.out_features = int(packed.shape[0])
         self.symmetric = bool(symmetric)
-        self.activations = activations
+        self.activations = check_activations(activations)
 
     @classmethod
     def from_float(cls, linear: nn.Linear, group_size: int = 32, symmetric: bool = False,

@@ -15,7 +15,17 @@ from ..ops import PackedLinearWeight
 from .activation import POST_OPS, StaticQParamsMixin, check_post_op
 from .weights import quantize_weight
 
-__all__ = ["POST_OPS", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear"]
+__all__ = ["POST_OPS", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear", "ACTIVATIONS",
+           "check_activations"]
+
+# The weight-only Linears' activations: "float" (float32 products) or "int8" (quantized per call by blocks).
+ACTIVATIONS = ("float", "int8")
+
+
+def check_activations(activations: str) -> str:
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+    return activations
 
 
 class _PackedLinearShape:
@@ -101,9 +111,7 @@ class WeightOnlyLinear(Tracked, nn.Module):
         super().__init__()
         if weight.dtype != torch.int8 or weight.dim() != 2:
             raise TypeError("WeightOnlyLinear needs a 2-D int8 weight")
-        if activations not in ("float", "int8"):
-            raise ValueError(f"activations must be one of float, int8, got {activations!r}")
-        self.activations = activations
+        self.activations = check_activations(activations)
         self.register_buffer("weight_int8", weight.contiguous())
         self.register_buffer("w_scales", w_scales.float().reshape(-1, 1).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
