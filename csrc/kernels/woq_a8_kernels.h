@@ -19,6 +19,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/woq_kernels.h"  // kRowsPerPass: the same passes of up to four rows of x
+
 namespace qbackend::kernels {
 
 // The rows of x, quantized by blocks of 32 k. Kp = K rounded up to a multiple of 128.

@@ -6,6 +6,8 @@
 // compile for its ISA.
 #pragma once
 
+#include "kernels/row_passes_impl.h"
+
 template <int MR>
 void rows_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
              const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
@@ -36,14 +38,7 @@ void rows_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* w, int64_t 
 
 void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
                const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
-  for (int64_t m = 0; m < M; m += 4) {
-    switch (std::min<int64_t>(4, M - m)) {
-      case 1: rows_a8<1>(q, m, w, K, G, n0, n1, scale, offset, bias, y, ldy); break;
-      case 2: rows_a8<2>(q, m, w, K, G, n0, n1, scale, offset, bias, y, ldy); break;
-      case 3: rows_a8<3>(q, m, w, K, G, n0, n1, scale, offset, bias, y, ldy); break;
-      default: rows_a8<4>(q, m, w, K, G, n0, n1, scale, offset, bias, y, ldy); break;
-    }
-  }
+  row_passes(M, [&]<int MR>(int64_t m) { rows_a8<MR>(q, m, w, K, G, n0, n1, scale, offset, bias, y, ldy); });
 }
 
 template <int MR>
@@ -63,12 +58,5 @@ void rows_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* w, int64_
 
 void gemv_s8a8(const BlockQuantizedRows8& q, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
                const float* scale, const float* bias, float* y, int64_t ldy) {
-  for (int64_t m = 0; m < M; m += 4) {
-    switch (std::min<int64_t>(4, M - m)) {
-      case 1: rows_s8a8<1>(q, m, w, K, n0, n1, scale, bias, y, ldy); break;
-      case 2: rows_s8a8<2>(q, m, w, K, n0, n1, scale, bias, y, ldy); break;
-      case 3: rows_s8a8<3>(q, m, w, K, n0, n1, scale, bias, y, ldy); break;
-      default: rows_s8a8<4>(q, m, w, K, n0, n1, scale, bias, y, ldy); break;
-    }
-  }
+  row_passes(M, [&]<int MR>(int64_t m) { rows_s8a8<MR>(q, m, w, K, n0, n1, scale, bias, y, ldy); });
 }

@@ -4,6 +4,8 @@
 // QB_TARGET, so the loops compile for its ISA.
 #pragma once
 
+#include "kernels/row_passes_impl.h"
+
 template <int MR>
 void rows(const float* x, int64_t ldx, const int8_t* w, int64_t K, int64_t n0, int64_t n1, const float* scale,
           const float* bias, float* y, int64_t ldy) {
@@ -21,16 +23,7 @@ void rows(const float* x, int64_t ldx, const int8_t* w, int64_t K, int64_t n0, i
 
 void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
              const float* scale, const float* bias, float* y, int64_t ldy) {
-  for (int64_t m = 0; m < M; m += kRowsPerPass) {
-    const float* xm = x + m * ldx;
-    float* ym = y + m * ldy;
-    switch (std::min<int64_t>(kRowsPerPass, M - m)) {
-      case 1: rows<1>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
-      case 2: rows<2>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
-      case 3: rows<3>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
-      default: rows<4>(xm, ldx, w, K, n0, n1, scale, bias, ym, ldy); break;
-    }
-  }
+  row_passes(M, [&]<int MR>(int64_t m) { rows<MR>(x + m * ldx, ldx, w, K, n0, n1, scale, bias, y + m * ldy, ldy); });
 }
 
 // The int4 loops: each unit's `pass4<MR>(x, ldx, wr[4], sc[4], of[4], K, G, ldw, out[MR][4])` returns the
@@ -59,14 +52,7 @@ void rows4(const float* x, int64_t ldx, const uint8_t* w, int64_t K, int64_t G, 
 
 void gemv_u4(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
              const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
-  for (int64_t m = 0; m < M; m += kRowsPerPass) {
-    const float* xm = x + m * ldx;
-    float* ym = y + m * ldy;
-    switch (std::min<int64_t>(kRowsPerPass, M - m)) {
-      case 1: rows4<1>(xm, ldx, w, K, G, n0, n1, scale, offset, bias, ym, ldy); break;
-      case 2: rows4<2>(xm, ldx, w, K, G, n0, n1, scale, offset, bias, ym, ldy); break;
-      case 3: rows4<3>(xm, ldx, w, K, G, n0, n1, scale, offset, bias, ym, ldy); break;
-      default: rows4<4>(xm, ldx, w, K, G, n0, n1, scale, offset, bias, ym, ldy); break;
-    }
-  }
+  row_passes(M, [&]<int MR>(int64_t m) {
+    rows4<MR>(x + m * ldx, ldx, w, K, G, n0, n1, scale, offset, bias, y + m * ldy, ldy);
+  });
 }
