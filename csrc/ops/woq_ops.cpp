@@ -57,7 +57,8 @@ const kernels::WoqKernels& woq_kernels() {
   return cpu::kernel_table(&kernels::woq_kernels_scalar, &kernels::woq_kernels_avx2, &kernels::woq_kernels_avx512);
 }
 
-// W4A8 needs u8 x s8 dot products: AVX512-VNNI, else AVX2's 16-bit pairs (exact here), else scalar.
+// The int8-activation kernels (W4A8, W8A8) need exact u8 x s8 dot products: AVX512-VNNI, else AVX2's 16-bit
+// products, else scalar.
 const kernels::WoqA8Kernels& woq_a8_kernels() {
   if (cpu::has(cpu::Isa::Avx512Vnni)) return kernels::woq_a8_kernels_avx512_vnni();
   if (cpu::has(cpu::Isa::Avx2)) return kernels::woq_a8_kernels_avx2();
