@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "cpu/targets.h"
 #include "kernels/woq_a8_kernels.h"
@@ -22,8 +21,19 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
+// Bytes [b0, b0 + 32) of row j of a row tile (b0 a multiple of 32): two 16-byte chunks, the second
+// zero where the row's `row_bytes` end before it (the tile's padding is zero already).
+template <typename T>
+inline __m256i two_chunks(const T* tile, int j, int64_t b0, int64_t row_bytes) {
+  const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(WeightTiles::at(tile, j, b0)));
+  const __m128i second = b0 + 16 < row_bytes
+                             ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(WeightTiles::at(tile, j, b0 + 16)))
+                             : _mm_setzero_si128();
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(first), second, 1);
+}
+
 template <int MR>
-void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* const wr[4], const float* const sc[4], int64_t K,
+void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* const sc[4], int64_t K,
              int64_t G, float acc_out[MR][4]) {
   const int64_t nbytes = (K + 1) / 2, ng = q.ng;
   const int sh = __builtin_ctzll(uint64_t(G));
@@ -42,14 +52,7 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* const wr[4]
     __m256i lo[4], hi[4];
     __m256 sv[4];
     for (int j = 0; j < 4; ++j) {
-      __m256i v;
-      if (nbytes - b0 >= 32) {
-        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + b0));
-      } else {  // the row's last bytes, zero-padded
-        alignas(32) uint8_t tail[32] = {};
-        std::memcpy(tail, wr[j] + b0, size_t(nbytes - b0));
-        v = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
-      }
+      const __m256i v = two_chunks(tile, j, b0, nbytes);
       lo[j] = _mm256_and_si256(v, low);
       hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       sv[j] = _mm256_permutevar8x32_ps(_mm256_maskload_ps(sc[j] + g0, gmask), gidx);
@@ -73,21 +76,14 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* const wr[4]
 // One block of 32 k of four int8 weight rows a step: both operands sign-extended to 16 bits and
 // multiplied by vpmaddwd (exact for every int8, -128 included), the block's sums scaled by its d.
 template <int MR>
-void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* const wr[4], int64_t K, float acc_out[MR][4]) {
+void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* tile, int64_t K, float acc_out[MR][4]) {
   __m256 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
   for (int64_t k0 = 0; k0 < K; k0 += 32) {
     __m256i wl[4], wh[4];
     for (int j = 0; j < 4; ++j) {
-      __m256i v;
-      if (K - k0 >= 32) {
-        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + k0));
-      } else {  // the row's last weights, zero-padded
-        alignas(32) int8_t tail[32] = {};
-        std::memcpy(tail, wr[j] + k0, size_t(K - k0));
-        v = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
-      }
+      const __m256i v = two_chunks(tile, j, k0, K);
       wl[j] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
       wh[j] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
     }

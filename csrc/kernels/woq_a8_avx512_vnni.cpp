@@ -1,7 +1,5 @@
-// AVX512-VNNI W4A8 and W8A8 products (woq_a8_kernels.h). W4A8: 128 k of four weight rows a step, their nibbles split
-// by two masks into the even and the odd k, each multiplied with the matching int8 activations by
-// one vpdpbusd (u8 x s8, exact int32 sums of each 8 k), then scaled per lane (weight group scale x
-// activation block scale) into float32. Only this file is compiled for AVX512-VNNI.
+// AVX512-VNNI W4A8 and W8A8 products (woq_a8_kernels.h): a 64-byte line of a row tile a step, all four
+// rows in one register. Only this file is compiled for AVX512-VNNI.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -17,77 +15,108 @@ QB_TARGET(QB_ISA_AVX512_VNNI)
 namespace qbackend::kernels {
 namespace {
 
-template <int MR>
-void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* const wr[4], const float* const sc[4], int64_t K,
-             int64_t G, float acc_out[MR][4]) {
-  const int64_t nbytes = (K + 1) / 2, ng = q.ng;
-  const __m128i shift = _mm_cvtsi32_si128(__builtin_ctzll(uint64_t(G)));
-  const __m512i lane_k = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512 acc[MR][4];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t b0 = 0; b0 < nbytes; b0 += 64) {
-    const __mmask64 bm = nbytes - b0 >= 64 ? ~__mmask64(0) : (__mmask64(1) << (nbytes - b0)) - 1;
-    const int64_t k0 = 2 * b0, g0 = k0 >> __builtin_ctzll(uint64_t(G));
-    const int64_t count = std::min<int64_t>(16, ng - g0);
-    const __mmask16 gm = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-    // each lane's weight group, relative to g0
-    const __m512i gidx = _mm512_sub_epi32(_mm512_srl_epi32(_mm512_add_epi32(_mm512_set1_epi32(int(k0)), lane_k), shift),
-                                          _mm512_set1_epi32(int(g0)));
-    __m512i lo[4], hi[4];
-    __m512 sv[4];
-    for (int j = 0; j < 4; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr[j] + 4 * nbytes + b0), _MM_HINT_T0);  // the next pass's rows
-      const __m512i v = _mm512_maskz_loadu_epi8(bm, wr[j] + b0);
-      lo[j] = _mm512_and_si512(v, low);
-      hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      sv[j] = _mm512_permutexvar_ps(gidx, _mm512_maskz_loadu_ps(gm, sc[j] + g0));
-    }
-    for (int i = 0; i < MR; ++i) {
-      const int64_t row = m0 + i;
-      const __m512i xe = _mm512_loadu_si512(q.even + row * q.ldq + b0);
-      const __m512i xo = _mm512_loadu_si512(q.odd + row * q.ldq + b0);
-      const __m512 d = _mm512_loadu_ps(q.lane_scale + row * q.ldl + b0 / 4);
-      for (int j = 0; j < 4; ++j) {
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[j], xe), hi[j], xo);
-        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sv[j], d), acc[i][j]);
-      }
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc_out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+// A 64-byte line of a row tile holds 16 bytes of each of its four rows: as 16 int32 lanes, lane 4j + l
+// holds bytes 4l .. 4l + 3 of row j's chunk. Against the activations' matching 16 bytes broadcast to
+// the four 128-bit quarters, one vpdpbusd gives every lane's 4-byte dot product of its row.
+
+// The sums of each row's four lanes (acc lanes 4j .. 4j + 3 -> out[j]).
+inline void row_sums(__m512 acc, float out[4]) {
+  alignas(64) float v[16];
+  _mm512_store_ps(v, acc);
+  for (int j = 0; j < 4; ++j) out[j] = (v[4 * j] + v[4 * j + 1]) + (v[4 * j + 2] + v[4 * j + 3]);
 }
 
-// 64 k of four int8 weight rows a step: the sign bit flipped makes them w + 128 (u8), whose products
-// with xq vpdpbusd sums per 4 k; the lane's 128 * sum(xq) taken off leaves the exact sum of w * xq.
+// W4A8: a line a step (32 k of each row, one activation block); the nibbles split by two masks into the
+// even and the odd k, each multiplied with the matching int8 activations by one vpdpbusd (u8 x s8, exact
+// int32 sums of each 8 k), then scaled per lane (weight group scale x the block's activation scale)
+// into float32. Two lines an iteration, into two accumulators.
 template <int MR>
-void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* const wr[4], int64_t K, float acc_out[MR][4]) {
-  const __m512i flip = _mm512_set1_epi8(int8_t(0x80));
-  __m512 acc[MR][4];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k0 = 0; k0 < K; k0 += 64) {
-    // beyond K the weight reads 0 (128 after the flip) against xq = 0
-    const __mmask64 km = K - k0 >= 64 ? ~__mmask64(0) : (__mmask64(1) << (K - k0)) - 1;
-    __m512i wu[4];
-    for (int j = 0; j < 4; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr[j] + 4 * K + k0), _MM_HINT_T0);  // the next pass's rows
-      wu[j] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(km, wr[j] + k0), flip);
-    }
+void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* const sc[4], int64_t K,
+             int64_t G, float acc_out[MR][4]) {
+  const int64_t nbytes = (K + 1) / 2;
+  const int shift = __builtin_ctzll(uint64_t(G));
+  const __m512i row_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const int8_t* xe[MR];
+  const int8_t* xo[MR];
+  const float* d[MR];
+  for (int i = 0; i < MR; ++i) {
+    xe[i] = q.even + (m0 + i) * q.ldq;
+    xo[i] = q.odd + (m0 + i) * q.ldq;
+    d[i] = q.lane_scale + (m0 + i) * q.ldl;
+  }
+  // lane 4j + l's group scale of row j for the line at byte b0 (lanes l = 2, 3 hold k 16 .. 31 of the
+  // line: the next group when G = 16)
+  const auto group_scales = [&](int64_t b0) {
+    const int64_t k0 = 2 * b0, g = k0 >> shift;
+    __m512 sv =
+        _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(_mm_setr_ps(sc[0][g], sc[1][g], sc[2][g], sc[3][g])));
+    if (G == 16 && k0 + 16 < K)
+      sv = _mm512_mask_permutexvar_ps(
+          sv, __mmask16(0xCCCC), row_of_lane,
+          _mm512_castps128_ps512(_mm_setr_ps(sc[0][g + 1], sc[1][g + 1], sc[2][g + 1], sc[3][g + 1])));
+    return sv;
+  };
+  __m512 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  const auto line = [&](const uint8_t* t, int64_t b0, __m512 sv, int u) {
+    const __m512i v = _mm512_loadu_si512(t);
+    const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
     for (int i = 0; i < MR; ++i) {
-      const int64_t row = m0 + i;
-      const __m512i xv = _mm512_loadu_si512(q.xq + row * q.ldq + k0);
-      const __m512i off = _mm512_loadu_si512(q.lane_offset + row * q.ldl + k0 / 4);
-      const __m512 d = _mm512_loadu_ps(q.lane_scale + row * q.ldl + k0 / 4);
-      for (int j = 0; j < 4; ++j) {
-        const __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wu[j], xv), off);
-        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[i][j]);
-      }
+      const __m512i a = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xe[i] + b0)));
+      const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xo[i] + b0)));
+      const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a), hi, b);
+      // every lane of the line lies in one activation block: one scale d
+      acc[i][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sv, _mm512_set1_ps(d[i][b0 / 4])), acc[i][u]);
+    }
+  };
+  __m512 sv = _mm512_setzero_ps();
+  int64_t b0 = 0, g_last = -1;
+  const int64_t per_group = G >= 64 ? G / 2 : 0;  // bytes of a group, when it spans both lines of an iteration
+  for (; b0 + 32 <= nbytes; b0 += 32, tile += 2 * WeightTiles::kLine) {
+    if (per_group) {
+      if (b0 / per_group != g_last) sv = group_scales(b0), g_last = b0 / per_group;
+      line(tile, b0, sv, 0);
+      line(tile + WeightTiles::kLine, b0 + 16, sv, 1);
+    } else {
+      line(tile, b0, group_scales(b0), 0);
+      line(tile + WeightTiles::kLine, b0 + 16, group_scales(b0 + 16), 1);
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc_out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+  for (int u = 0; b0 < nbytes; b0 += 16, tile += WeightTiles::kLine, ++u) line(tile, b0, group_scales(b0), u);
+  for (int i = 0; i < MR; ++i) row_sums(_mm512_add_ps(acc[i][0], acc[i][1]), acc_out[i]);
+}
+
+// W8A8: a block of 32 k a step, the tile's two lines of it (16 k of each row each); the sign bit flipped
+// makes the weights w + 128 (u8), whose products with xq vpdpbusd sums per 4 k into sums started at
+// the block's -128 * sum(xq) per lane (q.block_offset), leaving the exact sum of w * xq, then scaled by
+// the block's d into float32. Beyond K the tile holds 0 (128 after the flip) against xq = 0.
+template <int MR>
+void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* tile, int64_t K, float acc_out[MR][4]) {
+  const __m512i flip = _mm512_set1_epi8(int8_t(0x80));
+  const int8_t* x[MR];
+  const float* d[MR];
+  const int32_t* off[MR];
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) {
+    x[i] = q.xq + (m0 + i) * q.ldq;
+    d[i] = q.lane_scale + (m0 + i) * q.ldl;
+    off[i] = q.block_offset + (m0 + i) * q.ldo;
+    acc[i] = _mm512_setzero_ps();
+  }
+  for (int64_t k0 = 0; k0 < K; k0 += 32, tile += 2 * WeightTiles::kLine) {
+    const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(tile), flip);
+    // the block's second line, where the tile has it (else xq is 0 there)
+    const __m512i w1 = k0 + 16 < K ? _mm512_xor_si512(_mm512_loadu_si512(tile + WeightTiles::kLine), flip) : flip;
+    for (int i = 0; i < MR; ++i) {
+      __m512i s = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(off[i] + k0 / 8)));
+      s = _mm512_dpbusd_epi32(s, w0, _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i] + k0))));
+      s = _mm512_dpbusd_epi32(s, w1,
+                              _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i] + k0 + 16))));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(d[i][k0 / 4]), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) row_sums(acc[i], acc_out[i]);
 }
 
 #include "kernels/woq_a8_rows_impl.h"

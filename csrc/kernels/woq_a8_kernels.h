@@ -9,9 +9,9 @@
 //         y[m * ldy + n] = sum_l scale[n * ng + (8 l) / G] * q.lane_scale[m][l] * sum_{k = 8l}^{8l+7} u(n, k) xq[m][k]
 //                        + sum_g offset[n * ng + g] * q.group_sum[m][g]  (+ bias[n])
 //
-//   which is x @ W^T for W[n, k] = scale * u + offset (the int4 weights of woq_kernels.h, same packing) with
-//   x replaced by its block-quantized values. u(n, k) in [0, 15] is the low (k even) or high (k odd) nibble
-//   of w[n * ceil(K / 2) + k / 2]; G (the weight group) is a multiple of 16.
+//   which is x @ W^T for W[n, k] = scale * u + offset (the int4 weights of woq_kernels.h, the same row
+//   tiles) with x replaced by its block-quantized values. u(n, k) in [0, 15] is the low (k even) or high
+//   (k odd) nibble of byte k / 2 of row n; G (the weight group) is a power of two >= 16.
 //
 // The products u * xq are summed exactly in int32 over each 8 k (u8 x s8 dot products: VNNI, or
 // AVX2's 16-bit pairs, which cannot saturate with u <= 15); the scaled sums are accumulated in float32
@@ -37,17 +37,21 @@ struct BlockQuantizedRows {
 // The same block quantization in k order, for int8 weights (W8A8):
 //
 //   gemv_s8a8(q, M, w, K, n0, n1, scale, bias, y, ldy):
-//       y[m * ldy + n] = scale[n] * sum_l q.lane_scale[m][l] * sum_{k = 4l}^{4l+3} w[n * K + k] xq[m][k]  (+ bias[n])
+//       y[m * ldy + n] = scale[n] * sum_l q.lane_scale[m][l] * sum_{k = 4l}^{4l+3} W[n, k] xq[m][k]  (+ bias[n])
 //
-// for int8 weights w [N, K] (any value, -128 included) with one scale per output channel. VNNI takes
-// w + 128 as its unsigned operand (the sign bit flipped) and subtracts q.lane_offset = 128 * the lane's
-// sum of xq; AVX2 multiplies 16-bit values (vpmaddwd), exact for every int8.
+// for int8 weights W [N, K] in row tiles (woq_kernels.h; any value, -128 included) with one scale per
+// output channel. VNNI takes w + 128 as its unsigned operand (the sign bit flipped), a block of 32 k as
+// the two 16-byte chunks of a row tile's line pair, and starts each block's int32 sums at
+// q.block_offset, which takes the flipped bit's 128 * sum(xq) off again; AVX2 multiplies 16-bit values
+// (vpmaddwd), exact for every int8.
 struct BlockQuantizedRows8 {
-  const int8_t* xq;           // [M][ldq]: xq in k order (ldq = K rounded up to 64; zero beyond K)
+  const int8_t* xq;             // [M][ldq]: xq in k order (ldq = K rounded up to 64; zero beyond K)
   int64_t ldq;
-  const float* lane_scale;    // [M][ldl]: the block scale d of k = 4l .. 4l + 3 (ldl = ldq / 4; zero beyond K)
-  const int32_t* lane_offset; // [M][ldl]: 128 * sum_{k = 4l}^{4l+3} xq[k]
+  const float* lane_scale;      // [M][ldl]: the block scale d of k = 4l .. 4l + 3 (ldl = ldq / 4; zero beyond K)
   int64_t ldl;
+  const int32_t* block_offset;  // [M][ldo]: for block b and l = 0..3 (index 4b + l, ldo = ldq / 8):
+                                //   -128 * sum of xq over k = 32b + 4l .. + 3 and 32b + 16 + 4l .. + 3
+  int64_t ldo;
 };
 
 struct WoqA8Kernels {

@@ -7,18 +7,21 @@ namespace {
 
 void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
                const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
-  const int64_t ldw = (K + 1) / 2, lanes = (K + 7) / 8;
+  const int64_t ldw = (K + 1) / 2, lanes = (K + 7) / 8, tile_bytes = WeightTiles::tile_bytes(ldw);
   for (int64_t m = 0; m < M; ++m) {
     const int8_t* xe = q.even + m * q.ldq;
     const int8_t* xo = q.odd + m * q.ldq;
     const float* d = q.lane_scale + m * q.ldl;
     const float* gs = q.group_sum + m * q.ng;
     for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* wr = w + n * ldw;
+      const uint8_t* tile = w + n / 4 * tile_bytes;
       float acc = 0.0f;
       for (int64_t l = 0; l < lanes; ++l) {
         int32_t sum = 0;
-        for (int64_t b = 4 * l; b < 4 * l + 4 && b < ldw; ++b) sum += (wr[b] & 15) * xe[b] + (wr[b] >> 4) * xo[b];
+        for (int64_t b = 4 * l; b < 4 * l + 4 && b < ldw; ++b) {
+          const uint8_t wb = *WeightTiles::at(tile, n % 4, b);
+          sum += (wb & 15) * xe[b] + (wb >> 4) * xo[b];
+        }
         acc += float(sum) * (scale[n * q.ng + 8 * l / G] * d[l]);
       }
       for (int64_t g = 0; g < q.ng; ++g) acc += offset[n * q.ng + g] * gs[g];
@@ -33,11 +36,11 @@ void gemv_s8a8(const BlockQuantizedRows8& q, int64_t M, const int8_t* w, int64_t
     const int8_t* xq = q.xq + m * q.ldq;
     const float* d = q.lane_scale + m * q.ldl;
     for (int64_t n = n0; n < n1; ++n) {
-      const int8_t* wr = w + n * K;
+      const int8_t* tile = w + n / 4 * WeightTiles::tile_bytes(K);
       float acc = 0.0f;
       for (int64_t l = 0; 4 * l < K; ++l) {
         int32_t sum = 0;
-        for (int64_t k = 4 * l; k < 4 * l + 4 && k < K; ++k) sum += int32_t(wr[k]) * xq[k];
+        for (int64_t k = 4 * l; k < 4 * l + 4 && k < K; ++k) sum += int32_t(*WeightTiles::at(tile, n % 4, k)) * xq[k];
         acc += float(sum) * d[l];
       }
       y[m * ldy + n] = acc * scale[n] + (bias ? bias[n] : 0.0f);

@@ -1,4 +1,4 @@
-// AVX2 weight-only int8 products (woq_kernels.h): four output channels by up to four rows of x
+// AVX2 weight-only int8 products (woq_kernels.h): the four output channels of a row tile by up to four rows of x
 // per pass, 8 weights a step (sign-extended, converted to float32, one FMA per row), the last
 // K % 8 in float32 scalars. Only this file is compiled for AVX2 with FMA (pragma below).
 #include <immintrin.h>
@@ -39,20 +39,20 @@ inline void fma_rows(const float* x, int64_t ldx, int64_t k, const __m256 wv[4],
 }
 
 template <int MR>
-void pass(const float* x, int64_t ldx, const int8_t* const wr[4], int64_t K, float out[MR][4]) {
+void pass(const float* x, int64_t ldx, const int8_t* tile, int64_t K, float out[MR][4]) {
   __m256 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
   const int64_t K8 = K & ~int64_t(7);
   for (int64_t k = 0; k < K8; k += 8) {
     __m256 wv[4];
-    for (int j = 0; j < 4; ++j) wv[j] = load_w8(wr[j] + k);
+    for (int j = 0; j < 4; ++j) wv[j] = load_w8(WeightTiles::at(tile, j, k));  // half a chunk
     fma_rows<MR>(x, ldx, k, wv, acc);
   }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) {
       float s = hsum(acc[i][j]);
-      for (int64_t k = K8; k < K; ++k) s += x[i * ldx + k] * float(wr[j][k]);
+      for (int64_t k = K8; k < K; ++k) s += x[i * ldx + k] * float(*WeightTiles::at(tile, j, k));
       out[i][j] = s;
     }
 }
@@ -68,8 +68,8 @@ inline __m256 nibbles(const uint8_t* p) {
 }
 
 template <int MR>
-void pass4(const float* x, int64_t ldx, const uint8_t* const wr[4], const float* const sc[4], const float* const of[4],
-           int64_t K, int64_t G, int64_t ldw, float out[MR][4]) {
+void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* const sc[4], const float* const of[4],
+           int64_t K, int64_t G, float out[MR][4]) {
   __m256 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -78,14 +78,16 @@ void pass4(const float* x, int64_t ldx, const uint8_t* const wr[4], const float*
     const int64_t g = k / G;
     __m256 wv[4];
     for (int j = 0; j < 4; ++j)
-      wv[j] = _mm256_fmadd_ps(nibbles(wr[j] + k / 2), _mm256_set1_ps(sc[j][g]), _mm256_set1_ps(of[j][g]));
+      wv[j] = _mm256_fmadd_ps(nibbles(WeightTiles::at(tile, j, k / 2)), _mm256_set1_ps(sc[j][g]),
+                              _mm256_set1_ps(of[j][g]));
     fma_rows<MR>(x, ldx, k, wv, acc);
   }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) {
       float s = hsum(acc[i][j]);
       for (int64_t k = K8; k < K; ++k) {
-        const int u = (k & 1) ? (wr[j][k / 2] >> 4) : (wr[j][k / 2] & 15);
+        const uint8_t b = *WeightTiles::at(tile, j, k / 2);
+        const int u = (k & 1) ? (b >> 4) : (b & 15);
         s += x[i * ldx + k] * std::fma(sc[j][k / G], float(u), of[j][k / G]);
       }
       out[i][j] = s;

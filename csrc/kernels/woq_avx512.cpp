@@ -1,5 +1,5 @@
-// AVX512 weight-only int8 products (woq_kernels.h): four output channels by up to four rows of x
-// per pass, 16 weights a step (sign-extended, converted to float32, one FMA per row), the K tail
+// AVX512 weight-only int8 products (woq_kernels.h): the four output channels of a row tile by up to
+// four rows of x per pass, 16 weights a step (sign-extended, converted to float32, one FMA per row), the K tail
 // masked. Only this file is compiled for AVX512 with FMA (pragma below, after the includes).
 #include <immintrin.h>
 
@@ -18,17 +18,16 @@ namespace qbackend::kernels {
 namespace {
 
 template <int MR>
-void pass(const float* x, int64_t ldx, const int8_t* const wr[4], int64_t K, float acc_out[MR][4]) {
+void pass(const float* x, int64_t ldx, const int8_t* tile, int64_t K, float acc_out[MR][4]) {
   __m512 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
+  // one 64-byte line of the tile a step: 16 weights of each row (zero beyond K, where x is masked)
+  for (int64_t k = 0; k < K; k += 16, tile += WeightTiles::kLine) {
     const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
     __m512 wv[4];
-    if ((k & 63) == 0)  // the next pass's rows (4 rows on), one cache line per 64 weights
-      for (int j = 0; j < 4; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + 4 * K + k), _MM_HINT_T0);
     for (int j = 0; j < 4; ++j)
-      wv[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, wr[j] + k)));
+      wv[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tile + 16 * j))));
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
       for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
@@ -51,10 +50,10 @@ inline void nibbles(const uint8_t* p, int64_t nbytes, __m512* lo, __m512* hi) {
 inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 
 // Group by group (the scale and offset of each row broadcast once), 32 weights a step: one 16-byte
-// load per row and step, dequantized by one FMA per 16.
+// chunk per row and step (8 bytes where G is 16), dequantized by one FMA per 16.
 template <int MR>
-void pass4(const float* x, int64_t ldx, const uint8_t* const wr[4], const float* const sc[4], const float* const of[4],
-           int64_t K, int64_t G, int64_t ldw, float acc_out[MR][4]) {
+void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* const sc[4], const float* const of[4],
+           int64_t K, int64_t G, float acc_out[MR][4]) {
   __m512 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -63,7 +62,6 @@ void pass4(const float* x, int64_t ldx, const uint8_t* const wr[4], const float*
     for (int j = 0; j < 4; ++j) {
       s[j] = _mm512_set1_ps(sc[j][g]);
       o[j] = _mm512_set1_ps(of[j][g]);
-      _mm_prefetch(reinterpret_cast<const char*>(wr[j] + 4 * ldw + k0 / 2), _MM_HINT_T0);  // the next pass's rows
     }
     const int64_t k1 = std::min(K, k0 + G);
     for (int64_t k = k0; k < k1; k += 32) {
@@ -71,7 +69,7 @@ void pass4(const float* x, int64_t ldx, const uint8_t* const wr[4], const float*
       const int64_t nbytes = std::min<int64_t>(16, (left + 1) / 2);
       __m512 wlo[4], whi[4];
       for (int j = 0; j < 4; ++j) {
-        nibbles(wr[j] + k / 2, nbytes, &wlo[j], &whi[j]);
+        nibbles(WeightTiles::at(tile, j, k / 2), nbytes, &wlo[j], &whi[j]);  // within one chunk
         wlo[j] = _mm512_fmadd_ps(wlo[j], s[j], o[j]);
         whi[j] = _mm512_fmadd_ps(whi[j], s[j], o[j]);
       }

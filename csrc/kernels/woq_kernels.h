@@ -1,20 +1,29 @@
 // Weight-only int8 and int4 products for decoding and prompts (no torch headers): one table of
 // function pointers per ISA.
 //
+// The weights come in row tiles (WeightTiles below): the rows of output channels in groups of four,
+// each group stored as 16-byte chunks of its four rows in turn, so a pass over four channels reads
+// one sequential stream, a 64-byte line per 16 bytes of each row. (Four separate row streams reach
+// about 40% of a core's DRAM bandwidth on Zen 4; one interleaved stream about 90%:
+// benchmarks/results/epyc_zen4/weight_stream_layout.md.)
+//
 //   gemv_s8(x, ldx, M, w, K, n0, n1, scale, bias, y, ldy):
 //       for m < M and n0 <= n < n1:
-//         y[m * ldy + n] = scale[n] * sum_k x[m * ldx + k] * float(w[n * K + k]) (+ bias[n] if bias)
-//   x: float32 rows (stride ldx), w: int8 [N, K] row-major (per-output-channel scales), y: float32.
+//         y[m * ldy + n] = scale[n] * sum_k x[m * ldx + k] * float(W[n, k]) (+ bias[n] if bias)
+//   x: float32 rows (stride ldx), W int8 [N, K] in row tiles of K bytes a row (per-output-channel
+//   scales), y: float32.
 //
 //   gemv_u4(x, ldx, M, w, K, G, n0, n1, scale, offset, bias, y, ldy):
 //       the same with 4-bit weights in groups of G (a multiple of 16) consecutive k of a row:
 //         y[m * ldy + n] = sum_k x[m * ldx + k] * (scale[n * ng + g] * u(n, k) + offset[n * ng + g]) (+ bias[n])
 //       where g = k / G, ng = ceil(K / G), u(n, k) in [0, 15] the low (k even) or high (k odd) nibble of
-//       byte w[n * ceil(K / 2) + k / 2]; each weight is dequantized in float32 by one fused multiply-add.
+//       byte k / 2 of row n (row tiles of ceil(K / 2) bytes a row); each weight is dequantized in float32 by
+//       one fused multiply-add.
 //
-// The sum is accumulated in float32 in an order each ISA chooses (lanes of 16, 8 or 1 values, then
-// a reduction), so results agree across ISAs to float32 rounding, not bit for bit; each weight is
-// converted exactly (an int8 is an exact float). Every weight row is read once per call for up to
+// n0 is a multiple of 4 (a tile's first channel); the rows a tile pads beyond N are computed and not
+// stored. The sum is accumulated in float32 in an order each ISA chooses (lanes of 16, 8 or 1 values,
+// then a reduction), so results agree across ISAs to float32 rounding, not bit for bit; each weight is
+// converted exactly (an int8 is an exact float). Every weight tile is read once per call for up to
 // four rows of x (`kRowsPerPass`), so a decode step (M = 1) streams the weights once.
 #pragma once
 #include <cstdint>
@@ -22,6 +31,20 @@
 namespace qbackend::kernels {
 
 constexpr int64_t kRowsPerPass = 4;
+
+// The row-tile layout of a weight of N rows of `row_bytes` bytes: ceil(N / 4) tiles of
+// chunks(row_bytes) chunks; chunk c of a tile holds bytes [16c, 16c + 16) of its rows 0..3 in turn
+// (64 bytes), zero beyond row_bytes and beyond N. As a tensor: [ceil(N / 4), chunks, 64].
+struct WeightTiles {
+  static constexpr int64_t kRows = 4, kChunk = 16, kLine = kRows * kChunk;
+  static constexpr int64_t chunks(int64_t row_bytes) { return (row_bytes + kChunk - 1) / kChunk; }
+  static constexpr int64_t tile_bytes(int64_t row_bytes) { return chunks(row_bytes) * kLine; }
+  // Byte b of row j (0..3) of the tile at `tile`.
+  template <typename T>
+  static constexpr T* at(T* tile, int64_t j, int64_t b) {
+    return tile + (b / kChunk) * kLine + j * kChunk + b % kChunk;
+  }
+};
 
 struct WoqKernels {
   const char* name;  // "avx512", "avx2", "scalar"

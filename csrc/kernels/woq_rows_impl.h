@@ -1,7 +1,7 @@
 // The row and channel loops of the weight-only int8 kernels (woq_kernels.h), shared by the ISA units:
-// each defines, in its anonymous namespace, `template <int MR> void pass(x, ldx, wr[4], K, out[MR][4])`
-// (the sums of MR rows of x against four weight rows) and then includes this header there, after its
-// QB_TARGET, so the loops compile for its ISA.
+// each defines, in its anonymous namespace, `template <int MR> void pass(x, ldx, tile, K, out[MR][4])`
+// (the sums of MR rows of x against the four weight rows of a row tile) and then includes this header
+// there, after its QB_TARGET, so the loops compile for its ISA.
 #pragma once
 
 #include "kernels/row_passes_impl.h"
@@ -9,13 +9,11 @@
 template <int MR>
 void rows(const float* x, int64_t ldx, const int8_t* w, int64_t K, int64_t n0, int64_t n1, const float* scale,
           const float* bias, float* y, int64_t ldy) {
+  const int64_t tile_bytes = WeightTiles::tile_bytes(K);
   for (int64_t n = n0; n < n1; n += 4) {
     const int64_t nr = std::min<int64_t>(4, n1 - n);
-    const int8_t* wr[4];
-    // a short tail of channels repeats its last row (its sums are not stored)
-    for (int j = 0; j < 4; ++j) wr[j] = w + (n + std::min<int64_t>(j, nr - 1)) * K;
     float out[MR][4];
-    pass<MR>(x, ldx, wr, K, out);
+    pass<MR>(x, ldx, w + n / 4 * tile_bytes, K, out);  // a tile's rows beyond n1 are not stored
     for (int i = 0; i < MR; ++i)
       for (int64_t j = 0; j < nr; ++j) y[i * ldy + n + j] = out[i][j] * scale[n + j] + (bias ? bias[n + j] : 0.0f);
   }
@@ -26,25 +24,24 @@ void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K,
   row_passes(M, [&]<int MR>(int64_t m) { rows<MR>(x + m * ldx, ldx, w, K, n0, n1, scale, bias, y + m * ldy, ldy); });
 }
 
-// The int4 loops: each unit's `pass4<MR>(x, ldx, wr[4], sc[4], of[4], K, G, ldw, out[MR][4])` returns the
-// sums of MR rows of x against four dequantized 4-bit weight rows (their group scales and offsets).
+// The int4 loops: each unit's `pass4<MR>(x, ldx, tile, sc[4], of[4], K, G, out[MR][4])` returns the sums
+// of MR rows of x against the four dequantized 4-bit weight rows of a row tile (their group scales and
+// offsets).
 template <int MR>
 void rows4(const float* x, int64_t ldx, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
            const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
-  const int64_t ng = (K + G - 1) / G, ldw = (K + 1) / 2;
+  const int64_t ng = (K + G - 1) / G, tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
   for (int64_t n = n0; n < n1; n += 4) {
     const int64_t nr = std::min<int64_t>(4, n1 - n);
-    const uint8_t* wr[4];
     const float* sc[4];
     const float* of[4];
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 4; ++j) {  // a tile's padding rows (zero weights) take the last row's groups
       const int64_t row = n + std::min<int64_t>(j, nr - 1);
-      wr[j] = w + row * ldw;
       sc[j] = scale + row * ng;
       of[j] = offset + row * ng;
     }
     float out[MR][4];
-    pass4<MR>(x, ldx, wr, sc, of, K, G, ldw, out);
+    pass4<MR>(x, ldx, w + n / 4 * tile_bytes, sc, of, K, G, out);
     for (int i = 0; i < MR; ++i)
       for (int64_t j = 0; j < nr; ++j) y[i * ldy + n + j] = out[i][j] + (bias ? bias[n + j] : 0.0f);
   }

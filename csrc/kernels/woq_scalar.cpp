@@ -12,9 +12,9 @@ void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K,
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * ldx;
     for (int64_t n = n0; n < n1; ++n) {
-      const int8_t* wr = w + n * K;
+      const int8_t* tile = w + n / 4 * WeightTiles::tile_bytes(K);
       float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc += xr[k] * float(wr[k]);
+      for (int64_t k = 0; k < K; ++k) acc += xr[k] * float(*WeightTiles::at(tile, n % 4, k));
       y[m * ldy + n] = acc * scale[n] + (bias ? bias[n] : 0.0f);
     }
   }
@@ -22,14 +22,15 @@ void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K,
 
 void gemv_u4(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
              const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
-  const int64_t ng = (K + G - 1) / G, ldw = (K + 1) / 2;
+  const int64_t ng = (K + G - 1) / G, tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * ldx;
     for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* wr = w + n * ldw;
+      const uint8_t* tile = w + n / 4 * tile_bytes;
       float acc = 0.0f;
       for (int64_t k = 0; k < K; ++k) {
-        const int u = (k & 1) ? (wr[k / 2] >> 4) : (wr[k / 2] & 15);
+        const uint8_t b = *WeightTiles::at(tile, n % 4, k / 2);
+        const int u = (k & 1) ? (b >> 4) : (b & 15);
         const int64_t g = n * ng + k / G;
         acc += xr[k] * std::fma(scale[g], float(u), offset[g]);
       }

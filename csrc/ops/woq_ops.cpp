@@ -1,12 +1,14 @@
 // The weight-only Linear ops (qbackend.nn.WeightOnlyLinear, Int4WeightOnlyLinear, qbackend.quantize_llm):
 //
 //   woq_linear(x, w, scales, bias=None) -> y
-//       y = x @ (float(w) * scales[:, None])^T + bias, x float32 [..., K], w int8 [N, K] (one scale
-//       per output channel), scales float32 [N], bias float32 [N] or None; y float32 [..., N].
+//       y = x @ (float(W) * scales[:, None])^T + bias, x float32 [..., K], W int8 [N, K] (one scale
+//       per output channel) given as its row tiles w, scales float32 [N], bias float32 [N] or None;
+//       y float32 [..., N].
 //   woq4_linear(x, w, scales, offsets, group_size, in_features, bias=None) -> y
 //       y = x @ W^T + bias with W[n, k] = scales[n, g] * u(n, k) + offsets[n, g], g = k / group_size:
-//       4-bit weights u packed two to a byte (uint8 [N, ceil(K / 2)], k even in the low nibble),
-//       scales and offsets float32 [N, ceil(K / group_size)], group_size a multiple of 16, K = in_features.
+//       4-bit weights u packed two to a byte (U uint8 [N, ceil(K / 2)], k even in the low nibble) given
+//       as its row tiles w, scales and offsets float32 [N, ceil(K / group_size)], group_size a multiple
+//       of 16, K = in_features.
 //   woq_a8_linear(x, w, scales, bias=None) -> y
 //       woq_linear's int8 weights against x quantized to int8 by blocks of 32 k (as below): W8A8, the
 //       products u8 x s8 (VNNI) or 16-bit (AVX2) in int32.
@@ -15,6 +17,10 @@
 //       (each block's scale max |x| / 127, values rounded half to even): y = xq_dequantized @ W^T + bias,
 //       the products u8 x s8 in int32 (csrc/kernels/woq_a8_*.cpp, W4A8, the form of llama.cpp's
 //       Q4 x Q8 dot products); a block with a NaN or infinity makes its row's outputs NaN.
+//
+// Row tiles (kernels::WeightTiles, woq_kernels.h; made by qbackend.nn.weight_tiles.tile_rows): a weight
+// of N rows of B bytes as [ceil(N / 4), ceil(B / 16), 64], the rows in groups of four, each group as
+// 16-byte chunks of its four rows in turn, zero-padded; N is the length of scales (int4: its rows).
 //
 // Up to kGemvMaxRows rows of x (int4: kGemv4MaxRows, kGemv4A8MaxRows; decoding, prompts): csrc/kernels/woq_*.cpp on
 // blocks of output channels of about kBlockBytes of weights, each block read from memory once and reused from the
@@ -112,24 +118,48 @@ void by_float_panels(const Tensor& x2, const Tensor& bias, Tensor& y, const Pane
   }
 }
 
+using kernels::WeightTiles;
+
+// w checked to be the row tiles of N rows of row_bytes bytes each (what `rows` describes).
+void check_tiles(const Tensor& w, int64_t N, int64_t row_bytes, const char* rows) {
+  const int64_t tiles = (N + WeightTiles::kRows - 1) / WeightTiles::kRows, chunks = WeightTiles::chunks(row_bytes);
+  TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == tiles && w.size(1) == chunks && w.size(2) == WeightTiles::kLine,
+                    "w must be the row tiles of the ", rows, " weight (qbackend.nn.weight_tiles.tile_rows): [",
+                    tiles, ", ", chunks, ", ", WeightTiles::kLine, "] for ", N, " output channels of ", row_bytes,
+                    " bytes, got ", w.sizes());
+}
+
+// Byte b of row n of row tiles of tile_bytes bytes each.
+template <typename T>
+T tile_byte(const T* w, int64_t tile_bytes, int64_t n, int64_t b) {
+  return *WeightTiles::at(w + n / WeightTiles::kRows * tile_bytes, n % WeightTiles::kRows, b);
+}
+
 // The int8-weight ops' arguments checked (their contract at the top of the file); the weight's N and K.
 std::pair<int64_t, int64_t> check_int8(const Tensor& x, const Tensor& w_in, const Tensor& scales_in) {
   checks::dtype(x, at::kFloat, "x");
   checks::dtype(w_in, at::kChar, "w");
   checks::dtype(scales_in, at::kFloat, "scales");
-  TORCH_CHECK_VALUE(w_in.dim() == 2, "w must be 2-D [N, K], got ", w_in.dim(), "-D");
   TORCH_CHECK_VALUE(x.dim() >= 1, "x must have at least 1 dimension (its last is K)");
-  const int64_t N = w_in.size(0), K = w_in.size(1);
-  TORCH_CHECK_VALUE(x.size(-1) == K, "x's last dimension must be the weight's in_features ", K, ", got ",
-                    x.size(-1));
-  TORCH_CHECK_VALUE(scales_in.numel() == N, "scales must hold one value per output channel (", N, "), got ",
-                    scales_in.numel());
+  TORCH_CHECK_VALUE(scales_in.dim() == 1 || (scales_in.dim() == 2 && scales_in.size(1) == 1),
+                    "scales must be [N] or [N, 1] (one value per output channel), got ", scales_in.sizes());
+  const int64_t N = scales_in.size(0), K = x.size(-1);
+  check_tiles(w_in, N, K, "int8 [N, K]");
   return {N, K};
 }
 
 // The int8 weight's channels [n0, n0 + nb) dequantized to float32 (the panels beyond the kernels' rows).
-Tensor int8_panel(const Tensor& w, const Tensor& scales, int64_t n0, int64_t nb) {
-  return w.narrow(0, n0, nb).to(at::kFloat).mul_(scales.narrow(0, n0, nb).unsqueeze(1));
+Tensor int8_panel(const Tensor& w, const Tensor& scales, int64_t K, int64_t n0, int64_t nb) {
+  Tensor panel = at::empty({nb, K}, at::kFloat);
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  float* pp = panel.data_ptr<float>();
+  const int64_t tile_bytes = WeightTiles::tile_bytes(K);
+  at::parallel_for(0, nb, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t k = 0; k < K; ++k) pp[r * K + k] = float(tile_byte(wp, tile_bytes, n0 + r, k)) * sp[n0 + r];
+  });
+  return panel;
 }
 
 // The int4 ops' arguments checked (their contract at the top of the file); the weight's N and groups.
@@ -145,14 +175,13 @@ Int4Shape check_int4(const Tensor& x, const Tensor& w_in, const Tensor& scales_i
   checks::dtype(offsets_in, at::kFloat, "offsets");
   TORCH_CHECK_VALUE(G >= 16 && G % 16 == 0, "group_size must be a positive multiple of 16, got ", G);
   TORCH_CHECK_VALUE(K >= 1, "in_features must be >= 1, got ", K);
-  TORCH_CHECK_VALUE(w_in.dim() == 2 && w_in.size(1) == (K + 1) / 2, "w must be [N, ceil(in_features / 2)] = [N, ",
-                    (K + 1) / 2, "] (two 4-bit weights a byte), got ", w_in.sizes());
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == K, "x's last dimension must be in_features ", K, ", got ",
                     x.dim() >= 1 ? x.size(-1) : 0);
-  const int64_t N = w_in.size(0), ng = (K + G - 1) / G;
-  TORCH_CHECK_VALUE(scales_in.dim() == 2 && scales_in.size(0) == N && scales_in.size(1) == ng,
-                    "scales must be [N, ceil(in_features / group_size)] = [", N, ", ", ng, "], got ",
-                    scales_in.sizes());
+  const int64_t ng = (K + G - 1) / G;
+  TORCH_CHECK_VALUE(scales_in.dim() == 2 && scales_in.size(1) == ng,
+                    "scales must be [N, ceil(in_features / group_size)] = [N, ", ng, "], got ", scales_in.sizes());
+  const int64_t N = scales_in.size(0);
+  check_tiles(w_in, N, (K + 1) / 2, "4-bit [N, ceil(in_features / 2)]");
   TORCH_CHECK_VALUE(offsets_in.sizes() == scales_in.sizes(), "offsets must have the shape of scales ",
                     scales_in.sizes(), ", got ", offsets_in.sizes());
   return {N, ng};
@@ -163,7 +192,7 @@ Int4Shape check_int4(const Tensor& x, const Tensor& w_in, const Tensor& scales_i
 // its rows shared out among the threads.
 void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const Tensor& offsets, int64_t G, int64_t K,
                  const Tensor& bias, Tensor& y) {
-  const int64_t ldw = (K + 1) / 2, ng = (K + G - 1) / G;
+  const int64_t ng = (K + G - 1) / G, tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
   const float* op = offsets.data_ptr<float>();
@@ -172,7 +201,7 @@ void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const 
     float* pp = panel.data_ptr<float>();
     at::parallel_for(0, nb, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t* wr = wp + (n0 + r) * ldw;
+        const int64_t n = n0 + r;
         const float* sr = sp + (n0 + r) * ng;
         const float* orow = op + (n0 + r) * ng;
         float* out = pp + r * K;
@@ -181,11 +210,11 @@ void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const 
           const float sc = sr[g], of = orow[g];
           int64_t k = k0;
           for (; k + 1 < k1; k += 2) {
-            const uint8_t b = wr[k / 2];
+            const uint8_t b = tile_byte(wp, tile_bytes, n, k / 2);
             out[k] = sc * float(b & 15) + of;
             out[k + 1] = sc * float(b >> 4) + of;
           }
-          if (k < k1) out[k] = sc * float(wr[k / 2] & 15) + of;
+          if (k < k1) out[k] = sc * float(tile_byte(wp, tile_bytes, n, k / 2) & 15) + of;
         }
       }
     });
@@ -258,23 +287,23 @@ BlockQuantized quantize_blocks(const Tensor& x2, int64_t K, int64_t G) {
 struct BlockQuantized8 {
   std::vector<int8_t> xq;
   std::vector<float> lane_scale;
-  std::vector<int32_t> lane_offset;
+  std::vector<int32_t> block_offset;
   kernels::BlockQuantizedRows8 rows;
 };
 
 BlockQuantized8 quantize_blocks8(const Tensor& x2, int64_t K) {
-  const int64_t M = x2.size(0), ldq = (K + 63) / 64 * 64, ldl = ldq / 4;
+  const int64_t M = x2.size(0), ldq = (K + 63) / 64 * 64, ldl = ldq / 4, ldo = ldq / 8;
   BlockQuantized8 b{std::vector<int8_t>(size_t(M * ldq), 0), std::vector<float>(size_t(M * ldl), 0.0f),
-                    std::vector<int32_t>(size_t(M * ldl), 0), {}};
+                    std::vector<int32_t>(size_t(M * ldo), 0), {}};
   each_block(x2, K, [&](int64_t m, const float* xr, int64_t k0, int64_t k1, float d) {
     int8_t* xq = b.xq.data() + m * ldq;
     for (int64_t k = k0; k < k1; ++k) {
       xq[k] = quantized(xr[k], d);
-      b.lane_offset[size_t(m * ldl + k / 4)] += 128 * xq[k];
+      b.block_offset[size_t(m * ldo + k / 32 * 4 + k % 16 / 4)] -= 128 * xq[k];
     }
     for (int64_t l = k0 / 4; l * 4 < k1; ++l) b.lane_scale[size_t(m * ldl + l)] = d;
   });
-  b.rows = {b.xq.data(), ldq, b.lane_scale.data(), b.lane_offset.data(), ldl};
+  b.rows = {b.xq.data(), ldq, b.lane_scale.data(), ldl, b.block_offset.data(), ldo};
   return b;
 }
 
@@ -315,7 +344,7 @@ Tensor int8_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& sca
   const float* sp = scales.data_ptr<float>();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
-  const auto panel = [&](int64_t n0, int64_t nb) { return int8_panel(w, scales, n0, nb); };
+  const auto panel = [&](int64_t n0, int64_t nb) { return int8_panel(w, scales, K, n0, nb); };
   if (int8_activations) {
     const BlockQuantized8 q = quantize_blocks8(x2, K);
     if (M > kGemvMaxRows) {

@@ -35,20 +35,16 @@ def _version(x: torch.Tensor):
 def _format(m: nn.Module):
     """What must agree for two quantized Linears' weights to be concatenated (None: not fusable)."""
     if type(m) is WeightOnlyLinear:
-        return ("int8", m.weight_int8.shape[1], m.activations)
+        return ("int8", m.in_features, m.activations)
     if type(m) is Int4WeightOnlyLinear:
         return ("int4", m.in_features, m.group_size, m.symmetric, m.activations)
     return None
 
 
-def _out_features(m: nn.Module) -> int:
-    return m.weight_int8.shape[0] if type(m) is WeightOnlyLinear else m.out_features
-
-
 def _concat_bias(members: list[nn.Module]) -> torch.Tensor | None:
     if all(m.bias is None for m in members):
         return None
-    return torch.cat([m.bias if m.bias is not None else torch.zeros(_out_features(m)) for m in members])
+    return torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features) for m in members])
 
 
 def _fused(members: list[nn.Module]) -> nn.Module:
@@ -148,10 +144,10 @@ def fuse_shared_inputs(model: nn.Module, run) -> list[list[str]]:
     originals = {}
     for names in groups:
         members = [model.get_submodule(n) for n in names]
-        group = _Group(_fused(members), [_out_features(m) for m in members])
+        group = _Group(_fused(members), [m.out_features for m in members])
         for i, (name, m) in enumerate(zip(names, members)):
             originals[name] = m
-            model.set_submodule(name, SharedInputLinear(group, i, _format(m)[1], _out_features(m)))
+            model.set_submodule(name, SharedInputLinear(group, i, _format(m)[1], m.out_features))
     try:
         with torch.no_grad():
             after = run()

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..core.generation import Tracked
 from .linear import check_activations
+from .weight_tiles import tile_rows, untile_rows
 
 __all__ = ["Int4WeightOnlyLinear", "quantize_int4", "GROUP_SIZES"]
 
@@ -70,14 +71,15 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, offsets: torch.T
 
 
 class Int4WeightOnlyLinear(Tracked, nn.Module):
-    """4-bit group-wise weights kept packed, float activations (see the module docstring)."""
+    """4-bit group-wise weights kept packed in row tiles (weight_tiles.py), float activations (see the
+    module docstring)."""
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None,
                  group_size: int, in_features: int, symmetric: bool, activations: str = "float"):
         super().__init__()
         if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] != (in_features + 1) // 2:
             raise ValueError("Int4WeightOnlyLinear needs a uint8 [N, ceil(in_features / 2)] packed weight")
-        self.register_buffer("weight_packed", packed.contiguous())
+        self.register_buffer("weight_tiles", tile_rows(packed))
         self.register_buffer("scales", scales.float().contiguous())
         self.register_buffer("offsets", offsets.float().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
@@ -86,6 +88,16 @@ class Int4WeightOnlyLinear(Tracked, nn.Module):
         self.out_features = int(packed.shape[0])
         self.symmetric = bool(symmetric)
         self.activations = check_activations(activations)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if "weight_packed" in self._buffers:  # a model written when the weight was stored row-major
+            self._buffers["weight_tiles"] = tile_rows(self._buffers.pop("weight_packed"))
+
+    @property
+    def weight_packed(self) -> torch.Tensor:
+        """The packed weight [out_features, ceil(in_features / 2)] (a copy out of the row tiles)."""
+        return untile_rows(self.weight_tiles, self.out_features, (self.in_features + 1) // 2)
 
     @classmethod
     def from_float(cls, linear: nn.Linear, group_size: int = 32, symmetric: bool = False,
@@ -99,7 +111,7 @@ class Int4WeightOnlyLinear(Tracked, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             op = torch.ops.qbackend.woq4a8_linear if self.activations == "int8" else torch.ops.qbackend.woq4_linear
-            return op(x, self.weight_packed, self.scales, self.offsets, self.group_size, self.in_features, self.bias)
+            return op(x, self.weight_tiles, self.scales, self.offsets, self.group_size, self.in_features, self.bias)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return nn.functional.linear(x, self.dequantized_weight().to(x.dtype), bias)
 

@@ -3,7 +3,7 @@
   QuantizedLinear         static: int8 activations in (uint8/int8 with fixed qparams), uint8/int8
                           (requantized in the kernel's epilogue) or float32 out; relu/gelu fused.
   DynamicQuantizedLinear  float in, float out; the activation is quantized per call over its own range.
-  WeightOnlyLinear        int8 weight in memory, float activations (qbackend::woq_linear for float32).
+  WeightOnlyLinear        int8 weight in memory (row tiles), float activations (qbackend::woq_linear for float32).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from torch import nn
 from ..core.generation import Tracked
 from ..ops import PackedLinearWeight
 from .activation import POST_OPS, StaticQParamsMixin, check_post_op
+from .weight_tiles import tile_rows, untile_rows
 from .weights import quantize_weight
 
 __all__ = ["POST_OPS", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear", "ACTIVATIONS",
@@ -98,11 +99,11 @@ class DynamicQuantizedLinear(Tracked, _PackedLinearShape, nn.Module):
 
 
 class WeightOnlyLinear(Tracked, nn.Module):
-    """int8 weight (per-channel scales) kept in memory, float activations: float32 inputs go to
-    qbackend::woq_linear (the weights streamed as int8, products in float32), or with
-    activations="int8" to qbackend::woq_a8_linear (W8A8: the input quantized to int8 by blocks of 32
-    features per call, u8 x s8 products in int32); other float dtypes multiply the weight
-    dequantized to their dtype."""
+    """int8 weight (per-channel scales) kept in memory as row tiles (weight_tiles.py), float
+    activations: float32 inputs go to qbackend::woq_linear (the weights streamed as int8, products in
+    float32), or with activations="int8" to qbackend::woq_a8_linear (W8A8: the input quantized to int8
+    by blocks of 32 features per call, u8 x s8 products in int32); other float dtypes multiply the
+    weight dequantized to their dtype."""
 
     activations = "float"  # the default of instances restored from files written before the choice existed
 
@@ -112,9 +113,22 @@ class WeightOnlyLinear(Tracked, nn.Module):
         if weight.dtype != torch.int8 or weight.dim() != 2:
             raise TypeError("WeightOnlyLinear needs a 2-D int8 weight")
         self.activations = check_activations(activations)
-        self.register_buffer("weight_int8", weight.contiguous())
+        self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
+        self.register_buffer("weight_tiles", tile_rows(weight))
         self.register_buffer("w_scales", w_scales.float().reshape(-1, 1).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if "weight_int8" in self._buffers:  # a model written when the weight was stored row-major [N, K]
+            weight = self._buffers.pop("weight_int8")
+            self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
+            self._buffers["weight_tiles"] = tile_rows(weight)
+
+    @property
+    def weight_int8(self) -> torch.Tensor:
+        """The int8 weight [out_features, in_features] (a copy out of the row tiles)."""
+        return untile_rows(self.weight_tiles, self.out_features, self.in_features)
 
     @classmethod
     def from_float(cls, linear: nn.Linear, weight_observer=None, name: str | None = None,
@@ -125,10 +139,10 @@ class WeightOnlyLinear(Tracked, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             op = torch.ops.qbackend.woq_a8_linear if self.activations == "int8" else torch.ops.qbackend.woq_linear
-            return op(x, self.weight_int8, self.w_scales, self.bias)
+            return op(x, self.weight_tiles, self.w_scales, self.bias)
         w = self.weight_int8.to(x.dtype) * self.w_scales.to(x.dtype)
         return nn.functional.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
 
     def extra_repr(self) -> str:
         act = ", activations=int8" if self.activations == "int8" else ""
-        return f"in_features={self.weight_int8.shape[1]}, out_features={self.weight_int8.shape[0]}{act}"
+        return f"in_features={self.in_features}, out_features={self.out_features}{act}"

@@ -1,7 +1,8 @@
 """4-bit group-wise weights: the quantizer (qbackend.nn.int4_linear.quantize_int4: each weight at its
 nearest level of its group, the levels in range, the packing two to a byte in k order) and the op
 qbackend::woq4_linear against fp64 math on the same dequantized weights (scale * u + offset, one
-float32 rounding), on the AVX512, AVX2 and scalar kernels and the panel path, for every group size,
+float32 rounding; the op takes the row tiles of the packed weight), on the AVX512, AVX2 and scalar
+kernels and the panel path, for every group size,
 partial last groups, odd K, both symmetries; bad arguments are errors naming them."""
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from torch import nn
 
 from qbackend.nn import Int4WeightOnlyLinear
 from qbackend.nn.int4_linear import GROUP_SIZES, dequantize_int4, quantize_int4
+
+from qbackend.nn.weight_tiles import tile_rows as T
 
 from .isa_children import outputs_on_every_isa
 
@@ -70,12 +73,13 @@ def test_packing_order_and_odd_k():
 def test_matches_fp64_on_the_same_weights(m, k, n, g, symmetric):
     for bias in (True, False):
         x, packed, scales, offsets, g, k, b, _ = _case(m, k, n, g, m + k + n + g, symmetric, bias)
-        _check(OP(x, packed, scales, offsets, g, k, b), x, packed, scales, offsets, g, k, b)
+        _check(OP(x, T(packed), scales, offsets, g, k, b), x, packed, scales, offsets, g, k, b)
 
 
 def test_every_isa_kernel(tmp_path):
     cases = [_case(m, k, n, g, 3 * m + k, sym)[:7] for m, k, n, g in SHAPES if m <= 17 for sym in (False, True)]
-    for outs in outputs_on_every_isa(tmp_path, "woq4_linear", cases).values():
+    args = [(x, T(packed), *rest) for x, packed, *rest in cases]
+    for outs in outputs_on_every_isa(tmp_path, "woq4_linear", args).values():
         for case, y in zip(cases, outs):
             _check(y, *case)
 
@@ -96,17 +100,19 @@ def test_module_other_dtypes_and_export():
 def test_bad_arguments_name_themselves():
     x, packed, scales, offsets, g, k, b, w = _case(2, 64, 5, 32, 1)
     with pytest.raises(ValueError, match="group_size must be a positive multiple of 16"):
-        OP(x, packed, scales, offsets, 24, k, b)
-    with pytest.raises(ValueError, match=r"w must be \[N, ceil\(in_features / 2\)\]"):
-        OP(torch.randn(2, 66), packed, scales, offsets, g, 66, b)
+        OP(x, T(packed), scales, offsets, 24, k, b)
+    with pytest.raises(ValueError, match=r"w must be the row tiles of the 4-bit .*\[2, 3, 64\] for 5 output channels of 33"):
+        OP(torch.randn(2, 66), T(packed), torch.ones(5, 3), torch.ones(5, 3), g, 66, b)
+    with pytest.raises(ValueError, match=r"w must be the row tiles .*got \[5, 32\]"):
+        OP(x, packed, scales, offsets, g, k, b)  # the packed weight, not its tiles
     with pytest.raises(ValueError, match="x's last dimension must be in_features 64"):
-        OP(torch.randn(2, 63), packed, scales, offsets, g, k, b)
+        OP(torch.randn(2, 63), T(packed), scales, offsets, g, k, b)
     with pytest.raises(ValueError, match=r"scales must be \[N, ceil\(in_features / group_size\)\]"):
-        OP(x, packed, scales[:, :1], offsets, g, k, b)
+        OP(x, T(packed), scales[:, :1], offsets, g, k, b)
     with pytest.raises(ValueError, match="offsets must have the shape of scales"):
-        OP(x, packed, scales, offsets[:, :1], g, k, b)
+        OP(x, T(packed), scales, offsets[:, :1], g, k, b)
     with pytest.raises(TypeError, match="w must have dtype torch.uint8"):
-        OP(x, packed.to(torch.int8), scales, offsets, g, k, b)
+        OP(x, T(packed).to(torch.int8), scales, offsets, g, k, b)
     with pytest.raises(ValueError, match="group_size must be one of 16, 32, 64, 128, 256"):
         quantize_int4(w, 48)
     with pytest.raises(ValueError, match="NaN or infinite"):

@@ -1,7 +1,8 @@
 """int4 weights against int8 activations (qbackend::woq4a8_linear, W4A8): the activations quantized by
 blocks of 32 features (scale max |x| / 127, rounded half to even: the same float32 operations in
 torch here), then checked against fp64 math on those integers and the exact weights scale * u + offset,
-on the AVX512-VNNI, AVX2 and scalar kernels and the panel path, for every group size, partial blocks
+(the op given the row tiles of the packed weight) on the AVX512-VNNI, AVX2 and scalar kernels and the
+panel path, for every group size, partial blocks
 and groups, odd K; non-finite inputs give NaN rows; bad arguments are errors naming them."""
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from torch import nn
 
 from qbackend.nn import Int4WeightOnlyLinear
 from qbackend.nn.int4_linear import quantize_int4
+
+from qbackend.nn.weight_tiles import tile_rows as T
 
 from .isa_children import outputs_on_every_isa
 
@@ -58,13 +61,14 @@ def _check(y, x, packed, scales, offsets, g, k, b):
 @pytest.mark.parametrize("m,k,n,g", SHAPES)
 def test_matches_fp64_on_the_same_integers(m, k, n, g, symmetric):
     x, packed, scales, offsets, g, k, b = _case(m, k, n, g, m * 1000 + k + n + g, symmetric, bias=(m % 2 == 1))
-    _check(OP(x, packed, scales, offsets, g, k, b), x, packed, scales, offsets, g, k, b)
+    _check(OP(x, T(packed), scales, offsets, g, k, b), x, packed, scales, offsets, g, k, b)
 
 
 def test_every_isa_kernel(tmp_path):
     """Each ISA's kernel in a child process capped to it (AVX512-VNNI where this CPU has it)."""
     cases = [_case(m, k, n, g, 11 + m + k) for m, k, n, g in SHAPES if m <= 17]
-    for outs in outputs_on_every_isa(tmp_path, "woq4a8_linear", cases, isa_fn="woq_a8_isa", top="avx512_vnni",
+    args = [(x, T(packed), *rest) for x, packed, *rest in cases]
+    for outs in outputs_on_every_isa(tmp_path, "woq4a8_linear", args, isa_fn="woq_a8_isa", top="avx512_vnni",
                                      top_level=3).values():
         for case, y in zip(cases, outs):
             _check(y, *case)
@@ -74,7 +78,8 @@ def test_close_to_float_activations_and_leading_dims():
     """Within the activations' rounding of the float-activation op, for 3-D inputs too."""
     x, packed, scales, offsets, g, k, b = _case(2, 576, 40, 32, 5)
     x = x.reshape(2, 1, 576).expand(2, 3, 576)
-    y, yf = OP(x, packed, scales, offsets, g, k, b), torch.ops.qbackend.woq4_linear(x, packed, scales, offsets, g, k, b)
+    tiles = T(packed)
+    y, yf = OP(x, tiles, scales, offsets, g, k, b), torch.ops.qbackend.woq4_linear(x, tiles, scales, offsets, g, k, b)
     assert y.shape == (2, 3, 40)
     assert float((y - yf).norm() / yf.norm()) < 0.02
 
@@ -82,7 +87,7 @@ def test_close_to_float_activations_and_leading_dims():
 def test_non_finite_inputs_give_nan_rows():
     x, packed, scales, offsets, g, k, b = _case(3, 64, 8, 32, 9)
     x[1, 40] = float("inf")
-    y = OP(x, packed, scales, offsets, g, k, b)
+    y = OP(x, T(packed), scales, offsets, g, k, b)
     assert bool(torch.isnan(y[1]).all()) and bool(torch.isfinite(y[0]).all() and torch.isfinite(y[2]).all())
     _check(y[0::2], x[0::2], packed, scales, offsets, g, k, b)
 
@@ -93,7 +98,7 @@ def test_module_and_export():
     assert "activations=int8" in repr(q)
     x = torch.randn(4, 96)
     y = q(x)
-    torch.testing.assert_close(y, OP(x, q.weight_packed, q.scales, q.offsets, 32, 96, q.bias), rtol=0, atol=0)
+    torch.testing.assert_close(y, OP(x, T(q.weight_packed), q.scales, q.offsets, 32, 96, q.bias), rtol=0, atol=0)
     ep = torch.export.export(q, (x,))
     assert any("woq4a8_linear" in str(n.target) for n in ep.graph.nodes)
     torch.testing.assert_close(ep.module()(x), y, rtol=0, atol=0)
@@ -104,10 +109,10 @@ def test_module_and_export():
 def test_bad_arguments_name_themselves():
     x, packed, scales, offsets, g, k, b = _case(2, 96, 5, 32, 3)
     with pytest.raises(ValueError, match="power of two"):
-        OP(x, packed, scales[:, :2], offsets[:, :2], 48, k, b)
+        OP(x, T(packed), scales[:, :2], offsets[:, :2], 48, k, b)
     with pytest.raises(ValueError, match="in_features 96, got 95"):
-        OP(x[:, :95], packed, scales, offsets, g, k, b)
+        OP(x[:, :95], T(packed), scales, offsets, g, k, b)
     with pytest.raises(TypeError, match="x must have dtype torch.float32"):
-        OP(x.double(), packed, scales, offsets, g, k, b)
+        OP(x.double(), T(packed), scales, offsets, g, k, b)
     with pytest.raises(ValueError, match="bias must hold 5 values"):
-        OP(x, packed, scales, offsets, g, k, b[:3])
+        OP(x, T(packed), scales, offsets, g, k, b[:3])

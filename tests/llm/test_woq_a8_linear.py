@@ -1,6 +1,6 @@
 """int8 weights against int8 activations (qbackend::woq_a8_linear, W8A8): the activations quantized by
 blocks of 32 features as for W4A8, then checked against fp64 math on those integers and the int8
-weights with their channel scales, on the AVX512-VNNI, AVX2 and scalar kernels and the panel path,
+weights with their channel scales, (given as their row tiles) on the AVX512-VNNI, AVX2 and scalar kernels and the panel path,
 with weights at -128 and 127 (the VNNI kernel's unsigned operand is w + 128), odd K and K tails;
 non-finite inputs give NaN rows; the module and quantize_llm use it."""
 from __future__ import annotations
@@ -11,6 +11,7 @@ from torch import nn
 
 import qbackend
 from qbackend.nn import WeightOnlyLinear
+from qbackend.nn.weight_tiles import tile_rows as T
 
 from .isa_children import outputs_on_every_isa
 from .test_woq4a8_linear import block_quantized
@@ -45,12 +46,13 @@ def _check(y, x, w, s, b):
 @pytest.mark.parametrize("m,k,n", SHAPES)
 def test_matches_fp64_on_the_same_integers(m, k, n):
     x, w, s, b = _case(m, k, n, m * 1000 + k + n, bias=(m % 2 == 1))
-    _check(OP(x, w, s, b), x, w, s, b)
+    _check(OP(x, T(w), s, b), x, w, s, b)
 
 
 def test_every_isa_kernel(tmp_path):
     cases = [_case(m, k, n, 5 + m + k) for m, k, n in SHAPES if m <= 17]
-    for outs in outputs_on_every_isa(tmp_path, "woq_a8_linear", cases, isa_fn="woq_a8_isa", top="avx512_vnni",
+    args = [(x, T(w), s, b) for x, w, s, b in cases]
+    for outs in outputs_on_every_isa(tmp_path, "woq_a8_linear", args, isa_fn="woq_a8_isa", top="avx512_vnni",
                                      top_level=3).values():
         for case, y in zip(cases, outs):
             _check(y, *case)
@@ -59,7 +61,7 @@ def test_every_isa_kernel(tmp_path):
 def test_non_finite_inputs_give_nan_rows():
     x, w, s, b = _case(3, 64, 8, 9)
     x[1, 3] = float("nan")
-    y = OP(x, w, s, b)
+    y = OP(x, T(w), s, b)
     assert bool(torch.isnan(y[1]).all()) and bool(torch.isfinite(y[0::2]).all())
     _check(y[0::2], x[0::2], w, s, b)
 
@@ -69,7 +71,7 @@ def test_module_quantize_llm_and_export():
     q = WeightOnlyLinear.from_float(lin, activations="int8")
     assert "activations=int8" in repr(q)
     x = torch.randn(4, 96)
-    torch.testing.assert_close(q(x), OP(x, q.weight_int8, q.w_scales, q.bias), rtol=0, atol=0)
+    torch.testing.assert_close(q(x), OP(x, T(q.weight_int8), q.w_scales, q.bias), rtol=0, atol=0)
     ep = torch.export.export(q, (x,))
     assert any("woq_a8_linear" in str(n.target) for n in ep.graph.nodes)
     plain = WeightOnlyLinear.from_float(lin)
@@ -82,9 +84,9 @@ def test_module_quantize_llm_and_export():
 
 def test_bad_arguments_name_themselves():
     x, w, s, b = _case(2, 8, 5, 3)
-    with pytest.raises(ValueError, match="in_features 8, got 9"):
-        OP(torch.randn(2, 9), w, s, b)
+    with pytest.raises(ValueError, match="w must be the row tiles .* for 5 output channels of 17 bytes"):
+        OP(torch.randn(2, 17), T(w), s, b)
     with pytest.raises(TypeError, match="w must have dtype torch.int8"):
-        OP(x, w.to(torch.uint8), s, b)
-    with pytest.raises(ValueError, match="scales must hold one value per output channel"):
-        OP(x, w, s[:4], b)
+        OP(x, T(w).to(torch.uint8), s, b)
+    with pytest.raises(ValueError, match="for 4 output channels of 8 bytes"):
+        OP(x, T(w), s[:4], b)

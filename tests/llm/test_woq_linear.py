@@ -1,12 +1,15 @@
 """qbackend::woq_linear, the weight-only int8 Linear (csrc/ops/woq_ops.cpp, csrc/kernels/woq_*.cpp):
 against fp64 math on the same int8 weights and float32 inputs, within float32 accumulation error,
-on the AVX512, AVX2 and scalar kernels (children capped to each ISA), for row counts on both sides
+(given as their row tiles, qbackend.nn.weight_tiles) on the AVX512, AVX2 and scalar kernels (children
+capped to each ISA), for row counts on both sides
 of the kernel's four-row passes and of its switch to dequantized panels, K tails of every length,
 output-channel tails and blocks; bad arguments are errors naming them."""
 from __future__ import annotations
 
 import pytest
 import torch
+
+from qbackend.nn.weight_tiles import tile_rows as T
 
 from .isa_children import outputs_on_every_isa
 
@@ -39,24 +42,25 @@ def _check(y, x, w, s, b):
 def test_matches_fp64_on_the_same_integers(m, k, n):
     for bias in (True, False):
         x, w, s, b = _case(m, k, n, m * 1000 + k * 10 + n, bias)
-        _check(OP(x, w, s, b), x, w, s, b)
+        _check(OP(x, T(w), s, b), x, w, s, b)
 
 
 def test_leading_dims_and_strided_inputs():
     x, w, s, b = _case(3, 40, 12, 1, lead=(2,))
-    y = OP(x, w, s, b)
+    y = OP(x, T(w), s, b)
     assert y.shape == (2, 3, 12)
     _check(y, x, w, s, b)
     xt = torch.randn(40, 6).t()  # a transposed (non-contiguous) input
-    _check(OP(xt, w, s, b), xt, w, s, b)
-    _check(OP(x, w.t().contiguous().t(), s.reshape(12, 1), b), x, w, s, b)  # column-major weight, [N, 1] scales
+    _check(OP(xt, T(w), s, b), xt, w, s, b)
+    strided = T(w).transpose(0, 1).contiguous().transpose(0, 1)  # non-contiguous tiles, [N, 1] scales
+    _check(OP(x, strided, s.reshape(12, 1), b), x, w, s, b)
 
 
 def test_empty_inputs():
     x, w, s, b = _case(0, 8, 5, 2)
-    assert OP(x, w, s, b).shape == (0, 5)
+    assert OP(x, T(w), s, b).shape == (0, 5)
     x = torch.randn(3, 0)
-    assert torch.equal(OP(x, torch.zeros(4, 0, dtype=torch.int8), torch.ones(4), torch.arange(4.0)),
+    assert torch.equal(OP(x, T(torch.zeros(4, 0, dtype=torch.int8)), torch.ones(4), torch.arange(4.0)),
                        torch.arange(4.0).expand(3, 4))
 
 
@@ -64,25 +68,29 @@ def test_every_isa_kernel(tmp_path):
     """Each ISA's kernel in a child process capped to it, against fp64 (the three agree to float32
     rounding, not bit for bit: their sums run in different orders)."""
     cases = [_case(m, k, n, 7 + m + k + n) for m, k, n in SHAPES if m <= 40]
-    for outs in outputs_on_every_isa(tmp_path, "woq_linear", cases).values():
+    args = [(x, T(w), s, b) for x, w, s, b in cases]
+    for outs in outputs_on_every_isa(tmp_path, "woq_linear", args).values():
         for (x, w, s, b), y in zip(cases, outs):
             _check(y, x, w, s, b)
 
 
 def test_bad_arguments_name_themselves():
     x, w, s, b = _case(2, 8, 5, 3)
-    with pytest.raises(ValueError, match="in_features 8, got 9"):
-        OP(torch.randn(2, 9), w, s, b)
+    tiles = T(w)
+    with pytest.raises(ValueError, match=r"w must be the row tiles .*\[2, 2, 64\] for 5 output channels of 17 bytes"):
+        OP(torch.randn(2, 17), tiles, s, b)
     with pytest.raises(TypeError, match="w must have dtype torch.int8"):
-        OP(x, w.to(torch.uint8), s, b)
+        OP(x, tiles.to(torch.uint8), s, b)
     with pytest.raises(TypeError, match="x must have dtype torch.float32"):
-        OP(x.double(), w, s, b)
-    with pytest.raises(ValueError, match="scales must hold one value per output channel"):
-        OP(x, w, s[:4], b)
+        OP(x.double(), tiles, s, b)
+    with pytest.raises(ValueError, match=r"\[1, 1, 64\] for 4 output channels of 8 bytes, got \[2, 1, 64\]"):
+        OP(x, tiles, s[:4], b)
+    with pytest.raises(ValueError, match="scales must be \\[N\\] or \\[N, 1\\]"):
+        OP(x, tiles, s.reshape(1, 5), b)
     with pytest.raises(ValueError, match="bias must hold 5 values"):
-        OP(x, w, s, b[:3])
-    with pytest.raises(ValueError, match="w must be 2-D"):
-        OP(x, w.reshape(5, 8, 1), s, b)
+        OP(x, tiles, s, b[:3])
+    with pytest.raises(ValueError, match=r"w must be the row tiles .*got \[5, 8\]"):
+        OP(x, w, s, b)  # a row-major weight is not its tiles
 
 
 def test_traces_under_compile_and_export():
@@ -104,5 +112,5 @@ def test_fake_impls_are_the_weight_only_ones():
     assert "qbackend::woq_linear" not in ops_named("linear")
     assert set(ops_named("linear")) >= {"qbackend::fbgemm_linear", "qbackend::onednn_linear", "qbackend::native_linear"}
     with FakeTensorMode():
-        y = OP(torch.randn(3, 8), torch.zeros(5, 8, dtype=torch.int8), torch.ones(5), None)
+        y = OP(torch.randn(3, 8), torch.zeros(2, 1, 64, dtype=torch.int8), torch.ones(5), None)
     assert y.shape == (3, 5)
