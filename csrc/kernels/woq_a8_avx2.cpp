@@ -33,29 +33,29 @@ inline __m256i two_chunks(const T* tile, int j, int64_t b0, int64_t row_bytes) {
 }
 
 template <int MR>
-void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* const sc[4], int64_t K,
-             int64_t G, float acc_out[MR][4]) {
+void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st, int64_t K, int64_t G,
+             float acc_out[MR][4]) {
   const int64_t nbytes = (K + 1) / 2, ng = q.ng;
   const int sh = __builtin_ctzll(uint64_t(G));
   const __m128i shift = _mm_cvtsi32_si128(sh);
   const __m256i lane_k = _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
   for (int64_t b0 = 0; b0 < nbytes; b0 += 32) {
-    const int64_t k0 = 2 * b0, g0 = k0 >> sh;
-    const __m256i gmask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(8, ng - g0))), lane);
-    const __m256i gidx = _mm256_sub_epi32(_mm256_srl_epi32(_mm256_add_epi32(_mm256_set1_epi32(int(k0)), lane_k), shift),
-                                          _mm256_set1_epi32(int(g0)));
+    const int64_t k0 = 2 * b0;
+    // each lane's weight group g (lanes beyond the last group masked off) and row j's scale st[4 g + j]
+    const __m256i g = _mm256_srl_epi32(_mm256_add_epi32(_mm256_set1_epi32(int(k0)), lane_k), shift);
+    const __m256 gmask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(ng)), g));
     __m256i lo[4], hi[4];
     __m256 sv[4];
     for (int j = 0; j < 4; ++j) {
       const __m256i v = two_chunks(tile, j, b0, nbytes);
       lo[j] = _mm256_and_si256(v, low);
       hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      sv[j] = _mm256_permutevar8x32_ps(_mm256_maskload_ps(sc[j] + g0, gmask), gidx);
+      const __m256i idx = _mm256_add_epi32(_mm256_slli_epi32(g, 2), _mm256_set1_epi32(j));
+      sv[j] = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), st, idx, gmask, 4);
     }
     for (int i = 0; i < MR; ++i) {
       const int64_t row = m0 + i;

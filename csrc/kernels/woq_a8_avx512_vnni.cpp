@@ -31,8 +31,8 @@ inline void row_sums(__m512 acc, float out[4]) {
 // int32 sums of each 8 k), then scaled per lane (weight group scale x the block's activation scale)
 // into float32. Two lines an iteration, into two accumulators.
 template <int MR>
-void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* const sc[4], int64_t K,
-             int64_t G, float acc_out[MR][4]) {
+void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st, int64_t K, int64_t G,
+             float acc_out[MR][4]) {
   const int64_t nbytes = (K + 1) / 2;
   const int shift = __builtin_ctzll(uint64_t(G));
   const __m512i row_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -46,20 +46,23 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const
     d[i] = q.lane_scale + (m0 + i) * q.ldl;
   }
   // lane 4j + l's group scale of row j for the line at byte b0 (lanes l = 2, 3 hold k 16 .. 31 of the
-  // line: the next group when G = 16)
+  // line: the next group when G = 16), kept while the group lasts
+  __m512 sv = _mm512_setzero_ps();
+  int64_t g_last = -1;
   const auto group_scales = [&](int64_t b0) {
     const int64_t k0 = 2 * b0, g = k0 >> shift;
-    __m512 sv =
-        _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(_mm_setr_ps(sc[0][g], sc[1][g], sc[2][g], sc[3][g])));
-    if (G == 16 && k0 + 16 < K)
-      sv = _mm512_mask_permutexvar_ps(
-          sv, __mmask16(0xCCCC), row_of_lane,
-          _mm512_castps128_ps512(_mm_setr_ps(sc[0][g + 1], sc[1][g + 1], sc[2][g + 1], sc[3][g + 1])));
+    if (g != g_last) {
+      sv = _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(_mm_loadu_ps(st + 4 * g)));
+      if (G == 16 && k0 + 16 < K)
+        sv = _mm512_mask_permutexvar_ps(sv, __mmask16(0xCCCC), row_of_lane,
+                                        _mm512_castps128_ps512(_mm_loadu_ps(st + 4 * g + 4)));
+      g_last = g;
+    }
     return sv;
   };
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  const auto line = [&](const uint8_t* t, int64_t b0, __m512 sv, int u) {
+  const auto line = [&](const uint8_t* t, int64_t b0, __m512 scales, int u) {
     const __m512i v = _mm512_loadu_si512(t);
     const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
     for (int i = 0; i < MR; ++i) {
@@ -67,21 +70,14 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const
       const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xo[i] + b0)));
       const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a), hi, b);
       // every lane of the line lies in one activation block: one scale d
-      acc[i][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sv, _mm512_set1_ps(d[i][b0 / 4])), acc[i][u]);
+      acc[i][u] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scales, _mm512_set1_ps(d[i][b0 / 4])), acc[i][u]);
     }
   };
-  __m512 sv = _mm512_setzero_ps();
-  int64_t b0 = 0, g_last = -1;
-  const int64_t per_group = G >= 64 ? G / 2 : 0;  // bytes of a group, when it spans both lines of an iteration
+  int64_t b0 = 0;
   for (; b0 + 32 <= nbytes; b0 += 32, tile += 2 * WeightTiles::kLine) {
-    if (per_group) {
-      if (b0 / per_group != g_last) sv = group_scales(b0), g_last = b0 / per_group;
-      line(tile, b0, sv, 0);
-      line(tile + WeightTiles::kLine, b0 + 16, sv, 1);
-    } else {
-      line(tile, b0, group_scales(b0), 0);
-      line(tile + WeightTiles::kLine, b0 + 16, group_scales(b0 + 16), 1);
-    }
+    line(tile, b0, group_scales(b0), 0);
+    line(tile + WeightTiles::kLine, b0 + 16, group_scales(b0 + 16), 1);
   }
   for (int u = 0; b0 < nbytes; b0 += 16, tile += WeightTiles::kLine, ++u) line(tile, b0, group_scales(b0), u);
   for (int i = 0; i < MR; ++i) row_sums(_mm512_add_ps(acc[i][0], acc[i][1]), acc_out[i]);

@@ -6,11 +6,11 @@
 //
 //   gemv_u4a8(q, M, w, K, G, n0, n1, scale, offset, bias, y, ldy):
 //       for m < M and n0 <= n < n1:
-//         y[m * ldy + n] = sum_l scale[n * ng + (8 l) / G] * q.lane_scale[m][l] * sum_{k = 8l}^{8l+7} u(n, k) xq[m][k]
-//                        + sum_g offset[n * ng + g] * q.group_sum[m][g]  (+ bias[n])
+//         y[m * ldy + n] = sum_l S(n, 8 l / G) * q.lane_scale[m][l] * sum_{k = 8l}^{8l+7} u(n, k) xq[m][k]
+//                        + sum_g O(n, g) * q.group_sum[m][g]  (+ bias[n])
 //
-//   which is x @ W^T for W[n, k] = scale * u + offset (the int4 weights of woq_kernels.h, the same row
-//   tiles) with x replaced by its block-quantized values. u(n, k) in [0, 15] is the low (k even) or high
+//   which is x @ W^T for W[n, k] = S * u + O (the int4 weights of woq_kernels.h: the same row tiles, and
+//   S, O from the group tiles scale and offset) with x replaced by its block-quantized values. u(n, k) in [0, 15] is the low (k even) or high
 //   (k odd) nibble of byte k / 2 of row n; G (the weight group) is a power of two >= 16.
 //
 // The products u * xq are summed exactly in int32 over each 8 k (u8 x s8 dot products: VNNI, or

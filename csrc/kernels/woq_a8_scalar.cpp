@@ -22,9 +22,9 @@ void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t
           const uint8_t wb = *WeightTiles::at(tile, n % 4, b);
           sum += (wb & 15) * xe[b] + (wb >> 4) * xo[b];
         }
-        acc += float(sum) * (scale[n * q.ng + 8 * l / G] * d[l]);
+        acc += float(sum) * (scale[WeightTiles::group_at(n, 8 * l / G, q.ng)] * d[l]);
       }
-      for (int64_t g = 0; g < q.ng; ++g) acc += offset[n * q.ng + g] * gs[g];
+      for (int64_t g = 0; g < q.ng; ++g) acc += offset[WeightTiles::group_at(n, g, q.ng)] * gs[g];
       y[m * ldy + n] = acc + (bias ? bias[n] : 0.0f);
     }
   }

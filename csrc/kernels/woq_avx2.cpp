@@ -68,8 +68,8 @@ inline __m256 nibbles(const uint8_t* p) {
 }
 
 template <int MR>
-void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* const sc[4], const float* const of[4],
-           int64_t K, int64_t G, float out[MR][4]) {
+void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* st, const float* ot, int64_t K, int64_t G,
+           float out[MR][4]) {
   __m256 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -78,8 +78,8 @@ void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* const 
     const int64_t g = k / G;
     __m256 wv[4];
     for (int j = 0; j < 4; ++j)
-      wv[j] = _mm256_fmadd_ps(nibbles(WeightTiles::at(tile, j, k / 2)), _mm256_set1_ps(sc[j][g]),
-                              _mm256_set1_ps(of[j][g]));
+      wv[j] = _mm256_fmadd_ps(nibbles(WeightTiles::at(tile, j, k / 2)), _mm256_set1_ps(st[4 * g + j]),
+                              _mm256_set1_ps(ot[4 * g + j]));
     fma_rows<MR>(x, ldx, k, wv, acc);
   }
   for (int i = 0; i < MR; ++i)
@@ -88,7 +88,7 @@ void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* const 
       for (int64_t k = K8; k < K; ++k) {
         const uint8_t b = *WeightTiles::at(tile, j, k / 2);
         const int u = (k & 1) ? (b >> 4) : (b & 15);
-        s += x[i * ldx + k] * std::fma(sc[j][k / G], float(u), of[j][k / G]);
+        s += x[i * ldx + k] * std::fma(st[4 * (k / G) + j], float(u), ot[4 * (k / G) + j]);
       }
       out[i][j] = s;
     }

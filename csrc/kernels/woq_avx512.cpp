@@ -52,16 +52,16 @@ inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : _
 // Group by group (the scale and offset of each row broadcast once), 32 weights a step: one 16-byte
 // chunk per row and step (8 bytes where G is 16), dequantized by one FMA per 16.
 template <int MR>
-void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* const sc[4], const float* const of[4],
-           int64_t K, int64_t G, float acc_out[MR][4]) {
+void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* st, const float* ot, int64_t K, int64_t G,
+           float acc_out[MR][4]) {
   __m512 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t k0 = 0, g = 0; k0 < K; k0 += G, ++g) {
     __m512 s[4], o[4];
     for (int j = 0; j < 4; ++j) {
-      s[j] = _mm512_set1_ps(sc[j][g]);
-      o[j] = _mm512_set1_ps(of[j][g]);
+      s[j] = _mm512_set1_ps(st[4 * g + j]);
+      o[j] = _mm512_set1_ps(ot[4 * g + j]);
     }
     const int64_t k1 = std::min(K, k0 + G);
     for (int64_t k = k0; k < k1; k += 32) {

@@ -15,10 +15,11 @@
 //
 //   gemv_u4(x, ldx, M, w, K, G, n0, n1, scale, offset, bias, y, ldy):
 //       the same with 4-bit weights in groups of G (a multiple of 16) consecutive k of a row:
-//         y[m * ldy + n] = sum_k x[m * ldx + k] * (scale[n * ng + g] * u(n, k) + offset[n * ng + g]) (+ bias[n])
+//         y[m * ldy + n] = sum_k x[m * ldx + k] * (S(n, g) * u(n, k) + O(n, g)) (+ bias[n])
 //       where g = k / G, ng = ceil(K / G), u(n, k) in [0, 15] the low (k even) or high (k odd) nibble of
-//       byte k / 2 of row n (row tiles of ceil(K / 2) bytes a row); each weight is dequantized in float32 by
-//       one fused multiply-add.
+//       byte k / 2 of row n (row tiles of ceil(K / 2) bytes a row), and the group values come in group
+//       tiles: S(n, g) = scale[group_at(n, g, ng)], O likewise from offset; each weight is dequantized in
+//       float32 by one fused multiply-add.
 //
 // n0 is a multiple of 4 (a tile's first channel); the rows a tile pads beyond N are computed and not
 // stored. The sum is accumulated in float32 in an order each ISA chooses (lanes of 16, 8 or 1 values,
@@ -44,6 +45,13 @@ struct WeightTiles {
   static constexpr T* at(T* tile, int64_t j, int64_t b) {
     return tile + (b / kChunk) * kLine + j * kChunk + b % kChunk;
   }
+  // Group tiles: per-group values of the rows (the 4-bit weights' scales and offsets) as
+  // [ceil(N / 4), ng, 4], the four rows of a tile side by side for each group (zero for padding rows).
+  // The index of row n's value for group g, and where a tile's values begin.
+  static constexpr int64_t group_at(int64_t n, int64_t g, int64_t ng) {
+    return n / kRows * ng * kRows + g * kRows + n % kRows;
+  }
+  static constexpr int64_t group_tile(int64_t n, int64_t ng) { return n / kRows * ng * kRows; }
 };
 
 struct WoqKernels {

@@ -24,24 +24,17 @@ void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K,
   row_passes(M, [&]<int MR>(int64_t m) { rows<MR>(x + m * ldx, ldx, w, K, n0, n1, scale, bias, y + m * ldy, ldy); });
 }
 
-// The int4 loops: each unit's `pass4<MR>(x, ldx, tile, sc[4], of[4], K, G, out[MR][4])` returns the sums
-// of MR rows of x against the four dequantized 4-bit weight rows of a row tile (their group scales and
-// offsets).
+// The int4 loops: each unit's `pass4<MR>(x, ldx, tile, st, ot, K, G, out[MR][4])` returns the sums of MR
+// rows of x against the four dequantized 4-bit weight rows of a row tile, st and ot its group tiles of
+// scales and offsets (st[4 g + j]: row j's scale of group g).
 template <int MR>
 void rows4(const float* x, int64_t ldx, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
            const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
   const int64_t ng = (K + G - 1) / G, tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
   for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t nr = std::min<int64_t>(4, n1 - n);
-    const float* sc[4];
-    const float* of[4];
-    for (int j = 0; j < 4; ++j) {  // a tile's padding rows (zero weights) take the last row's groups
-      const int64_t row = n + std::min<int64_t>(j, nr - 1);
-      sc[j] = scale + row * ng;
-      of[j] = offset + row * ng;
-    }
+    const int64_t nr = std::min<int64_t>(4, n1 - n), gt = WeightTiles::group_tile(n, ng);
     float out[MR][4];
-    pass4<MR>(x, ldx, w + n / 4 * tile_bytes, sc, of, K, G, out);
+    pass4<MR>(x, ldx, w + n / 4 * tile_bytes, scale + gt, offset + gt, K, G, out);
     for (int i = 0; i < MR; ++i)
       for (int64_t j = 0; j < nr; ++j) y[i * ldy + n + j] = out[i][j] + (bias ? bias[n + j] : 0.0f);
   }

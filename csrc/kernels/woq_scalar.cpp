@@ -31,7 +31,7 @@ void gemv_u4(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t K
       for (int64_t k = 0; k < K; ++k) {
         const uint8_t b = *WeightTiles::at(tile, n % 4, k / 2);
         const int u = (k & 1) ? (b >> 4) : (b & 15);
-        const int64_t g = n * ng + k / G;
+        const int64_t g = WeightTiles::group_at(n, k / G, ng);
         acc += xr[k] * std::fma(scale[g], float(u), offset[g]);
       }
       y[m * ldy + n] = acc + (bias ? bias[n] : 0.0f);

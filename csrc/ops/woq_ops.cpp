@@ -4,15 +4,15 @@
 //       y = x @ (float(W) * scales[:, None])^T + bias, x float32 [..., K], W int8 [N, K] (one scale
 //       per output channel) given as its row tiles w, scales float32 [N], bias float32 [N] or None;
 //       y float32 [..., N].
-//   woq4_linear(x, w, scales, offsets, group_size, in_features, bias=None) -> y
-//       y = x @ W^T + bias with W[n, k] = scales[n, g] * u(n, k) + offsets[n, g], g = k / group_size:
-//       4-bit weights u packed two to a byte (U uint8 [N, ceil(K / 2)], k even in the low nibble) given
-//       as its row tiles w, scales and offsets float32 [N, ceil(K / group_size)], group_size a multiple
-//       of 16, K = in_features.
+//   woq4_linear(x, w, scales, offsets, group_size, in_features, out_features, bias=None) -> y
+//       y = x @ W^T + bias with W[n, k] = S[n, g] * u(n, k) + O[n, g], g = k / group_size: 4-bit weights
+//       u packed two to a byte (U uint8 [N, ceil(K / 2)], k even in the low nibble) given as its row
+//       tiles w, the group scales S and offsets O (float32 [N, ceil(K / group_size)]) as their group
+//       tiles scales and offsets; group_size a multiple of 16, K = in_features, N = out_features.
 //   woq_a8_linear(x, w, scales, bias=None) -> y
 //       woq_linear's int8 weights against x quantized to int8 by blocks of 32 k (as below): W8A8, the
 //       products u8 x s8 (VNNI) or 16-bit (AVX2) in int32.
-//   woq4a8_linear(x, w, scales, offsets, group_size, in_features, bias=None) -> y
+//   woq4a8_linear(x, w, scales, offsets, group_size, in_features, out_features, bias=None) -> y
 //       the same int4 weights (group_size a power of two) against x quantized to int8 by blocks of 32 k
 //       (each block's scale max |x| / 127, values rounded half to even): y = xq_dequantized @ W^T + bias,
 //       the products u8 x s8 in int32 (csrc/kernels/woq_a8_*.cpp, W4A8, the form of llama.cpp's
@@ -20,7 +20,9 @@
 //
 // Row tiles (kernels::WeightTiles, woq_kernels.h; made by qbackend.nn.weight_tiles.tile_rows): a weight
 // of N rows of B bytes as [ceil(N / 4), ceil(B / 16), 64], the rows in groups of four, each group as
-// 16-byte chunks of its four rows in turn, zero-padded; N is the length of scales (int4: its rows).
+// 16-byte chunks of its four rows in turn, zero-padded (for int8 weights N is the length of scales).
+// Group tiles (WeightTiles::group_at; qbackend.nn.weight_tiles.tile_groups): per-group values [N, G] as
+// [ceil(N / 4), G, 4], the four rows of a tile side by side for each group.
 //
 // Up to kGemvMaxRows rows of x (int4: kGemv4MaxRows, kGemv4A8MaxRows; decoding, prompts): csrc/kernels/woq_*.cpp on
 // blocks of output channels of about kBlockBytes of weights, each block read from memory once and reused from the
@@ -168,19 +170,23 @@ struct Int4Shape {
 };
 
 Int4Shape check_int4(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const Tensor& offsets_in, int64_t G,
-                     int64_t K) {
+                     int64_t K, int64_t N) {
   checks::dtype(x, at::kFloat, "x");
   checks::dtype(w_in, at::kByte, "w");
   checks::dtype(scales_in, at::kFloat, "scales");
   checks::dtype(offsets_in, at::kFloat, "offsets");
   TORCH_CHECK_VALUE(G >= 16 && G % 16 == 0, "group_size must be a positive multiple of 16, got ", G);
   TORCH_CHECK_VALUE(K >= 1, "in_features must be >= 1, got ", K);
+  TORCH_CHECK_VALUE(N >= 0, "out_features must be >= 0, got ", N);
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == K, "x's last dimension must be in_features ", K, ", got ",
                     x.dim() >= 1 ? x.size(-1) : 0);
   const int64_t ng = (K + G - 1) / G;
-  TORCH_CHECK_VALUE(scales_in.dim() == 2 && scales_in.size(1) == ng,
-                    "scales must be [N, ceil(in_features / group_size)] = [N, ", ng, "], got ", scales_in.sizes());
-  const int64_t N = scales_in.size(0);
+  const int64_t tiles = (N + WeightTiles::kRows - 1) / WeightTiles::kRows;
+  TORCH_CHECK_VALUE(scales_in.dim() == 3 && scales_in.size(0) == tiles && scales_in.size(1) == ng &&
+                        scales_in.size(2) == WeightTiles::kRows,
+                    "scales must be the group tiles of the [out_features, ceil(in_features / group_size)] scales "
+                    "(qbackend.nn.weight_tiles.tile_groups): [", tiles, ", ", ng, ", ", WeightTiles::kRows, "], got ",
+                    scales_in.sizes());
   check_tiles(w_in, N, (K + 1) / 2, "4-bit [N, ceil(in_features / 2)]");
   TORCH_CHECK_VALUE(offsets_in.sizes() == scales_in.sizes(), "offsets must have the shape of scales ",
                     scales_in.sizes(), ", got ", offsets_in.sizes());
@@ -202,12 +208,10 @@ void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const 
     at::parallel_for(0, nb, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n = n0 + r;
-        const float* sr = sp + (n0 + r) * ng;
-        const float* orow = op + (n0 + r) * ng;
         float* out = pp + r * K;
         for (int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += G) {  // G is even: a group starts on a byte
           const int64_t k1 = std::min(K, k0 + G);
-          const float sc = sr[g], of = orow[g];
+          const float sc = sp[WeightTiles::group_at(n, g, ng)], of = op[WeightTiles::group_at(n, g, ng)];
           int64_t k = k0;
           for (; k + 1 < k1; k += 2) {
             const uint8_t b = tile_byte(wp, tile_bytes, n, k / 2);
@@ -367,8 +371,9 @@ Tensor int8_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& sca
 
 // woq4_linear (int8_activations false) and woq4a8_linear (true).
 Tensor int4_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& scales_in, const Tensor& offsets_in,
-                          int64_t G, int64_t K, const std::optional<Tensor>& bias_in, bool int8_activations) {
-  const auto [N, ng] = check_int4(x, w_in, scales_in, offsets_in, G, K);
+                          int64_t G, int64_t K, int64_t N_in, const std::optional<Tensor>& bias_in,
+                          bool int8_activations) {
+  const auto [N, ng] = check_int4(x, w_in, scales_in, offsets_in, G, K, N_in);
   TORCH_CHECK_VALUE(!int8_activations || (G & (G - 1)) == 0,
                     "group_size must be a power of two with int8 activations, got ", G);
   const Tensor bias = checked_bias(bias_in, N);
@@ -414,13 +419,13 @@ Tensor woq_a8_linear(const Tensor& x, const Tensor& w, const Tensor& scales, con
 }
 
 Tensor woq4_linear(const Tensor& x, const Tensor& w, const Tensor& scales, const Tensor& offsets, int64_t G, int64_t K,
-                   const std::optional<Tensor>& bias) {
-  return int4_weight_linear(x, w, scales, offsets, G, K, bias, false);
+                   int64_t N, const std::optional<Tensor>& bias) {
+  return int4_weight_linear(x, w, scales, offsets, G, K, N, bias, false);
 }
 
 Tensor woq4a8_linear(const Tensor& x, const Tensor& w, const Tensor& scales, const Tensor& offsets, int64_t G,
-                     int64_t K, const std::optional<Tensor>& bias) {
-  return int4_weight_linear(x, w, scales, offsets, G, K, bias, true);
+                     int64_t K, int64_t N, const std::optional<Tensor>& bias) {
+  return int4_weight_linear(x, w, scales, offsets, G, K, N, bias, true);
 }
 
 }  // namespace
@@ -429,10 +434,10 @@ Tensor woq4a8_linear(const Tensor& x, const Tensor& w, const Tensor& scales, con
 TORCH_LIBRARY_FRAGMENT(qbackend, m) {
   m.def("woq_linear(Tensor x, Tensor w, Tensor scales, Tensor? bias=None) -> Tensor");
   m.def("woq4_linear(Tensor x, Tensor w, Tensor scales, Tensor offsets, int group_size, int in_features, "
-        "Tensor? bias=None) -> Tensor");
+        "int out_features, Tensor? bias=None) -> Tensor");
   m.def("woq_a8_linear(Tensor x, Tensor w, Tensor scales, Tensor? bias=None) -> Tensor");
   m.def("woq4a8_linear(Tensor x, Tensor w, Tensor scales, Tensor offsets, int group_size, int in_features, "
-        "Tensor? bias=None) -> Tensor");
+        "int out_features, Tensor? bias=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(qbackend, CPU, m) {

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..core.generation import Tracked
 from .linear import check_activations
-from .weight_tiles import tile_rows, untile_rows
+from .weight_tiles import tile_groups, tile_rows, untile_groups, untile_rows
 
 __all__ = ["Int4WeightOnlyLinear", "quantize_int4", "GROUP_SIZES"]
 
@@ -71,8 +71,8 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, offsets: torch.T
 
 
 class Int4WeightOnlyLinear(Tracked, nn.Module):
-    """4-bit group-wise weights kept packed in row tiles (weight_tiles.py), float activations (see the
-    module docstring)."""
+    """4-bit group-wise weights kept packed in row tiles, their scales and offsets in the matching group
+    tiles (weight_tiles.py), float activations (see the module docstring)."""
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None,
                  group_size: int, in_features: int, symmetric: bool, activations: str = "float"):
@@ -80,8 +80,8 @@ class Int4WeightOnlyLinear(Tracked, nn.Module):
         if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] != (in_features + 1) // 2:
             raise ValueError("Int4WeightOnlyLinear needs a uint8 [N, ceil(in_features / 2)] packed weight")
         self.register_buffer("weight_tiles", tile_rows(packed))
-        self.register_buffer("scales", scales.float().contiguous())
-        self.register_buffer("offsets", offsets.float().contiguous())
+        self.register_buffer("scale_tiles", tile_groups(scales))
+        self.register_buffer("offset_tiles", tile_groups(offsets))
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.group_size = int(group_size)
         self.in_features = int(in_features)
@@ -91,13 +91,26 @@ class Int4WeightOnlyLinear(Tracked, nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        if "weight_packed" in self._buffers:  # a model written when the weight was stored row-major
-            self._buffers["weight_tiles"] = tile_rows(self._buffers.pop("weight_packed"))
+        buffers = self._buffers
+        if "weight_packed" in buffers:  # a model written when the weights were stored row by row
+            buffers["weight_tiles"] = tile_rows(buffers.pop("weight_packed"))
+            buffers["scale_tiles"] = tile_groups(buffers.pop("scales"))
+            buffers["offset_tiles"] = tile_groups(buffers.pop("offsets"))
 
     @property
     def weight_packed(self) -> torch.Tensor:
         """The packed weight [out_features, ceil(in_features / 2)] (a copy out of the row tiles)."""
         return untile_rows(self.weight_tiles, self.out_features, (self.in_features + 1) // 2)
+
+    @property
+    def scales(self) -> torch.Tensor:
+        """The group scales [out_features, groups] (a copy out of the tiles)."""
+        return untile_groups(self.scale_tiles, self.out_features)
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """The group offsets [out_features, groups] (a copy out of the tiles)."""
+        return untile_groups(self.offset_tiles, self.out_features)
 
     @classmethod
     def from_float(cls, linear: nn.Linear, group_size: int = 32, symmetric: bool = False,
@@ -111,7 +124,8 @@ class Int4WeightOnlyLinear(Tracked, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             op = torch.ops.qbackend.woq4a8_linear if self.activations == "int8" else torch.ops.qbackend.woq4_linear
-            return op(x, self.weight_tiles, self.scales, self.offsets, self.group_size, self.in_features, self.bias)
+            return op(x, self.weight_tiles, self.scale_tiles, self.offset_tiles, self.group_size, self.in_features,
+                      self.out_features, self.bias)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return nn.functional.linear(x, self.dequantized_weight().to(x.dtype), bias)
 

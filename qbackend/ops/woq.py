@@ -27,9 +27,8 @@ def _woq_linear_fake(x, w, scales, bias=None):
 
 @torch.library.register_fake("qbackend::woq4_linear")
 @torch.library.register_fake("qbackend::woq4a8_linear")
-def _woq4_linear_fake(x, w, scales, offsets, group_size, in_features, bias=None):
+def _woq4_linear_fake(x, w, scales, offsets, group_size, in_features, out_features, bias=None):
     torch._check_value(x.shape[-1] == in_features,
                        lambda: f"x's last dimension must be in_features {in_features}, got {x.shape[-1]}")
-    n = scales.shape[0]
-    _check_tiles(w, n, (in_features + 1) // 2)
-    return x.new_empty((*x.shape[:-1], n))
+    _check_tiles(w, out_features, (in_features + 1) // 2)
+    return x.new_empty((*x.shape[:-1], out_features))

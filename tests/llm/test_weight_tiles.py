@@ -1,7 +1,8 @@
 """Row tiles (qbackend.nn.weight_tiles), the weight-only Linears' weight layout: every byte where the
 kernels' WeightTiles::at puts it (checked element by element against the definition), zero padding,
-the round trip back to rows, bad arguments; the modules hold tiles, give their row-major weight back,
-and still load the row-major state that models written before the layout hold."""
+the round trip back to rows, the 4-bit weights' group tiles, bad arguments; the modules hold tiles, give
+their row-major weight back, and still load the row-major state that models written before the layout
+hold."""
 from __future__ import annotations
 
 import copy
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from qbackend.nn import Int4WeightOnlyLinear, WeightOnlyLinear
-from qbackend.nn.weight_tiles import tile_rows, untile_rows
+from qbackend.nn.weight_tiles import tile_groups, tile_rows, untile_groups, untile_rows
 
 
 @pytest.mark.parametrize("n,b", [(1, 1), (4, 16), (5, 17), (6, 37), (9, 64), (3, 100)])
@@ -42,13 +43,12 @@ def test_bad_arguments_name_themselves():
         untile_rows(torch.zeros(1, 1, 64, dtype=torch.int8), 5, 16)
 
 
-def _old_state(module: nn.Module, old_name: str, rows: torch.Tensor) -> dict:
-    """The module's state as a model written before the row tiles holds it: the row-major weight
-    under its old buffer name, and no tile buffer."""
+def _old_state(module: nn.Module, old: dict) -> dict:
+    """The module's state as a model written before the tiles holds it: the row-major weight (and, for
+    4-bit weights, the [N, groups] scales and offsets) under their old buffer names, no tile buffers."""
     state = copy.copy(module.__dict__)
-    buffers = dict(state["_buffers"])
-    del buffers["weight_tiles"]
-    state["_buffers"] = {old_name: rows, **buffers}
+    buffers = {name: t for name, t in state["_buffers"].items() if not name.endswith("_tiles")}
+    state["_buffers"] = {**old, **buffers}
     return state
 
 
@@ -56,17 +56,37 @@ def test_modules_hold_tiles_and_load_row_major_state():
     torch.manual_seed(0)
     lin = nn.Linear(37, 6)
     x = torch.randn(3, 37)
-    for module, old_name, rows in [
-        (q := WeightOnlyLinear.from_float(lin), "weight_int8", q.weight_int8),
-        (q4 := Int4WeightOnlyLinear.from_float(lin, 16), "weight_packed", q4.weight_packed),
-    ]:
-        assert tuple(module.weight_tiles.shape) == (2, 3 if old_name == "weight_int8" else 2, 64)
-        assert torch.equal(untile_rows(module.weight_tiles, *rows.shape), rows)
-        old = type(module).__new__(type(module))
-        old.__setstate__(_old_state(module, old_name, rows.clone()))
-        assert old_name not in old._buffers and torch.equal(old.weight_tiles, module.weight_tiles)
-        assert (old.in_features, old.out_features) == (37, 6)
-        torch.testing.assert_close(old(x), module(x), rtol=0, atol=0)
+    q, q4 = WeightOnlyLinear.from_float(lin), Int4WeightOnlyLinear.from_float(lin, 16)
+    assert tuple(q.weight_tiles.shape) == (2, 3, 64) and tuple(q4.weight_tiles.shape) == (2, 2, 64)
+    assert tuple(q4.scale_tiles.shape) == tuple(q4.offset_tiles.shape) == (2, 3, 4)
+    assert torch.equal(untile_rows(q.weight_tiles, 6, 37), q.weight_int8)
+    assert torch.equal(untile_rows(q4.weight_tiles, 6, 19), q4.weight_packed)
+    assert torch.equal(untile_groups(q4.scale_tiles, 6), q4.scales) and q4.scales.shape == (6, 3)
+    assert float(q4.scale_tiles[1, :, 2:].abs().max()) == 0.0  # the padding rows' groups are zero
+    old_states = [(q, {"weight_int8": q.weight_int8}),
+                  (q4, {"weight_packed": q4.weight_packed, "scales": q4.scales, "offsets": q4.offsets})]
+    for module, old in old_states:
+        restored = type(module).__new__(type(module))
+        restored.__setstate__(_old_state(module, old))
+        assert not set(old) & set(restored._buffers)
+        for name, t in module._buffers.items():
+            assert (t is None and restored._buffers[name] is None) or torch.equal(restored._buffers[name], t), name
+        assert (restored.in_features, restored.out_features) == (37, 6)
+        torch.testing.assert_close(restored(x), module(x), rtol=0, atol=0)
         torch.testing.assert_close(copy.deepcopy(module)(x), module(x), rtol=0, atol=0)
     err = (q.weight_int8.float() - lin.weight.detach() / q.w_scales).abs()
     assert float(err.max()) <= 0.5 + 1e-4  # the nearest level of each weight, in its row-major place
+
+
+def test_group_tiles_round_trip_and_bad_arguments():
+    values = torch.randn(7, 5)
+    tiles = tile_groups(values)
+    assert tuple(tiles.shape) == (2, 5, 4)
+    for n in range(7):
+        for g in range(5):
+            assert float(tiles.reshape(-1)[n // 4 * 20 + g * 4 + n % 4]) == float(values[n, g])  # group_at
+    assert torch.equal(untile_groups(tiles, 7), values)
+    with pytest.raises(ValueError, match="values must be a 2-D float tensor"):
+        tile_groups(torch.zeros(3, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"tiles must be \[3, G, 4\] for 9 rows"):
+        untile_groups(tiles, 9)

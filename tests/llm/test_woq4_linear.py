@@ -13,7 +13,7 @@ from torch import nn
 from qbackend.nn import Int4WeightOnlyLinear
 from qbackend.nn.int4_linear import GROUP_SIZES, dequantize_int4, quantize_int4
 
-from qbackend.nn.weight_tiles import tile_rows as T
+from qbackend.nn.weight_tiles import tile_groups, tile_rows
 
 from .isa_children import outputs_on_every_isa
 
@@ -29,6 +29,12 @@ def _case(m, k, n, g, seed, symmetric=False, bias=True):
     b = torch.randn(n, generator=gen) if bias else None
     packed, scales, offsets = quantize_int4(w, g, symmetric)
     return x, packed, scales, offsets, g, k, b, w
+
+
+def tiled(x, packed, scales, offsets, g, k, b):
+    """The op's arguments for these weights: the row tiles of the packed weight, the group tiles of
+    its scales and offsets, and out_features."""
+    return x, tile_rows(packed), tile_groups(scales), tile_groups(offsets), g, k, packed.shape[0], b
 
 
 def _check(y, x, packed, scales, offsets, g, k, b):
@@ -73,12 +79,12 @@ def test_packing_order_and_odd_k():
 def test_matches_fp64_on_the_same_weights(m, k, n, g, symmetric):
     for bias in (True, False):
         x, packed, scales, offsets, g, k, b, _ = _case(m, k, n, g, m + k + n + g, symmetric, bias)
-        _check(OP(x, T(packed), scales, offsets, g, k, b), x, packed, scales, offsets, g, k, b)
+        _check(OP(*tiled(x, packed, scales, offsets, g, k, b)), x, packed, scales, offsets, g, k, b)
 
 
 def test_every_isa_kernel(tmp_path):
     cases = [_case(m, k, n, g, 3 * m + k, sym)[:7] for m, k, n, g in SHAPES if m <= 17 for sym in (False, True)]
-    args = [(x, T(packed), *rest) for x, packed, *rest in cases]
+    args = [tiled(*case) for case in cases]
     for outs in outputs_on_every_isa(tmp_path, "woq4_linear", args).values():
         for case, y in zip(cases, outs):
             _check(y, *case)
@@ -100,19 +106,27 @@ def test_module_other_dtypes_and_export():
 def test_bad_arguments_name_themselves():
     x, packed, scales, offsets, g, k, b, w = _case(2, 64, 5, 32, 1)
     with pytest.raises(ValueError, match="group_size must be a positive multiple of 16"):
-        OP(x, T(packed), scales, offsets, 24, k, b)
+        OP(*tiled(x, packed, scales, offsets, 24, k, b))
+    args = tiled(x, packed, scales, offsets, g, k, b)
+    w_t, s_t, o_t = args[1:4]
     with pytest.raises(ValueError, match=r"w must be the row tiles of the 4-bit .*\[2, 3, 64\] for 5 output channels of 33"):
-        OP(torch.randn(2, 66), T(packed), torch.ones(5, 3), torch.ones(5, 3), g, 66, b)
+        OP(torch.randn(2, 66), w_t, tile_groups(torch.ones(5, 3)), tile_groups(torch.ones(5, 3)), g, 66, 5, b)
     with pytest.raises(ValueError, match=r"w must be the row tiles .*got \[5, 32\]"):
-        OP(x, packed, scales, offsets, g, k, b)  # the packed weight, not its tiles
+        OP(x, packed, s_t, o_t, g, k, 5, b)  # the packed weight, not its tiles
+    with pytest.raises(ValueError, match=r"w must be the row tiles .*\[1, 2, 64\] for 3 output channels"):
+        OP(x, w_t, tile_groups(scales[:3]), tile_groups(offsets[:3]), g, k, 3, b[:3])  # out_features
     with pytest.raises(ValueError, match="x's last dimension must be in_features 64"):
-        OP(torch.randn(2, 63), T(packed), scales, offsets, g, k, b)
-    with pytest.raises(ValueError, match=r"scales must be \[N, ceil\(in_features / group_size\)\]"):
-        OP(x, T(packed), scales[:, :1], offsets, g, k, b)
+        OP(torch.randn(2, 63), w_t, s_t, o_t, g, k, 5, b)
+    with pytest.raises(ValueError, match=r"scales must be the group tiles .*\[2, 2, 4\], got \[5, 2\]"):
+        OP(x, w_t, scales, offsets, g, k, 5, b)  # row-major scales
+    with pytest.raises(ValueError, match=r"scales must be the group tiles .*\[2, 2, 4\], got \[2, 1, 4\]"):
+        OP(x, w_t, s_t[:, :1], o_t, g, k, 5, b)
     with pytest.raises(ValueError, match="offsets must have the shape of scales"):
-        OP(x, T(packed), scales, offsets[:, :1], g, k, b)
+        OP(x, w_t, s_t, o_t[:, :1], g, k, 5, b)
     with pytest.raises(TypeError, match="w must have dtype torch.uint8"):
-        OP(x, T(packed).to(torch.int8), scales, offsets, g, k, b)
+        OP(x, w_t.to(torch.int8), s_t, o_t, g, k, 5, b)
+    with pytest.raises(ValueError, match="out_features must be >= 0"):
+        OP(x, w_t, s_t, o_t, g, k, -1, b)
     with pytest.raises(ValueError, match="group_size must be one of 16, 32, 64, 128, 256"):
         quantize_int4(w, 48)
     with pytest.raises(ValueError, match="NaN or infinite"):

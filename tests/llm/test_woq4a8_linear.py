@@ -13,9 +13,8 @@ from torch import nn
 from qbackend.nn import Int4WeightOnlyLinear
 from qbackend.nn.int4_linear import quantize_int4
 
-from qbackend.nn.weight_tiles import tile_rows as T
-
 from .isa_children import outputs_on_every_isa
+from .test_woq4_linear import tiled
 
 OP = torch.ops.qbackend.woq4a8_linear
 SHAPES = [(1, 7, 3, 16), (1, 576, 70, 32), (2, 33, 5, 16), (3, 100, 9, 32), (4, 1536, 13, 64), (5, 129, 70, 128),
@@ -61,13 +60,13 @@ def _check(y, x, packed, scales, offsets, g, k, b):
 @pytest.mark.parametrize("m,k,n,g", SHAPES)
 def test_matches_fp64_on_the_same_integers(m, k, n, g, symmetric):
     x, packed, scales, offsets, g, k, b = _case(m, k, n, g, m * 1000 + k + n + g, symmetric, bias=(m % 2 == 1))
-    _check(OP(x, T(packed), scales, offsets, g, k, b), x, packed, scales, offsets, g, k, b)
+    _check(OP(*tiled(x, packed, scales, offsets, g, k, b)), x, packed, scales, offsets, g, k, b)
 
 
 def test_every_isa_kernel(tmp_path):
     """Each ISA's kernel in a child process capped to it (AVX512-VNNI where this CPU has it)."""
     cases = [_case(m, k, n, g, 11 + m + k) for m, k, n, g in SHAPES if m <= 17]
-    args = [(x, T(packed), *rest) for x, packed, *rest in cases]
+    args = [tiled(*case) for case in cases]
     for outs in outputs_on_every_isa(tmp_path, "woq4a8_linear", args, isa_fn="woq_a8_isa", top="avx512_vnni",
                                      top_level=3).values():
         for case, y in zip(cases, outs):
@@ -78,8 +77,8 @@ def test_close_to_float_activations_and_leading_dims():
     """Within the activations' rounding of the float-activation op, for 3-D inputs too."""
     x, packed, scales, offsets, g, k, b = _case(2, 576, 40, 32, 5)
     x = x.reshape(2, 1, 576).expand(2, 3, 576)
-    tiles = T(packed)
-    y, yf = OP(x, tiles, scales, offsets, g, k, b), torch.ops.qbackend.woq4_linear(x, tiles, scales, offsets, g, k, b)
+    args = tiled(x, packed, scales, offsets, g, k, b)
+    y, yf = OP(*args), torch.ops.qbackend.woq4_linear(*args)
     assert y.shape == (2, 3, 40)
     assert float((y - yf).norm() / yf.norm()) < 0.02
 
@@ -87,7 +86,7 @@ def test_close_to_float_activations_and_leading_dims():
 def test_non_finite_inputs_give_nan_rows():
     x, packed, scales, offsets, g, k, b = _case(3, 64, 8, 32, 9)
     x[1, 40] = float("inf")
-    y = OP(x, T(packed), scales, offsets, g, k, b)
+    y = OP(*tiled(x, packed, scales, offsets, g, k, b))
     assert bool(torch.isnan(y[1]).all()) and bool(torch.isfinite(y[0]).all() and torch.isfinite(y[2]).all())
     _check(y[0::2], x[0::2], packed, scales, offsets, g, k, b)
 
@@ -98,7 +97,7 @@ def test_module_and_export():
     assert "activations=int8" in repr(q)
     x = torch.randn(4, 96)
     y = q(x)
-    torch.testing.assert_close(y, OP(x, T(q.weight_packed), q.scales, q.offsets, 32, 96, q.bias), rtol=0, atol=0)
+    torch.testing.assert_close(y, OP(*tiled(x, q.weight_packed, q.scales, q.offsets, 32, 96, q.bias)), rtol=0, atol=0)
     ep = torch.export.export(q, (x,))
     assert any("woq4a8_linear" in str(n.target) for n in ep.graph.nodes)
     torch.testing.assert_close(ep.module()(x), y, rtol=0, atol=0)
@@ -109,10 +108,10 @@ def test_module_and_export():
 def test_bad_arguments_name_themselves():
     x, packed, scales, offsets, g, k, b = _case(2, 96, 5, 32, 3)
     with pytest.raises(ValueError, match="power of two"):
-        OP(x, T(packed), scales[:, :2], offsets[:, :2], 48, k, b)
+        OP(*tiled(x, packed, scales[:, :2], offsets[:, :2], 48, k, b))
     with pytest.raises(ValueError, match="in_features 96, got 95"):
-        OP(x[:, :95], T(packed), scales, offsets, g, k, b)
+        OP(*tiled(x[:, :95], packed, scales, offsets, g, k, b))
     with pytest.raises(TypeError, match="x must have dtype torch.float32"):
-        OP(x.double(), T(packed), scales, offsets, g, k, b)
+        OP(*tiled(x.double(), packed, scales, offsets, g, k, b))
     with pytest.raises(ValueError, match="bias must hold 5 values"):
-        OP(x, T(packed), scales, offsets, g, k, b[:3])
+        OP(*tiled(x, packed, scales, offsets, g, k, b[:3]))
