@@ -78,21 +78,24 @@ Tensor checked_bias(const std::optional<Tensor>& bias_in, int64_t N) {
   if (!bias_in.has_value() || !bias_in->defined()) return Tensor();
   checks::dtype(*bias_in, at::kFloat, "bias");
   TORCH_CHECK_VALUE(bias_in->numel() == N, "bias must hold ", N, " values, got ", bias_in->numel());
-  return bias_in->reshape({-1}).contiguous();
+  return bias_in->dim() == 1 && bias_in->is_contiguous() ? *bias_in : bias_in->reshape({-1}).contiguous();
 }
 
-// x [..., K] as contiguous rows [M, K], and the shape of y [..., N].
+// x [..., K] with its M rows contiguous (x itself where it is, so a decode step makes no view), and the
+// shape of y [..., N].
 struct Rows {
   Tensor x;
   int64_t M;
   std::vector<int64_t> out_shape;
+  const float* data() const { return x.data_ptr<float>(); }
+  Tensor matrix(int64_t K) const { return x.view({M, K}); }  // [M, K], for the panels
 };
 
 Rows as_rows(const Tensor& x, int64_t K, int64_t N) {
   Rows r{Tensor(), 1, std::vector<int64_t>(x.sizes().begin(), x.sizes().end())};
   r.out_shape.back() = N;
   for (int64_t d = 0; d + 1 < x.dim(); ++d) r.M *= x.size(d);
-  r.x = x.reshape({r.M, K}).contiguous();
+  r.x = x.is_contiguous() ? x : x.reshape({r.M, K}).contiguous();
   return r;
 }
 
@@ -226,14 +229,21 @@ void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const 
   });
 }
 
-// x2 [M, K] quantized by blocks of 32 k (woq_a8_kernels.h), in the buffers `q` points into: the block
-// scale d = max |x| / 127, xq = x / d rounded half to even (as torch.round). A block holding a NaN or an
-// infinity gets a NaN scale, so its row's outputs are NaN (as a float product would not be finite).
-struct BlockQuantized {
-  std::vector<int8_t> even, odd;
+// The rows of x [M, K] quantized by blocks of 32 k (woq_a8_kernels.h): the block scale d = max |x| / 127,
+// xq = x / d rounded half to even (as torch.round). A block holding a NaN or an infinity gets a NaN
+// scale, so its row's outputs are NaN (as a float product would not be finite). The buffers are the
+// calling thread's, reused from call to call (a decode step allocates nothing for them); the kernels
+// read them while that thread waits in parallel_for.
+struct QuantizedScratch {
+  std::vector<int8_t> even, odd, xq;
   std::vector<float> lane_scale, group_sum;
-  kernels::BlockQuantizedRows rows;
+  std::vector<int32_t> block_offset;
 };
+
+QuantizedScratch& scratch() {
+  thread_local QuantizedScratch s;
+  return s;
+}
 
 constexpr int64_t kBlock = 32;  // the activations' quantization block
 
@@ -251,12 +261,11 @@ float block_scale(const float* x, int64_t k0, int64_t k1) {
 // x / d rounded half to even (0 where d is 0 or NaN).
 int8_t quantized(float x, float d) { return d > 0.0f ? int8_t(std::nearbyint(x / d)) : int8_t(0); }
 
-// Calls block(m, xr, k0, k1, d) for each block [k0, k1) of 32 k of each row m of x2 (xr: the row), d
+// Calls block(m, xr, k0, k1, d) for each block [k0, k1) of 32 k of each row m of x [M, K] (xr: the row), d
 // its scale.
 template <typename Block>
-void each_block(const Tensor& x2, int64_t K, const Block& block) {
-  const float* xp = x2.data_ptr<float>();
-  for (int64_t m = 0; m < x2.size(0); ++m) {
+void each_block(const float* xp, int64_t M, int64_t K, const Block& block) {
+  for (int64_t m = 0; m < M; ++m) {
     const float* xr = xp + m * K;
     for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
       const int64_t k1 = std::min(K, k0 + kBlock);
@@ -265,11 +274,14 @@ void each_block(const Tensor& x2, int64_t K, const Block& block) {
   }
 }
 
-BlockQuantized quantize_blocks(const Tensor& x2, int64_t K, int64_t G) {
-  const int64_t M = x2.size(0), Kp = (K + 127) / 128 * 128, ldq = Kp / 2, ldl = Kp / 8, ng = (K + G - 1) / G;
-  BlockQuantized b{std::vector<int8_t>(size_t(M * ldq), 0), std::vector<int8_t>(size_t(M * ldq), 0),
-                   std::vector<float>(size_t(M * ldl), 0.0f), std::vector<float>(size_t(M * ng), 0.0f), {}};
-  each_block(x2, K, [&](int64_t m, const float* xr, int64_t k0, int64_t k1, float d) {
+kernels::BlockQuantizedRows quantize_blocks(const float* xp, int64_t M, int64_t K, int64_t G) {
+  const int64_t Kp = (K + 127) / 128 * 128, ldq = Kp / 2, ldl = Kp / 8, ng = (K + G - 1) / G;
+  QuantizedScratch& b = scratch();
+  b.even.assign(size_t(M * ldq), 0);
+  b.odd.assign(size_t(M * ldq), 0);
+  b.lane_scale.assign(size_t(M * ldl), 0.0f);
+  b.group_sum.assign(size_t(M * ng), 0.0f);
+  each_block(xp, M, K, [&](int64_t m, const float* xr, int64_t k0, int64_t k1, float d) {
     int8_t* even = b.even.data() + m * ldq;
     int8_t* odd = b.odd.data() + m * ldq;
     for (int64_t l = k0 / 8; l * 8 < k1; ++l) {
@@ -283,23 +295,18 @@ BlockQuantized quantize_blocks(const Tensor& x2, int64_t K, int64_t G) {
       b.group_sum[size_t(m * ng + l * 8 / G)] += d * float(sum);
     }
   });
-  b.rows = {b.even.data(), b.odd.data(), ldq, b.lane_scale.data(), ldl, b.group_sum.data(), ng};
-  return b;
+  return {b.even.data(), b.odd.data(), ldq, b.lane_scale.data(), ldl, b.group_sum.data(), ng};
 }
 
-// The same quantization in k order for the int8-weight kernels (woq_a8_kernels.h, BlockQuantizedRows8).
-struct BlockQuantized8 {
-  std::vector<int8_t> xq;
-  std::vector<float> lane_scale;
-  std::vector<int32_t> block_offset;
-  kernels::BlockQuantizedRows8 rows;
-};
-
-BlockQuantized8 quantize_blocks8(const Tensor& x2, int64_t K) {
-  const int64_t M = x2.size(0), ldq = (K + 63) / 64 * 64, ldl = ldq / 4, ldo = ldq / 8;
-  BlockQuantized8 b{std::vector<int8_t>(size_t(M * ldq), 0), std::vector<float>(size_t(M * ldl), 0.0f),
-                    std::vector<int32_t>(size_t(M * ldo), 0), {}};
-  each_block(x2, K, [&](int64_t m, const float* xr, int64_t k0, int64_t k1, float d) {
+// The same quantization in k order for the int8-weight kernels (woq_a8_kernels.h, BlockQuantizedRows8),
+// in the same per-thread buffers.
+kernels::BlockQuantizedRows8 quantize_blocks8(const float* xp, int64_t M, int64_t K) {
+  const int64_t ldq = (K + 63) / 64 * 64, ldl = ldq / 4, ldo = ldq / 8;
+  QuantizedScratch& b = scratch();
+  b.xq.assign(size_t(M * ldq), 0);
+  b.lane_scale.assign(size_t(M * ldl), 0.0f);
+  b.block_offset.assign(size_t(M * ldo), 0);
+  each_block(xp, M, K, [&](int64_t m, const float* xr, int64_t k0, int64_t k1, float d) {
     int8_t* xq = b.xq.data() + m * ldq;
     for (int64_t k = k0; k < k1; ++k) {
       xq[k] = quantized(xr[k], d);
@@ -307,29 +314,27 @@ BlockQuantized8 quantize_blocks8(const Tensor& x2, int64_t K) {
     }
     for (int64_t l = k0 / 4; l * 4 < k1; ++l) b.lane_scale[size_t(m * ldl + l)] = d;
   });
-  b.rows = {b.xq.data(), ldq, b.lane_scale.data(), ldl, b.block_offset.data(), ldo};
-  return b;
+  return {b.xq.data(), ldq, b.lane_scale.data(), ldl, b.block_offset.data(), ldo};
 }
 
-// x2's rows as their block-quantized values (the semantics of woq4a8_linear), in float32.
-Tensor dequantized_blocks(const BlockQuantized& b, int64_t M, int64_t K) {
+// The rows as their block-quantized values (the semantics of woq4a8_linear), in float32.
+Tensor dequantized_blocks(const kernels::BlockQuantizedRows& q, int64_t M, int64_t K) {
   Tensor out = at::empty({M, K}, at::kFloat);
   float* o = out.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) {
-      const int8_t q = (k % 2 ? b.odd : b.even)[size_t(m * b.rows.ldq + k / 2)];
-      o[m * K + k] = float(q) * b.lane_scale[size_t(m * b.rows.ldl + k / 8)];
+      const int8_t v = (k % 2 ? q.odd : q.even)[m * q.ldq + k / 2];
+      o[m * K + k] = float(v) * q.lane_scale[m * q.ldl + k / 8];
     }
   return out;
 }
 
-// x2's rows as their block-quantized values in k order (woq_a8_linear's semantics), in float32.
-Tensor dequantized_blocks8(const BlockQuantized8& b, int64_t M, int64_t K) {
+// The rows as their block-quantized values in k order (woq_a8_linear's semantics), in float32.
+Tensor dequantized_blocks8(const kernels::BlockQuantizedRows8& q, int64_t M, int64_t K) {
   Tensor out = at::empty({M, K}, at::kFloat);
   float* o = out.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k)
-      o[m * K + k] = float(b.xq[size_t(m * b.rows.ldq + k)]) * b.lane_scale[size_t(m * b.rows.ldl + k / 4)];
+    for (int64_t k = 0; k < K; ++k) o[m * K + k] = float(q.xq[m * q.ldq + k]) * q.lane_scale[m * q.ldl + k / 4];
   return out;
 }
 
@@ -339,34 +344,37 @@ Tensor int8_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& sca
   const auto [N, K] = check_int8(x, w_in, scales_in);
   const Tensor bias = checked_bias(bias_in, N);
   const Tensor w = w_in.contiguous();
-  const Tensor scales = scales_in.reshape({-1}).contiguous();
-  const auto [x2, M, out_shape] = as_rows(x, K, N);
-  Tensor y = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return y.view(out_shape);
-  if (K == 0) return (bias.defined() ? bias.expand({M, N}).clone() : y.zero_()).view(out_shape);
+  const Tensor scales = scales_in.contiguous();  // [N] or [N, 1]: N values in order
+  const Rows rows = as_rows(x, K, N);
+  const int64_t M = rows.M;
+  Tensor y = at::empty(rows.out_shape, x.options());
+  if (M == 0 || N == 0) return y;
+  if (K == 0) return bias.defined() ? y.copy_(bias.expand_as(y)) : y.zero_();
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   const auto panel = [&](int64_t n0, int64_t nb) { return int8_panel(w, scales, K, n0, nb); };
   if (int8_activations) {
-    const BlockQuantized8 q = quantize_blocks8(x2, K);
+    const kernels::BlockQuantizedRows8 q = quantize_blocks8(rows.data(), M, K);
     if (M > kGemvMaxRows) {
-      by_float_panels(dequantized_blocks8(q, M, K), bias, y, panel);
-      return y.view(out_shape);
+      Tensor y2 = y.view({M, N});
+      by_float_panels(dequantized_blocks8(q, M, K), bias, y2, panel);
+      return y;
     }
     const auto& k = woq_a8_kernels();
-    by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8a8(q.rows, M, wp, K, n0, n1, sp, bp, yp, N); });
-    return y.view(out_shape);
+    by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8a8(q, M, wp, K, n0, n1, sp, bp, yp, N); });
+    return y;
   }
   if (M > kGemvMaxRows) {
-    by_float_panels(x2, bias, y, panel);
-    return y.view(out_shape);
+    Tensor y2 = y.view({M, N});
+    by_float_panels(rows.matrix(K), bias, y2, panel);
+    return y;
   }
   const auto& k = woq_kernels();
-  const float* xp = x2.data_ptr<float>();
+  const float* xp = rows.data();
   by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8(xp, K, M, wp, K, n0, n1, sp, bp, yp, N); });
-  return y.view(out_shape);
+  return y;
 }
 
 // woq4_linear (int8_activations false) and woq4a8_linear (true).
@@ -378,36 +386,39 @@ Tensor int4_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& sca
                     "group_size must be a power of two with int8 activations, got ", G);
   const Tensor bias = checked_bias(bias_in, N);
   const Tensor w = w_in.contiguous(), scales = scales_in.contiguous(), offsets = offsets_in.contiguous();
-  const auto [x2, M, out_shape] = as_rows(x, K, N);
-  Tensor y = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return y.view(out_shape);
+  const Rows rows = as_rows(x, K, N);
+  const int64_t M = rows.M;
+  Tensor y = at::empty(rows.out_shape, x.options());
+  if (M == 0 || N == 0) return y;
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
   const float* op = offsets.data_ptr<float>();
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   if (int8_activations) {
-    const BlockQuantized q = quantize_blocks(x2, K, G);
+    const kernels::BlockQuantizedRows q = quantize_blocks(rows.data(), M, K, G);
     if (M > kGemv4A8MaxRows) {
-      int4_panels(dequantized_blocks(q, M, K), w, scales, offsets, G, K, bias, y);
-      return y.view(out_shape);
+      Tensor y2 = y.view({M, N});
+      int4_panels(dequantized_blocks(q, M, K), w, scales, offsets, G, K, bias, y2);
+      return y;
     }
     const auto& k = woq_a8_kernels();
     by_channel_blocks(N, (K + 1) / 2, [&](int64_t n0, int64_t n1) {
-      k.gemv_u4a8(q.rows, M, wp, K, G, n0, n1, sp, op, bp, yp, N);
+      k.gemv_u4a8(q, M, wp, K, G, n0, n1, sp, op, bp, yp, N);
     });
-    return y.view(out_shape);
+    return y;
   }
   if (M > kGemv4MaxRows) {
-    int4_panels(x2, w, scales, offsets, G, K, bias, y);
-    return y.view(out_shape);
+    Tensor y2 = y.view({M, N});
+    int4_panels(rows.matrix(K), w, scales, offsets, G, K, bias, y2);
+    return y;
   }
   const auto& k = woq_kernels();
-  const float* xp = x2.data_ptr<float>();
+  const float* xp = rows.data();
   by_channel_blocks(N, (K + 1) / 2, [&](int64_t n0, int64_t n1) {
     k.gemv_u4(xp, K, M, wp, K, G, n0, n1, sp, op, bp, yp, N);
   });
-  return y.view(out_shape);
+  return y;
 }
 
 Tensor woq_linear(const Tensor& x, const Tensor& w, const Tensor& scales, const std::optional<Tensor>& bias) {
