@@ -24,12 +24,12 @@
 // Group tiles (WeightTiles::group_at; qbackend.nn.weight_tiles.tile_groups): per-group values [N, G] as
 // [ceil(N / 4), G, 4], the four rows of a tile side by side for each group.
 //
-// Up to kGemvMaxRows rows of x (int4: kGemv4MaxRows, kGemv4A8MaxRows; decoding, prompts): csrc/kernels/woq_*.cpp on
-// blocks of output channels of about kBlockBytes of weights, each block read from memory once and reused from the
-// cache by every four rows of x, in float32 (the weights are never stored in float). On Zen 5 this
-// beat torch's float32 linear (MKL) at every M up to 256 on SmolLM2's shapes (2.5x at M = 1, 1.45x
-// at M = 256). More rows: the weights dequantized block by block (kPanelRows output channels) into a
-// float32 panel that at::mm multiplies. Both accumulate in float32 (woq_kernels.h).
+// Up to a few rows of x with float activations (kGemvMaxRows, kGemv4MaxRows), and up to kGemvA8MaxRows with
+// int8 activations (decoding, prompts): csrc/kernels/woq_*.cpp on blocks of output channels of about
+// kBlockBytes of weights, each block read from memory once and reused from the cache by every four rows
+// of x (the weights are never stored in float). More rows: the weights dequantized block by block
+// (kPanelRows output channels) into a float32 panel that at::mm multiplies. Both accumulate in float32
+// (woq_kernels.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -50,13 +50,16 @@ namespace {
 
 using at::Tensor;
 
-constexpr int64_t kGemvMaxRows = 256;
-// int4: unpacking the nibbles again for every four rows costs more than a dequantized panel beyond
-// about this many rows (Zen 4, float activations: the kernel 34-57 us a row at SmolLM2's and a
-// 1024-wide Llama's shapes, the panel 16-64 us a row at 128 rows; int8 activations (VNNI): the
-// kernel 23-48 us a row, the panel 20-74 at 128 rows and 14-48 at 512).
-constexpr int64_t kGemv4MaxRows = 64;
-constexpr int64_t kGemv4A8MaxRows = 128;
+// Where the kernels' time per row of x (flat in M: they convert every weight for every four rows) meets
+// a dequantized panel's (the panel's conversion shared by all rows, then MKL's float32 GEMM), measured on
+// Zen 4 at 2 threads on SmolLM2's 1536 x 576 and a 1024-wide Llama's 2816 x 1024 (us a row):
+//   int8 weights, float x: the kernel 22 / 70 at any M; float32 GEMM 28 / 109 at 8 rows, 15.5 / 73 at 16.
+//   int4 weights, float x: the kernel 17-20 / 53; float32 GEMM 15.5 / 73 at 16 rows, 12.6 / 50 at 32.
+//   int8 activations (VNNI), int8 / int4 weights: the kernels 8.5-10 / 22 and 11.5-13 / 35 at any M up to
+//   256, the panels 13.5 / 38 and 13 / 37 at 512 rows: the kernels win at every M measured.
+constexpr int64_t kGemvMaxRows = 8;
+constexpr int64_t kGemv4MaxRows = 16;
+constexpr int64_t kGemvA8MaxRows = 1024;
 // Weight bytes per call of the kernel: a block of channels the rows of x reuse from the cache.
 constexpr int64_t kBlockBytes = 32 << 10;
 constexpr int64_t kPanelRows = 512;
@@ -357,7 +360,7 @@ Tensor int8_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& sca
   const auto panel = [&](int64_t n0, int64_t nb) { return int8_panel(w, scales, K, n0, nb); };
   if (int8_activations) {
     const kernels::BlockQuantizedRows8 q = quantize_blocks8(rows.data(), M, K);
-    if (M > kGemvMaxRows) {
+    if (M > kGemvA8MaxRows) {
       Tensor y2 = y.view({M, N});
       by_float_panels(dequantized_blocks8(q, M, K), bias, y2, panel);
       return y;
@@ -397,7 +400,7 @@ Tensor int4_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& sca
   float* yp = y.data_ptr<float>();
   if (int8_activations) {
     const kernels::BlockQuantizedRows q = quantize_blocks(rows.data(), M, K, G);
-    if (M > kGemv4A8MaxRows) {
+    if (M > kGemvA8MaxRows) {
       Tensor y2 = y.view({M, N});
       int4_panels(dequantized_blocks(q, M, K), w, scales, offsets, G, K, bias, y2);
       return y;

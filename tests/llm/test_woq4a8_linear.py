@@ -18,7 +18,8 @@ from .test_woq4_linear import tiled
 
 OP = torch.ops.qbackend.woq4a8_linear
 SHAPES = [(1, 7, 3, 16), (1, 576, 70, 32), (2, 33, 5, 16), (3, 100, 9, 32), (4, 1536, 13, 64), (5, 129, 70, 128),
-          (16, 257, 3, 256), (17, 48, 9, 16), (129, 33, 5, 32), (300, 40, 6, 32)]  # (M, K, N, group); 129, 300: panels
+          (16, 257, 3, 256), (17, 48, 9, 16), (129, 33, 5, 32), (300, 40, 6, 32),
+          (1030, 40, 6, 32)]  # (M, K, N, group); 1030 rows: panels
 
 
 def _case(m, k, n, g, seed, symmetric=False, bias=True):

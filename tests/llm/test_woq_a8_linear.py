@@ -17,7 +17,8 @@ from .isa_children import outputs_on_every_isa
 from .test_woq4a8_linear import block_quantized
 
 OP = torch.ops.qbackend.woq_a8_linear
-SHAPES = [(1, 7, 3), (1, 576, 70), (2, 33, 5), (3, 100, 9), (4, 1536, 13), (5, 129, 70), (17, 64, 9), (300, 40, 6)]
+SHAPES = [(1, 7, 3), (1, 576, 70), (2, 33, 5), (3, 100, 9), (4, 1536, 13), (5, 129, 70), (17, 64, 9), (300, 40, 6),
+          (1030, 40, 6)]  # (M, K, N); 1030 rows: panels
 
 
 def _case(m, k, n, seed, bias=True):
