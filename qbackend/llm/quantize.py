@@ -14,6 +14,8 @@ whatever the blocks are made of, their nn.Linear modules are found by type (GPT-
 projections are not Linears and stay float). The RMSNorms become qbackend.nn.RMSNorm (one native call
 each), found by what they compute (llm/norms.py), and the Linears that read the same input (q, k, v;
 gate, up) one fused product (llm/shared_input.py), found and checked on a probe of a few token ids.
+With calibration token ids, the 4-bit weights take GPTQ's rounding (llm/gptq.py) instead of the
+nearest level.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from torch import nn
 from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from .config import LLMConfig
+from .gptq import calibration_batches, collect_hessians, gptq_int4
 from .norms import swap_rms_norms
 from .shared_input import fuse_shared_inputs
 
@@ -51,16 +54,26 @@ def _probe(model: nn.Module):
     return run
 
 
-def _quantized(linear: nn.Linear, name: str, config: LLMConfig, weights: str) -> nn.Module:
+def _quantized(linear: nn.Linear, name: str, config: LLMConfig, weights: str, hessian=None) -> tuple[nn.Module, bool]:
+    """The quantized module for `linear`, and whether it took GPTQ's rounding (with `hessian`)."""
     if weights == "int4":
-        return Int4WeightOnlyLinear.from_float(linear, config.group_size, config.symmetric, config.activations)
-    return WeightOnlyLinear.from_float(linear, name=name, activations=config.activations)
+        if hessian is None:
+            return Int4WeightOnlyLinear.from_float(linear, config.group_size, config.symmetric,
+                                                   config.activations), False
+        (packed, scales, offsets), rounded = gptq_int4(linear.weight, hessian, config.group_size, config.symmetric)
+        return Int4WeightOnlyLinear(packed, scales, offsets, linear.bias, config.group_size, linear.in_features,
+                                    config.symmetric, config.activations), rounded
+    return WeightOnlyLinear.from_float(linear, name=name, activations=config.activations), False
 
 
-def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module:
+def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=None) -> nn.Module:
     """Replace `model`'s Linears (and RMSNorms) in place (see the module docstring); returns `model`
-    itself, with `model.qbackend_llm` listing what was quantized, what stayed float and which norms
-    run natively."""
+    itself, with `model.qbackend_llm` listing what was quantized, what stayed float, which norms run
+    natively and which Linears took GPTQ's rounding.
+
+    calibration: token ids (an int64 tensor [batch, length] or [length], or an iterable of them; a
+    few thousand tokens of text like the model's use) for GPTQ's rounding of the 4-bit weights; the
+    float model runs on each batch once, before any Linear is replaced. None: nearest rounding."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = config if config is not None else LLMConfig()
@@ -81,13 +94,25 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None) -> nn.Module
     if not chosen:
         raise ValueError("the model has no nn.Linear to quantize" + (f" (kept in float: {', '.join(kept)})"
                                                                      if kept else ""))
+    int4 = [name for name in chosen
+            if (config.lm_head_weights if model.get_submodule(name) is head else config.weights) == "int4"]
+    hessians = {}
+    if calibration is not None:
+        if not int4:
+            raise ValueError("calibration sets GPTQ's rounding of 4-bit weights: use it with "
+                             "LLMConfig(weights='int4')")
+        hessians = collect_hessians(model, int4, calibration_batches(calibration))
+    gptq = []
     for name in chosen:
         module = model.get_submodule(name)
         weights = config.lm_head_weights if module is head else config.weights
-        model.set_submodule(name, _quantized(module, name, config, weights))
+        new, rounded = _quantized(module, name, config, weights, hessians.get(name, (None,))[0])
+        if rounded:
+            gptq.append(name)
+        model.set_submodule(name, new)
     norms = swap_rms_norms(model, config.skips) if config.native_norms else []
     probe = _probe(model) if config.fuse_projections else None
     fused = fuse_shared_inputs(model, probe) if probe is not None else []
     model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": chosen,
-                          "float": kept, "native_norms": norms, "fused": fused}
+                          "float": kept, "native_norms": norms, "fused": fused, "gptq": gptq}
     return model

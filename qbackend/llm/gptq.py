@@ -1,0 +1,165 @@
+"""GPTQ rounding for the decoder LLMs' 4-bit group-wise weights, from calibration token ids.
+
+Rounding W [N, K] to Q changes a Linear's output on inputs X [rows, K] by X (W - Q)^T, whose squared
+norm is tr((W - Q) H (W - Q)^T) with H = X^T X. GPTQ (Frantar et al., "GPTQ: Accurate Post-Training
+Quantization for Generative Pre-trained Transformers", 2022) takes the columns in order, rounds each
+to its group's grid and spreads the rounding error over the columns not yet rounded through the upper
+Cholesky factor U of (H + damping)^-1, in blocks of columns (lazy batch updates). Each group's grid
+(scale and offset, as `quantize_int4` defines them for the symmetric and asymmetric forms) is set
+from the group's weights as they stand when its first column comes up, so it covers the errors
+already spread into it (the reference implementation's "groupsize" mode; no activation order).
+
+* `collect_hessians(model, names, calibration)`: H for the inputs of the named Linears, from a
+  forward of the float model on every calibration batch (rows with NaN or inf skipped).
+* `gptq_int4(weight, hessian, group_size, symmetric)`: (packed, scales, offsets) as `quantize_int4`
+  returns them; nearest rounding (quantize_int4) where its proxy error tr((W - Q) H (W - Q)^T) is not
+  higher, or where H is unusable.
+
+One shot: every H comes from the float model (no layer sees its predecessors' rounding). H is fp32
+K x K per Linear input: 1.3 MB at K = 576, 9.4 MB at K = 1536, 64 MB at K = 4096.
+
+The rounding fits the calibration text's statistics: on SmolLM2-135M with 4-bit groups of 128 and
+1536 tokens of Python's pydoc topics, perplexity on held-out pydoc text went 33.5 -> 31.6 (FP32 23.4)
+but on an English novel's opening 49.6 -> 64.7 (FP32 31.5); more damping (0.1, 1.0) did not keep the
+second. Calibrate on text like the model's use.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from ..algorithms.gptq import inverse_cholesky
+from ..nn.int4_linear import dequantize_int4, quantize_int4
+
+__all__ = ["collect_hessians", "gptq_int4", "calibration_batches"]
+
+BLOCK = 128
+
+
+def calibration_batches(calibration) -> list[torch.Tensor]:
+    """The calibration token ids as a list of int64 [batch, length] tensors: one tensor [B, L] or
+    [L], or an iterable of them."""
+    items = [calibration] if isinstance(calibration, torch.Tensor) else list(calibration)
+    if not items:
+        raise ValueError("calibration must hold at least one batch of token ids")
+    out = []
+    for i, ids in enumerate(items):
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32) or \
+                ids.dim() not in (1, 2) or ids.numel() == 0:
+            raise ValueError(f"calibration batch {i} must be a non-empty int64 tensor of token ids [batch, length] "
+                             f"or [length], got {type(ids).__name__} "
+                             f"{tuple(ids.shape) if isinstance(ids, torch.Tensor) else ''}")
+        out.append(ids.long().reshape(1, -1) if ids.dim() == 1 else ids.long())
+    return out
+
+
+def collect_hessians(model: nn.Module, names: Iterable[str], calibration: list[torch.Tensor]) -> dict:
+    """{name: (H [K, K] fp32, rows)} for the inputs of the named Linears of `model`, summed over a
+    forward of every calibration batch (the model as it is: call before any Linear is replaced)."""
+    stats: dict[str, list] = {}
+    handles = []
+
+    def hook(module, args, name):
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return
+        rows = x.detach().reshape(-1, x.shape[-1]).float()
+        finite = torch.isfinite(rows).all(dim=1)
+        if not bool(finite.all()):
+            rows = rows[finite]
+        if rows.shape[0] == 0:
+            return
+        entry = stats.setdefault(name, [torch.zeros(rows.shape[1], rows.shape[1]), 0])
+        entry[0].addmm_(rows.t(), rows)
+        entry[1] += rows.shape[0]
+
+    for name in names:
+        module = model.get_submodule(name)
+        handles.append(module.register_forward_pre_hook(lambda m, args, name=name: hook(m, args, name)))
+    try:
+        with torch.no_grad():
+            for ids in calibration:
+                model(input_ids=ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return {name: (h, rows) for name, (h, rows) in stats.items()}
+
+
+def _grid(w: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, offset) [N] of a group of columns w [N, g]: quantize_int4's grid."""
+    if symmetric:
+        scale = w.abs().amax(dim=1) * 2 / 15
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return scale, -8 * scale
+    lo, hi = w.amin(dim=1), w.amax(dim=1)
+    scale = (hi - lo) / 15
+    return torch.where(scale > 0, scale, torch.ones_like(scale)), lo
+
+
+def _levels(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Each weight's nearest level u in [0, 15] of the grid scale * u + offset (symmetric grids have
+    offset -8 scale, so u = level + 8 as quantize_int4 stores it)."""
+    return torch.clamp(torch.round((w - offset) / scale), 0, 15)
+
+
+def _pack(levels: torch.Tensor) -> torch.Tensor:
+    u = levels.to(torch.uint8)
+    if u.shape[1] % 2:
+        u = nn.functional.pad(u, (0, 1))
+    return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
+
+
+def _proxy(weight: torch.Tensor, dequantized: torch.Tensor, h: torch.Tensor) -> float:
+    e = weight - dequantized
+    return float(((e @ h) * e).double().sum())
+
+
+def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool):
+    """((packed uint8 [N, ceil(K / 2)], scales [N, G], offsets [N, G]), whether GPTQ's rounding was
+    kept) for the float weight [N, K]: GPTQ's rounding for the input statistics H [K, K] (see the
+    module docstring), or quantize_int4's nearest rounding where that is not worse."""
+    nearest = quantize_int4(weight, group_size, symmetric)
+    w0 = weight.detach().float()
+    n, k = w0.shape
+    h = hessian.float().clone()
+    diag = torch.diagonal(h)
+    dead = diag <= 0
+    if bool(dead.all()):
+        return nearest, False
+    diag[dead] = 1.0  # inputs never seen: no coupling
+    u = inverse_cholesky(h)
+    if u is None:
+        return nearest, False
+    w = w0.clone()
+    w[:, dead] = 0.0
+    groups = -(-k // group_size)
+    scales, offsets = torch.empty(n, groups), torch.empty(n, groups)
+    levels = torch.empty(n, k)
+    block = max(BLOCK, group_size)  # a multiple of every group size: a group never spans two blocks
+    for b0 in range(0, k, block):
+        b1 = min(b0 + block, k)
+        w1, err = w[:, b0:b1].clone(), torch.empty(n, b1 - b0)
+        u1 = u[b0:b1, b0:b1]
+        for i in range(b1 - b0):
+            col = b0 + i
+            if col % group_size == 0:
+                g = col // group_size
+                scales[:, g], offsets[:, g] = _grid(w1[:, i:i + group_size], symmetric)
+            g = col // group_size
+            q = _levels(w1[:, i], scales[:, g], offsets[:, g])
+            levels[:, col] = q
+            e = (w1[:, i] - (q * scales[:, g] + offsets[:, g])) / u1[i, i]
+            w1[:, i:].sub_(e[:, None] * u1[i, i:][None, :])
+            err[:, i] = e
+        if b1 < k:
+            w[:, b1:].sub_(err @ u[b0:b1, b1:])
+    packed = _pack(levels)
+    h_used = hessian.float()
+    gptq_error = _proxy(w0, dequantize_int4(packed, scales, offsets, group_size, k), h_used)
+    nearest_error = _proxy(w0, dequantize_int4(*nearest, group_size, k), h_used)
+    if not gptq_error < nearest_error:
+        return nearest, False
+    return (packed, scales.contiguous(), offsets.contiguous()), True
