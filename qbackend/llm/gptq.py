@@ -30,7 +30,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..algorithms.gptq import inverse_cholesky
+from ..algorithms.gptq import HessianStats, inverse_cholesky
 from ..nn.int4_linear import dequantize_int4, quantize_int4
 
 __all__ = ["collect_hessians", "gptq_int4", "calibration_batches"]
@@ -58,26 +58,9 @@ def calibration_batches(calibration) -> list[torch.Tensor]:
 def collect_hessians(model: nn.Module, names: Iterable[str], calibration: list[torch.Tensor]) -> dict:
     """{name: (H [K, K] fp32, rows)} for the inputs of the named Linears of `model`, summed over a
     forward of every calibration batch (the model as it is: call before any Linear is replaced)."""
-    stats: dict[str, list] = {}
-    handles = []
-
-    def hook(module, args, name):
-        x = args[0] if args else None
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            return
-        rows = x.detach().reshape(-1, x.shape[-1]).float()
-        finite = torch.isfinite(rows).all(dim=1)
-        if not bool(finite.all()):
-            rows = rows[finite]
-        if rows.shape[0] == 0:
-            return
-        entry = stats.setdefault(name, [torch.zeros(rows.shape[1], rows.shape[1]), 0])
-        entry[0].addmm_(rows.t(), rows)
-        entry[1] += rows.shape[0]
-
-    for name in names:
-        module = model.get_submodule(name)
-        handles.append(module.register_forward_pre_hook(lambda m, args, name=name: hook(m, args, name)))
+    stats = {name: HessianStats(name) for name in names}
+    handles = [model.get_submodule(name).register_forward_pre_hook(
+        lambda m, args, stat=stat: stat(args[0]) if args else None) for name, stat in stats.items()]
     try:
         with torch.no_grad():
             for ids in calibration:
@@ -85,7 +68,7 @@ def collect_hessians(model: nn.Module, names: Iterable[str], calibration: list[t
     finally:
         for h in handles:
             h.remove()
-    return {name: (h, rows) for name, (h, rows) in stats.items()}
+    return {name: (stat.hessian, stat.rows) for name, stat in stats.items() if stat.hessian is not None}
 
 
 def _grid(w: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
