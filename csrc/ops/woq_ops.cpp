@@ -52,13 +52,13 @@ using at::Tensor;
 
 // Where the kernels' time per row of x (flat in M: they convert every weight for every four rows) meets
 // a dequantized panel's (the panel's conversion shared by all rows, then MKL's float32 GEMM), measured on
-// Zen 4 at 2 threads on SmolLM2's 1536 x 576 and a 1024-wide Llama's 2816 x 1024 (us a row):
-//   int8 weights, float x: the kernel 22 / 70 at any M; float32 GEMM 28 / 109 at 8 rows, 15.5 / 73 at 16.
-//   int4 weights, float x: the kernel 17-20 / 53; float32 GEMM 15.5 / 73 at 16 rows, 12.6 / 50 at 32.
+// Zen 4 at 2 threads on SmolLM2's 1536 x 576 (us a row; a 1024-wide Llama's 2816 x 1024 in the same ratios):
+//   int8 weights, float x: the kernel 22 at any M; the panel 27.9 at 16 rows, 18.4 at 32, 13.9 at 64.
+//   int4 weights, float x: the kernel 17-20; the panel 30 at 32 rows, 19.7 at 64, 14.2 at 128.
 //   int8 activations (VNNI), int8 / int4 weights: the kernels 8.5-10 / 22 and 11.5-13 / 35 at any M up to
 //   256, the panels 13.5 / 38 and 13 / 37 at 512 rows: the kernels win at every M measured.
-constexpr int64_t kGemvMaxRows = 8;
-constexpr int64_t kGemv4MaxRows = 16;
+constexpr int64_t kGemvMaxRows = 24;
+constexpr int64_t kGemv4MaxRows = 64;
 constexpr int64_t kGemvA8MaxRows = 1024;
 // Weight bytes per call of the kernel: a block of channels the rows of x reuse from the cache.
 constexpr int64_t kBlockBytes = 32 << 10;
@@ -137,10 +137,10 @@ void check_tiles(const Tensor& w, int64_t N, int64_t row_bytes, const char* rows
                     " bytes, got ", w.sizes());
 }
 
-// Byte b of row n of row tiles of tile_bytes bytes each.
+// Row n's first chunk in row tiles of rows of row_bytes bytes (its chunk c is kLine bytes further per c).
 template <typename T>
-T tile_byte(const T* w, int64_t tile_bytes, int64_t n, int64_t b) {
-  return *WeightTiles::at(w + n / WeightTiles::kRows * tile_bytes, n % WeightTiles::kRows, b);
+const T* tile_row(const T* w, int64_t row_bytes, int64_t n) {
+  return WeightTiles::at(w + n / WeightTiles::kRows * WeightTiles::tile_bytes(row_bytes), n % WeightTiles::kRows, 0);
 }
 
 // The int8-weight ops' arguments checked (their contract at the top of the file); the weight's N and K.
@@ -162,10 +162,18 @@ Tensor int8_panel(const Tensor& w, const Tensor& scales, int64_t K, int64_t n0, 
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   float* pp = panel.data_ptr<float>();
-  const int64_t tile_bytes = WeightTiles::tile_bytes(K);
   at::parallel_for(0, nb, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t k = 0; k < K; ++k) pp[r * K + k] = float(tile_byte(wp, tile_bytes, n0 + r, k)) * sp[n0 + r];
+    for (int64_t r = r0; r < r1; ++r) {
+      const int8_t* row = tile_row(wp, K, n0 + r);
+      const float s = sp[n0 + r];
+      float* out = pp + r * K;
+      for (int64_t c = 0; c * WeightTiles::kChunk < K; ++c) {  // a chunk's bytes: one short vector loop
+        const int8_t* src = row + c * WeightTiles::kLine;
+        float* dst = out + c * WeightTiles::kChunk;
+        const int64_t count = std::min(WeightTiles::kChunk, K - c * WeightTiles::kChunk);
+        for (int64_t b = 0; b < count; ++b) dst[b] = float(src[b]) * s;
+      }
+    }
   });
   return panel;
 }
@@ -204,7 +212,7 @@ Int4Shape check_int4(const Tensor& x, const Tensor& w_in, const Tensor& scales_i
 // its rows shared out among the threads.
 void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const Tensor& offsets, int64_t G, int64_t K,
                  const Tensor& bias, Tensor& y) {
-  const int64_t ng = (K + G - 1) / G, tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
+  const int64_t ng = (K + G - 1) / G, nbytes = (K + 1) / 2;
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
   const float* op = offsets.data_ptr<float>();
@@ -214,17 +222,22 @@ void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const 
     at::parallel_for(0, nb, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n = n0 + r;
+        const uint8_t* row = tile_row(wp, nbytes, n);
         float* out = pp + r * K;
-        for (int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += G) {  // G is even: a group starts on a byte
-          const int64_t k1 = std::min(K, k0 + G);
-          const float sc = sp[WeightTiles::group_at(n, g, ng)], of = op[WeightTiles::group_at(n, g, ng)];
-          int64_t k = k0;
-          for (; k + 1 < k1; k += 2) {
-            const uint8_t b = tile_byte(wp, tile_bytes, n, k / 2);
-            out[k] = sc * float(b & 15) + of;
-            out[k + 1] = sc * float(b >> 4) + of;
+        // 16 k (8 bytes, half a chunk) at a time: they lie in one group (G is a multiple of 16)
+        for (int64_t k0 = 0; k0 < K; k0 += 16) {
+          const uint8_t* src = row + k0 / 32 * WeightTiles::kLine + k0 % 32 / 2;
+          const int64_t g = WeightTiles::group_at(n, k0 / G, ng);
+          const float sc = sp[g], of = op[g];
+          float* dst = out + k0;
+          if (K - k0 >= 16) {
+            for (int64_t b = 0; b < 8; ++b) {
+              dst[2 * b] = sc * float(src[b] & 15) + of;
+              dst[2 * b + 1] = sc * float(src[b] >> 4) + of;
+            }
+          } else {
+            for (int64_t k = 0; k < K - k0; ++k) dst[k] = sc * float(k % 2 ? src[k / 2] >> 4 : src[k / 2] & 15) + of;
           }
-          if (k < k1) out[k] = sc * float(tile_byte(wp, tile_bytes, n, k / 2) & 15) + of;
         }
       }
     });

@@ -19,7 +19,7 @@ from .isa_children import outputs_on_every_isa
 
 OP = torch.ops.qbackend.woq4_linear
 SHAPES = [(1, 16, 4, 16), (2, 33, 5, 16), (3, 100, 9, 32), (4, 576, 13, 128), (5, 64, 70, 64), (16, 257, 3, 256),
-          (17, 48, 9, 16), (65, 33, 7, 32), (300, 40, 6, 32)]  # (M, K, N, group); from 17 rows: panels
+          (17, 48, 9, 16), (64, 40, 5, 16), (65, 33, 7, 32), (300, 40, 6, 32)]  # (M, K, N, group); from 65 rows: panels
 
 
 def _case(m, k, n, g, seed, symmetric=False, bias=True):

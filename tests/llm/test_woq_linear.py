@@ -14,8 +14,8 @@ from qbackend.nn.weight_tiles import tile_rows as T
 from .isa_children import outputs_on_every_isa
 
 OP = torch.ops.qbackend.woq_linear
-SHAPES = [(1, 1, 1), (1, 7, 5), (2, 16, 4), (3, 33, 9), (4, 100, 13), (5, 17, 70), (8, 40, 7), (9, 40, 7),
-          (16, 130, 3), (17, 64, 257), (40, 24, 1100), (257, 40, 9), (300, 48, 20)]  # (M, K, N); from 9 rows: panels
+SHAPES = [(1, 1, 1), (1, 7, 5), (2, 16, 4), (3, 33, 9), (4, 100, 13), (5, 17, 70), (16, 130, 3), (17, 64, 257),
+          (24, 40, 7), (25, 40, 7), (40, 24, 1100), (257, 40, 9), (300, 48, 20)]  # (M, K, N); from 25 rows: panels
 
 
 def _case(m, k, n, seed, bias=True, lead=()):
