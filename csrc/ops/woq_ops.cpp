@@ -52,11 +52,11 @@ using at::Tensor;
 
 // Where the kernels' time per row of x (flat in M: they convert every weight for every four rows) meets
 // a dequantized panel's (the panel's conversion shared by all rows, then MKL's float32 GEMM), measured on
-// Zen 4 at 2 threads on SmolLM2's 1536 x 576 (us a row; a 1024-wide Llama's 2816 x 1024 in the same ratios):
+// Zen 4 at 2 threads on SmolLM2's 1536 x 576, us a row:
 //   int8 weights, float x: the kernel 22 at any M; the panel 27.9 at 16 rows, 18.4 at 32, 13.9 at 64.
-//   int4 weights, float x: the kernel 17-20; the panel 30 at 32 rows, 19.7 at 64, 14.2 at 128.
-//   int8 activations (VNNI), int8 / int4 weights: the kernels 8.5-10 / 22 and 11.5-13 / 35 at any M up to
-//   256, the panels 13.5 / 38 and 13 / 37 at 512 rows: the kernels win at every M measured.
+//   int4 weights, float x: the kernel 16.6-17.4 at 8 to 64 rows; the panel 12.0 at 128.
+//   int8 activations (VNNI): the kernels 8.3-9.8 (int8 weights) and 11.1-13 (int4) at every M up to 512,
+//   the panels 13.5 and 12.9 at 512 rows; on a 1024-wide Llama's 2816 x 1024, 22 and 35 against 38 and 37.
 constexpr int64_t kGemvMaxRows = 24;
 constexpr int64_t kGemv4MaxRows = 64;
 constexpr int64_t kGemvA8MaxRows = 1024;
