@@ -28,40 +28,24 @@ void add_group_offsets(const BlockQuantizedRows& q, int64_t m0, const float* ot,
   }
 }
 
-template <int MR>
-void rows_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
-             const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
-  const int64_t tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t nr = std::min<int64_t>(4, n1 - n), gt = WeightTiles::group_tile(n, q.ng);
-    float out[MR][4];
-    pass_a8<MR>(q, m0, w + n / 4 * tile_bytes, scale + gt, K, G, out);  // a tile's rows beyond n1 are not stored
-    add_group_offsets<MR>(q, m0, offset + gt, out);
-    for (int i = 0; i < MR; ++i)
-      for (int64_t j = 0; j < nr; ++j) y[(m0 + i) * ldy + n + j] = out[i][j] + (bias ? bias[n + j] : 0.0f);
-  }
-}
-
 void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
                const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
-  row_passes(M, [&]<int MR>(int64_t m) { rows_a8<MR>(q, m, w, K, G, n0, n1, scale, offset, bias, y, ldy); });
-}
-
-template <int MR>
-void rows_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
-               const float* scale, const float* bias, float* y, int64_t ldy) {
-  const int64_t tile_bytes = WeightTiles::tile_bytes(K);
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t nr = std::min<int64_t>(4, n1 - n);
-    float out[MR][4];
-    pass_s8a8<MR>(q, m0, w + n / 4 * tile_bytes, K, out);  // a tile's rows beyond n1 are not stored
-    for (int i = 0; i < MR; ++i)
-      for (int64_t j = 0; j < nr; ++j)
-        y[(m0 + i) * ldy + n + j] = out[i][j] * scale[n + j] + (bias ? bias[n + j] : 0.0f);
-  }
+  const int64_t tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
+  row_passes(M, [&]<int MR>(int64_t m) {
+    each_tile<MR>(n0, n1, nullptr, bias, y + m * ldy, ldy, [&](int64_t n, float out[MR][4]) {
+      const int64_t gt = WeightTiles::group_tile(n, q.ng);
+      pass_a8<MR>(q, m, w + n / 4 * tile_bytes, scale + gt, K, G, out);
+      add_group_offsets<MR>(q, m, offset + gt, out);
+    });
+  });
 }
 
 void gemv_s8a8(const BlockQuantizedRows8& q, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
                const float* scale, const float* bias, float* y, int64_t ldy) {
-  row_passes(M, [&]<int MR>(int64_t m) { rows_s8a8<MR>(q, m, w, K, n0, n1, scale, bias, y, ldy); });
+  const int64_t tile_bytes = WeightTiles::tile_bytes(K);
+  row_passes(M, [&]<int MR>(int64_t m) {
+    each_tile<MR>(n0, n1, scale, bias, y + m * ldy, ldy, [&](int64_t n, float out[MR][4]) {
+      pass_s8a8<MR>(q, m, w + n / 4 * tile_bytes, K, out);
+    });
+  });
 }

@@ -6,43 +6,26 @@
 
 #include "kernels/row_passes_impl.h"
 
-template <int MR>
-void rows(const float* x, int64_t ldx, const int8_t* w, int64_t K, int64_t n0, int64_t n1, const float* scale,
-          const float* bias, float* y, int64_t ldy) {
-  const int64_t tile_bytes = WeightTiles::tile_bytes(K);
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t nr = std::min<int64_t>(4, n1 - n);
-    float out[MR][4];
-    pass<MR>(x, ldx, w + n / 4 * tile_bytes, K, out);  // a tile's rows beyond n1 are not stored
-    for (int i = 0; i < MR; ++i)
-      for (int64_t j = 0; j < nr; ++j) y[i * ldy + n + j] = out[i][j] * scale[n + j] + (bias ? bias[n + j] : 0.0f);
-  }
-}
-
 void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
              const float* scale, const float* bias, float* y, int64_t ldy) {
-  row_passes(M, [&]<int MR>(int64_t m) { rows<MR>(x + m * ldx, ldx, w, K, n0, n1, scale, bias, y + m * ldy, ldy); });
+  const int64_t tile_bytes = WeightTiles::tile_bytes(K);
+  row_passes(M, [&]<int MR>(int64_t m) {
+    each_tile<MR>(n0, n1, scale, bias, y + m * ldy, ldy, [&](int64_t n, float out[MR][4]) {
+      pass<MR>(x + m * ldx, ldx, w + n / 4 * tile_bytes, K, out);
+    });
+  });
 }
 
 // The int4 loops: each unit's `pass4<MR>(x, ldx, tile, st, ot, K, G, out[MR][4])` returns the sums of MR
 // rows of x against the four dequantized 4-bit weight rows of a row tile, st and ot its group tiles of
 // scales and offsets (st[4 g + j]: row j's scale of group g).
-template <int MR>
-void rows4(const float* x, int64_t ldx, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
-           const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
-  const int64_t ng = (K + G - 1) / G, tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t nr = std::min<int64_t>(4, n1 - n), gt = WeightTiles::group_tile(n, ng);
-    float out[MR][4];
-    pass4<MR>(x, ldx, w + n / 4 * tile_bytes, scale + gt, offset + gt, K, G, out);
-    for (int i = 0; i < MR; ++i)
-      for (int64_t j = 0; j < nr; ++j) y[i * ldy + n + j] = out[i][j] + (bias ? bias[n + j] : 0.0f);
-  }
-}
-
 void gemv_u4(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
              const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
+  const int64_t ng = (K + G - 1) / G, tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
   row_passes(M, [&]<int MR>(int64_t m) {
-    rows4<MR>(x + m * ldx, ldx, w, K, G, n0, n1, scale, offset, bias, y + m * ldy, ldy);
+    each_tile<MR>(n0, n1, nullptr, bias, y + m * ldy, ldy, [&](int64_t n, float out[MR][4]) {
+      const int64_t gt = WeightTiles::group_tile(n, ng);
+      pass4<MR>(x + m * ldx, ldx, w + n / 4 * tile_bytes, scale + gt, offset + gt, K, G, out);
+    });
   });
 }
