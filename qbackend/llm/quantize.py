@@ -94,8 +94,9 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=
     if not chosen:
         raise ValueError("the model has no nn.Linear to quantize" + (f" (kept in float: {', '.join(kept)})"
                                                                      if kept else ""))
-    int4 = [name for name in chosen
-            if (config.lm_head_weights if model.get_submodule(name) is head else config.weights) == "int4"]
+    schemes = {name: config.lm_head_weights if model.get_submodule(name) is head else config.weights
+               for name in chosen}
+    int4 = [name for name in chosen if schemes[name] == "int4"]
     hessians = {}
     if calibration is not None:
         if not int4:
@@ -104,9 +105,8 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=
         hessians = collect_hessians(model, int4, calibration_batches(calibration))
     gptq = []
     for name in chosen:
-        module = model.get_submodule(name)
-        weights = config.lm_head_weights if module is head else config.weights
-        new, rounded = _quantized(module, name, config, weights, hessians.get(name, (None,))[0])
+        new, rounded = _quantized(model.get_submodule(name), name, config, schemes[name],
+                                  hessians.get(name, (None,))[0])
         if rounded:
             gptq.append(name)
         model.set_submodule(name, new)
