@@ -21,6 +21,8 @@ __all__ = ["POST_OPS", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyL
 
 # The weight-only Linears' activations: "float" (float32 products) or "int8" (quantized per call by blocks).
 ACTIVATIONS = ("float", "int8")
+_WOQ = torch.ops.qbackend.woq_linear.default
+_WOQ_A8 = torch.ops.qbackend.woq_a8_linear.default
 
 
 def check_activations(activations: str) -> str:
@@ -138,8 +140,7 @@ class WeightOnlyLinear(Tracked, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
-            op = torch.ops.qbackend.woq_a8_linear.default if self.activations == "int8" else \
-                torch.ops.qbackend.woq_linear.default
+            op = _WOQ_A8 if self.activations == "int8" else _WOQ
             b = self._buffers  # read directly: nn.Module's attribute lookup costs ~1 us a call when decoding
             return op(x, b["weight_tiles"], b["w_scales"], b["bias"])
         w = self.weight_int8.to(x.dtype) * self.w_scales.to(x.dtype)
