@@ -9,7 +9,7 @@
   LayerNormQuantize                                            (layer_norm.py: add + LayerNorm + quantize fused)
   GlobalAvgPoolQuantize                                        (pool.py: int8 global average pool + requantize)
   RMSNorm                                                      (rms_norm.py: decoder LLMs' norm in one call)
-  tile_rows, untile_rows                                       (weight_tiles.py: the weight-only Linears' layout)
+  (weight_tiles.py: tile_rows / tile_groups, the weight-only Linears' weight layout)
 
 The static modules take and give plain uint8 tensors with the qparams they were built with (the
 lowering wires them so activations stay in int8 between them); the dynamic and weight-only ones
