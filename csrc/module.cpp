@@ -9,6 +9,7 @@
 #include "cpu/probe.h"
 #include "providers/native_gemm.h"
 #include "runtime/activation_cache.h"
+#include "runtime/decoder_layer.h"
 #include "runtime/forward_plan.h"
 #include "runtime/parallel.h"
 
@@ -198,5 +199,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("native_peak_ops", &native_peak_ops, "int8 ops/s of a dot-product loop on `threads` threads",
         pybind11::arg("iters"), pybind11::arg("threads") = 1);
   qbackend::register_forward_plan(m);
+  qbackend::register_decoder_layer(m);
   m.def("fbgemm_packed_b_size", &fbgemm_packed_b_size, "bytes of FBGEMM's packed B for a K x N weight");
 }

@@ -14,9 +14,9 @@
 #include <cmath>
 
 #include "common/checks.h"
+#include "ops/rms_norm_ops.h"
 
 namespace qbackend::ops {
-namespace {
 
 using at::Tensor;
 
@@ -47,7 +47,6 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight_in, double eps) {
   return y;
 }
 
-}  // namespace
 }  // namespace qbackend::ops
 
 TORCH_LIBRARY_FRAGMENT(qbackend, m) { m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor"); }

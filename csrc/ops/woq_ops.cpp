@@ -44,6 +44,7 @@
 #include "cpu/kernel_table.h"
 #include "kernels/woq_a8_kernels.h"
 #include "kernels/woq_kernels.h"
+#include "ops/woq_ops.h"
 
 namespace qbackend::ops {
 namespace {
@@ -437,6 +438,8 @@ Tensor int4_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& sca
   return y;
 }
 
+}  // namespace
+
 Tensor woq_linear(const Tensor& x, const Tensor& w, const Tensor& scales, const std::optional<Tensor>& bias) {
   return int8_weight_linear(x, w, scales, bias, false);
 }
@@ -455,7 +458,6 @@ Tensor woq4a8_linear(const Tensor& x, const Tensor& w, const Tensor& scales, con
   return int4_weight_linear(x, w, scales, offsets, G, K, N, bias, true);
 }
 
-}  // namespace
 }  // namespace qbackend::ops
 
 TORCH_LIBRARY_FRAGMENT(qbackend, m) {

@@ -34,6 +34,9 @@ class LLMConfig:
     fuse_projections: compute the quantized Linears that read the same input (a layer's q, k and v
       projections; gate and up) as one product each (qbackend.llm.shared_input; the same outputs),
       found and checked on a probe forward of a few token ids.
+    native_layers: run each Llama-style decoder layer (RMSNorm, rotary attention, SiLU-gated MLP, with
+      its projections fused) as two native calls per step (qbackend.llm.decoder_layers; the same
+      outputs), checked on the probe. Needs native_norms and fuse_projections.
     """
 
     weights: str = "int8"
@@ -44,6 +47,7 @@ class LLMConfig:
     activations: str = "float"
     native_norms: bool = True
     fuse_projections: bool = True
+    native_layers: bool = True
 
     def __post_init__(self):
         if self.weights not in WEIGHT_SCHEMES:
@@ -52,7 +56,7 @@ class LLMConfig:
             raise ValueError(f"lm_head must be True, False, 'int8' or 'int4', got {self.lm_head!r}")
         if self.lm_head == "int4" and self.weights != "int4":
             raise ValueError("lm_head='int4' needs weights='int4'")
-        for flag in ("native_norms", "fuse_projections"):
+        for flag in ("native_norms", "fuse_projections", "native_layers"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         if isinstance(self.skip, str) or not all(isinstance(s, str) and s for s in self.skip):

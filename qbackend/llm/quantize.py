@@ -14,7 +14,8 @@ whatever the blocks are made of, their nn.Linear modules are found by type (GPT-
 projections are not Linears and stay float). The RMSNorms become qbackend.nn.RMSNorm (one native call
 each), found by what they compute (llm/norms.py), and the Linears that read the same input (q, k, v;
 gate, up) one fused product (llm/shared_input.py), found and checked on a probe of a few token ids.
-With calibration token ids, the 4-bit weights take GPTQ's rounding (llm/gptq.py) instead of the
+Decoder layers of Llama's form then run as two native calls each
+(llm/decoder_layers.py), checked on the same probe. With calibration token ids, the 4-bit weights take GPTQ's rounding (llm/gptq.py) instead of the
 nearest level.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from .config import LLMConfig
+from .decoder_layers import swap_decoder_layers
 from .gptq import calibration_batches, collect_hessians, gptq_int4
 from .norms import swap_rms_norms
 from .shared_input import fuse_shared_inputs
@@ -113,6 +115,8 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=
     norms = swap_rms_norms(model, config.skips) if config.native_norms else []
     probe = _probe(model) if config.fuse_projections else None
     fused = fuse_shared_inputs(model, probe) if probe is not None else []
+    layers = swap_decoder_layers(model, probe) if config.native_layers and fused and norms else []
     model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": chosen,
-                          "float": kept, "native_norms": norms, "fused": fused, "gptq": gptq}
+                          "float": kept, "native_norms": norms, "fused": fused, "native_layers": layers,
+                          "gptq": gptq}
     return model

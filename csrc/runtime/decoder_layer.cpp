@@ -1,0 +1,251 @@
+// qbackend._C.DecoderLayer: a Llama-style decoder layer (pre-norm RMSNorm, attention with rotary
+// embeddings, a SiLU-gated MLP: Llama, Mistral, Qwen2) whose Linears are qbackend's weight-only ops,
+// computed in two native calls per layer and step instead of the ~40 torch ops and ten module calls
+// of the model's Python. qbackend/llm/decoder_layers.py holds the module that calls it, decides when it
+// applies, and updates the model's KV cache between the two calls.
+//
+//   attention_inputs(hidden, cos, sin) -> (q, k, v)
+//       x = rms_norm(hidden, norm1, eps1); [q | k | v] = qkv(x), one fused product; q and k rotated as
+//       transformers' apply_rotary_pos_emb does, in the same float32 operations:
+//         out[d]     = t[d] * cos[d] + (-t[d + D/2]) * sin[d]
+//         out[d+D/2] = t[d + D/2] * cos[d + D/2] + t[d] * sin[d + D/2]        (d < D/2)
+//       hidden float32 [B, L, hidden_size]; cos, sin float32 [B or 1, L, D]; returns q
+//       [B, heads, L, D], k and v [B, kv_heads, L, D], contiguous.
+//   finish(hidden, q, k, v, mask) -> hidden'
+//       k, v [B, kv_heads, S, D]: every position so far (the caller's cache update); mask None or
+//       the model's attention mask (bool, or float added to the scores) for SDPA;
+//       a = SDPA(q, k, v) as transformers' sdpa_attention_forward calls it (GQA in SDPA without a
+//       mask, queries packed by key head for one token with a mask, keys repeated otherwise; causal
+//       when there is no mask and more than one query); h = hidden + o(a);
+//       hidden' = h + down(silu(gate) * up), [gate | up] = gate_up(rms_norm(h, norm2, eps2)).
+//
+// The products are the ops qbackend's modules call (ops/woq_ops.h), the norms qbackend::rms_norm,
+// attention, SiLU and the products of the MLP ATen's, so the outputs are the module path's bit for
+// bit. Both calls release the GIL; the layer holds no per-call state.
+#include "runtime/decoder_layer.h"
+
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "ops/rms_norm_ops.h"
+#include "ops/woq_ops.h"
+
+namespace py = pybind11;
+
+namespace qbackend {
+namespace {
+
+using at::Tensor;
+
+// A weight-only Linear's arguments from Python: (kind, weight tiles, scales or scale tiles, offset
+// tiles or None, bias or None, group_size (0 for int8), in_features, out_features).
+using ProductArgs = std::tuple<std::string, Tensor, Tensor, std::optional<Tensor>, std::optional<Tensor>, int64_t,
+                               int64_t, int64_t>;
+
+// One weight-only Linear: the op its module calls and that op's arguments.
+class WeightOnlyProduct {
+ public:
+  enum class Kind { kInt8, kInt8A8, kInt4, kInt4A8 };
+
+  WeightOnlyProduct(const ProductArgs& a, const char* name)
+      : w_(std::get<1>(a)), scales_(std::get<2>(a)), bias_(std::get<4>(a)), group_size_(std::get<5>(a)),
+        in_(std::get<6>(a)), out_(std::get<7>(a)) {
+    const std::string& kind = std::get<0>(a);
+    if (kind == "int8") {
+      kind_ = Kind::kInt8;
+    } else if (kind == "int8a8") {
+      kind_ = Kind::kInt8A8;
+    } else if (kind == "int4") {
+      kind_ = Kind::kInt4;
+    } else if (kind == "int4a8") {
+      kind_ = Kind::kInt4A8;
+    } else {
+      TORCH_CHECK_VALUE(false, name, ": kind must be int8, int8a8, int4 or int4a8, got ", kind);
+    }
+    const bool int4 = kind_ == Kind::kInt4 || kind_ == Kind::kInt4A8;
+    TORCH_CHECK_VALUE(!int4 || std::get<3>(a).has_value(), name, ": 4-bit weights need their offsets");
+    if (int4) offsets_ = *std::get<3>(a);
+    TORCH_CHECK_VALUE(in_ > 0 && out_ > 0, name, ": in_features and out_features must be > 0, got ", in_, " and ",
+                      out_);
+    TORCH_CHECK_VALUE(int4 || scales_.numel() == out_, name, ": ", scales_.numel(), " scales for ", out_,
+                      " output features");
+  }
+
+  Tensor operator()(const Tensor& x) const {
+    switch (kind_) {
+      case Kind::kInt8:
+        return ops::woq_linear(x, w_, scales_, bias_);
+      case Kind::kInt8A8:
+        return ops::woq_a8_linear(x, w_, scales_, bias_);
+      case Kind::kInt4:
+        return ops::woq4_linear(x, w_, scales_, offsets_, group_size_, in_, out_, bias_);
+      case Kind::kInt4A8:
+        return ops::woq4a8_linear(x, w_, scales_, offsets_, group_size_, in_, out_, bias_);
+    }
+    return {};
+  }
+
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+ private:
+  Kind kind_ = Kind::kInt8;
+  Tensor w_, scales_, offsets_;
+  std::optional<Tensor> bias_;
+  int64_t group_size_, in_, out_;
+};
+
+// One head's rotary embedding (the contract above); D even.
+inline void rotate(const float* t, const float* c, const float* s, float* out, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < half; ++d) {
+    const float lo = t[d], hi = t[d + half];
+    out[d] = lo * c[d] + (-hi) * s[d];
+    out[d + half] = hi * c[d + half] + lo * s[d + half];
+  }
+}
+
+void check_float3(const Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 3, name,
+                    " must be a float32 CPU tensor [batch, length, features], got ",
+                    t.defined() ? t.toString() : std::string("None"), " ", t.defined() ? t.sizes() : at::IntArrayRef{});
+}
+
+class DecoderLayer {
+ public:
+  DecoderLayer(Tensor norm1, double eps1, const ProductArgs& qkv, const ProductArgs& o, Tensor norm2, double eps2,
+               const ProductArgs& gate_up, const ProductArgs& down, int64_t heads, int64_t kv_heads,
+               int64_t head_dim, double scaling)
+      : norm1_(std::move(norm1)), norm2_(std::move(norm2)), eps1_(eps1), eps2_(eps2), qkv_(qkv, "qkv"), o_(o, "o"),
+        gate_up_(gate_up, "gate_up"), down_(down, "down"), heads_(heads), kv_heads_(kv_heads), D_(head_dim),
+        scaling_(scaling) {
+    TORCH_CHECK_VALUE(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "heads (", heads,
+                      ") must be a positive multiple of kv_heads (", kv_heads, ")");
+    TORCH_CHECK_VALUE(head_dim > 0 && head_dim % 2 == 0, "head_dim must be even and > 0, got ", head_dim);
+    hidden_ = norm1_.numel();
+    TORCH_CHECK_VALUE(norm1_.dim() == 1 && norm2_.dim() == 1 && norm2_.numel() == hidden_, "norm1 and norm2 must be "
+                      "1-D weights of the hidden size, got ", norm1_.sizes(), " and ", norm2_.sizes());
+    TORCH_CHECK_VALUE(qkv_.in_features() == hidden_ && qkv_.out_features() == (heads + 2 * kv_heads) * head_dim,
+                      "qkv must map ", hidden_, " features to (heads + 2 kv_heads) * head_dim = ",
+                      (heads + 2 * kv_heads) * head_dim, ", got ", qkv_.in_features(), " -> ", qkv_.out_features());
+    TORCH_CHECK_VALUE(o_.in_features() == heads * head_dim && o_.out_features() == hidden_, "o must map ",
+                      heads * head_dim, " features to ", hidden_, ", got ", o_.in_features(), " -> ",
+                      o_.out_features());
+    TORCH_CHECK_VALUE(gate_up_.in_features() == hidden_ && gate_up_.out_features() % 2 == 0 &&
+                          down_.in_features() * 2 == gate_up_.out_features() && down_.out_features() == hidden_,
+                      "gate_up must map ", hidden_, " features to 2 I and down I to ", hidden_, ", got ",
+                      gate_up_.in_features(), " -> ", gate_up_.out_features(), " and ", down_.in_features(), " -> ",
+                      down_.out_features());
+  }
+
+  std::tuple<Tensor, Tensor, Tensor> attention_inputs(const Tensor& hidden, const Tensor& cos,
+                                                      const Tensor& sin) const {
+    check_float3(hidden, "hidden");
+    TORCH_CHECK_VALUE(hidden.size(2) == hidden_, "hidden must have ", hidden_, " features, got ", hidden.size(2));
+    const int64_t B = hidden.size(0), L = hidden.size(1), H = heads_, KV = kv_heads_, D = D_;
+    for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{cos, "cos"}, {sin, "sin"}}) {
+      check_float3(t, name);
+      TORCH_CHECK_VALUE((t.size(0) == B || t.size(0) == 1) && t.size(1) == L && t.size(2) == D, name,
+                        " must be [", B, " or 1, ", L, ", ", D, "], got ", t.sizes());
+    }
+    TORCH_CHECK_VALUE(cos.size(0) == sin.size(0), "cos and sin must have one batch size, got ", cos.size(0),
+                      " and ", sin.size(0));
+    const Tensor qkv = qkv_(ops::rms_norm(hidden, norm1_, eps1_)).contiguous();
+    const auto opts = hidden.options();
+    Tensor q = at::empty({B, H, L, D}, opts), k = at::empty({B, KV, L, D}, opts), v = at::empty({B, KV, L, D}, opts);
+    if (B * L == 0) return {q, k, v};
+    const Tensor c = cos.contiguous(), s = sin.contiguous();
+    const float* src = qkv.data_ptr<float>();
+    const float *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
+    float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+    const int64_t width = (H + 2 * KV) * D, rope_batch = c.size(0);
+    at::parallel_for(0, B * L, std::max<int64_t>(1, 32768 / width), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / L, l = r % L;
+        const float* row = src + r * width;
+        const int64_t rope = ((rope_batch == 1 ? 0 : b) * L + l) * D;
+        for (int64_t h = 0; h < H; ++h) rotate(row + h * D, cp + rope, sp + rope, qp + ((b * H + h) * L + l) * D, D);
+        for (int64_t h = 0; h < KV; ++h) {
+          const int64_t at_kv = ((b * KV + h) * L + l) * D;
+          rotate(row + (H + h) * D, cp + rope, sp + rope, kp + at_kv, D);
+          std::copy(row + (H + KV + h) * D, row + (H + KV + h + 1) * D, vp + at_kv);
+        }
+      }
+    });
+    return {q, k, v};
+  }
+
+  Tensor finish(const Tensor& hidden, const Tensor& q, const Tensor& k, const Tensor& v,
+                const std::optional<Tensor>& mask) const {
+    check_float3(hidden, "hidden");
+    const int64_t B = hidden.size(0), L = hidden.size(1), H = heads_, KV = kv_heads_, D = D_;
+    TORCH_CHECK_VALUE(hidden.size(2) == hidden_, "hidden must have ", hidden_, " features, got ", hidden.size(2));
+    TORCH_CHECK_VALUE(q.dim() == 4 && q.size(0) == B && q.size(1) == H && q.size(2) == L && q.size(3) == D,
+                      "q must be [", B, ", ", H, ", ", L, ", ", D, "], got ", q.sizes());
+    TORCH_CHECK_VALUE(k.dim() == 4 && v.dim() == 4 && k.size(0) == B && k.size(1) == KV && k.size(3) == D &&
+                          v.sizes() == k.sizes(),
+                      "k and v must be [", B, ", ", KV, ", positions, ", D, "], got ", k.sizes(), " and ", v.sizes());
+    const int64_t n_rep = H / KV;
+    Tensor query = q, key = k, value = v;
+    std::optional<Tensor> m = mask;
+    bool gqa = false;
+    if (n_rep > 1) {
+      if (!m && D <= 256) {
+        gqa = true;
+      } else if (L == 1) {
+        query = q.reshape({B, KV, n_rep, D});
+        if (m && m->dim() == 4 && m->size(1) != 1) m = m->reshape({m->size(0), m->size(1) / n_rep, n_rep, m->size(3)});
+      } else {
+        const int64_t S = k.size(2);
+        key = k.unsqueeze(2).expand({B, KV, n_rep, S, D}).reshape({B, H, S, D});
+        value = v.unsqueeze(2).expand({B, KV, n_rep, S, D}).reshape({B, H, S, D});
+      }
+    }
+    const bool causal = L > 1 && !m;
+    if (causal && key.size(2) > L) {
+      key = key.narrow(2, 0, L);
+      value = value.narrow(2, 0, L);
+    }
+    Tensor a = at::scaled_dot_product_attention(query, key, value, m, 0.0, causal, scaling_, gqa);
+    a = a.reshape({a.size(0), -1, L, D}).transpose(1, 2).contiguous().view({B, L, H * D});
+    Tensor h = o_(a);
+    h.add_(hidden);
+    const Tensor gu = gate_up_(ops::rms_norm(h, norm2_, eps2_));
+    const int64_t I = gu.size(-1) / 2;
+    Tensor act = at::silu(gu.narrow(-1, 0, I));
+    act.mul_(gu.narrow(-1, I, I));
+    Tensor out = down_(act);
+    out.add_(h);
+    return out;
+  }
+
+ private:
+  Tensor norm1_, norm2_;
+  double eps1_, eps2_;
+  WeightOnlyProduct qkv_, o_, gate_up_, down_;
+  int64_t heads_, kv_heads_, D_, hidden_ = 0;
+  double scaling_;
+};
+
+}  // namespace
+
+void register_decoder_layer(py::module_& m) {
+  py::class_<DecoderLayer>(m, "DecoderLayer",
+                           "A Llama-style decoder layer in two native calls (csrc/runtime/decoder_layer.cpp); "
+                           "built and called by qbackend.llm.decoder_layers.NativeDecoderLayer.")
+      .def(py::init<Tensor, double, const ProductArgs&, const ProductArgs&, Tensor, double, const ProductArgs&,
+                    const ProductArgs&, int64_t, int64_t, int64_t, double>(),
+           py::arg("norm1"), py::arg("eps1"), py::arg("qkv"), py::arg("o"), py::arg("norm2"), py::arg("eps2"),
+           py::arg("gate_up"), py::arg("down"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("scaling"))
+      .def("attention_inputs", &DecoderLayer::attention_inputs, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("finish", &DecoderLayer::finish, py::arg("hidden"), py::arg("q"), py::arg("k"), py::arg("v"),
+           py::arg("mask"), py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace qbackend

@@ -1,0 +1,227 @@
+"""Native decoder layers for quantize_llm: a Llama-style layer (pre-norm RMSNorm attention with
+rotary embeddings, then a SiLU-gated MLP: Llama, Mistral, Qwen2, SmolLM) whose Linears are quantized
+runs as two calls of qbackend._C.DecoderLayer per step (csrc/runtime/decoder_layer.cpp) and one update
+of the model's own KV cache between them, instead of ~40 torch ops and ten module calls.
+
+Found by its parts, not its class: a layer whose children are exactly `self_attn` (q/k/v/o_proj),
+`mlp` (gate/up/down_proj, and an `act_fn` that computes SiLU), `input_layernorm` and
+`post_attention_layernorm` (qbackend RMSNorms), with q, k, v (and gate, up) fused into one product
+(llm/shared_input.py). The swap is checked on a probe forward: the model's logits must not change, or
+it is undone. A Qwen3-style layer (norms on q and k), Gemma's (four norms), GPT-2's or Phi-3's (fused
+projections of their own) keep the model's code.
+
+NativeDecoderLayer holds the layer's children under their names (`layer.self_attn.q_proj` stays a
+path) and runs the model's own code (the original layer, on these children) wherever the native path
+does not apply: inputs other than float32 on the CPU, training or gradients, an attention other than
+SDPA or with options the native path does not take (attention weights, position biases), tracing and
+torch.compile. The native layer reads the children's tensors as they are when it is first called;
+replacing a child module, or a buffer of one, is seen on the next call and rebuilds it.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..core.extension import _C
+from ..nn.int4_linear import Int4WeightOnlyLinear
+from ..nn.linear import WeightOnlyLinear
+from ..nn.rms_norm import RMSNorm
+from .shared_input import SharedInputLinear
+
+__all__ = ["NativeDecoderLayer", "swap_decoder_layers"]
+
+_LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+_ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
+_MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
+# Keyword arguments of a layer call that the native path does not implement (it then runs the model's code).
+_UNSUPPORTED_KWARGS = ("output_attentions", "position_bias", "softcap", "is_causal", "s_aux", "sinks")
+
+
+def _product(m: nn.Module, kind_module: nn.Module | None = None) -> tuple:
+    """DecoderLayer's arguments for one quantized Linear (see decoder_layer.cpp's ProductArgs)."""
+    b = m._buffers
+    if type(m) is WeightOnlyLinear:
+        kind = "int8a8" if m.activations == "int8" else "int8"
+        return kind, b["weight_tiles"], b["w_scales"], None, b["bias"], 0, m.in_features, m.out_features
+    kind = "int4a8" if m.activations == "int8" else "int4"
+    return (kind, b["weight_tiles"], b["scale_tiles"], b["offset_tiles"], b["bias"], m.group_size, m.in_features,
+            m.out_features)
+
+
+def _quantized(m) -> bool:
+    return type(m) in (WeightOnlyLinear, Int4WeightOnlyLinear)
+
+
+def _group_of(members: list) -> nn.Module | None:
+    """The fused product of `members` when they are, in order, all the members of one shared-input group."""
+    if not all(type(m) is SharedInputLinear for m in members):
+        return None
+    group = members[0]._group
+    if any(m._group is not group or m.index != i for i, m in enumerate(members)) or len(group.sizes) != len(members):
+        return None
+    return group.fused if _quantized(group.fused) else None
+
+
+def _computes_silu(act: nn.Module) -> bool:
+    x = torch.linspace(-8, 8, 97)
+    try:
+        with torch.no_grad():
+            return bool(torch.equal(act(x), nn.functional.silu(x)))
+    except Exception:  # noqa: BLE001  (not a one-input activation)
+        return False
+
+
+def _parts(layer: nn.Module) -> dict | None:
+    """What the native layer needs from `layer`, or None where `layer` is not of the native form."""
+    children = dict(layer.named_children())
+    if set(children) != _LAYER_CHILDREN:
+        return None
+    attn, mlp = children["self_attn"], children["mlp"]
+    if set(dict(attn.named_children())) != _ATTENTION_CHILDREN or set(dict(mlp.named_children())) != _MLP_CHILDREN:
+        return None
+    norms = children["input_layernorm"], children["post_attention_layernorm"]
+    if not all(type(n) is RMSNorm and n.weight.dtype == torch.float32 for n in norms):
+        return None
+    qkv = _group_of([attn.q_proj, attn.k_proj, attn.v_proj])
+    gate_up = _group_of([mlp.gate_proj, mlp.up_proj])
+    if qkv is None or gate_up is None or not _quantized(attn.o_proj) or not _quantized(mlp.down_proj):
+        return None
+    head_dim, layer_idx = getattr(attn, "head_dim", None), getattr(attn, "layer_idx", None)
+    scaling = getattr(attn, "scaling", None)
+    if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2 or not isinstance(layer_idx, int) \
+            or not isinstance(scaling, (float, int)):
+        return None
+    q_out, kv_out = attn.q_proj.out_features, attn.k_proj.out_features
+    if q_out % head_dim or kv_out % head_dim or attn.v_proj.out_features != kv_out or \
+            (q_out // head_dim) % max(kv_out // head_dim, 1) or not kv_out:
+        return None
+    if not _computes_silu(mlp.act_fn):
+        return None
+    return {"qkv": qkv, "gate_up": gate_up, "heads": q_out // head_dim, "kv_heads": kv_out // head_dim,
+            "head_dim": head_dim, "scaling": float(scaling), "layer_idx": layer_idx}
+
+
+class NativeDecoderLayer(nn.Module):
+    """A decoder layer of the native form (see the module docstring): the original layer's children,
+    the original layer (`model_layer`, sharing them) as the fallback, and a qbackend._C.DecoderLayer
+    built on first use."""
+
+    def __init__(self, layer: nn.Module, parts: dict):
+        super().__init__()
+        for name, child in layer.named_children():
+            self.add_module(name, child)
+        self.training = layer.training
+        object.__setattr__(self, "model_layer", layer)  # not a child: its children are this module's
+        self.layer_idx = parts["layer_idx"]
+        self.heads, self.kv_heads, self.head_dim = parts["heads"], parts["kv_heads"], parts["head_dim"]
+        self.scaling = parts["scaling"]
+        object.__setattr__(self, "_native", None)
+        object.__setattr__(self, "_watch", ())
+
+    def __getstate__(self):  # copies and pickles rebuild the native layer on first use
+        state = dict(self.__dict__)
+        state["_native"], state["_watch"] = None, ()
+        return state
+
+    def _apply(self, fn, recurse=True):
+        object.__setattr__(self, "_native", None)
+        return super()._apply(fn, recurse)
+
+    def _build(self):
+        """The native layer from the children as they are now, and what is watched for replacement: each
+        (dict, key, object) on the paths to the tensors it holds."""
+        attn, mlp = self._modules["self_attn"], self._modules["mlp"]
+        parts = _parts(self)
+        if parts is None:
+            raise ValueError("the layer's children are no longer of the native form (a quantized, fused "
+                             "Llama-style layer)")
+        norm1, norm2 = self._modules["input_layernorm"], self._modules["post_attention_layernorm"]
+        native = _C.DecoderLayer(norm1.weight, norm1.eps, _product(parts["qkv"]), _product(attn.o_proj), norm2.weight,
+                                 norm2.eps, _product(parts["gate_up"]), _product(mlp.down_proj), self.heads,
+                                 self.kv_heads, self.head_dim, self.scaling)
+        watch = [(self._modules, n, m) for n, m in self._modules.items()]
+        for module in (attn, mlp):
+            watch += [(module._modules, n, m) for n, m in module._modules.items()]
+        for module in (attn.q_proj, mlp.gate_proj):
+            watch.append((module._modules, "fused", module._modules.get("fused")))
+        for module in (parts["qkv"], parts["gate_up"], attn.o_proj, mlp.down_proj):
+            watch += [(module._buffers, n, t) for n, t in module._buffers.items()]
+            watch += [(module.__dict__, n, module.__dict__[n]) for n in ("activations", "group_size")
+                      if n in module.__dict__]
+        for norm in (norm1, norm2):
+            watch += [(norm._parameters, "weight", norm._parameters["weight"]), (norm.__dict__, "eps", norm.eps)]
+        object.__setattr__(self, "_native", native)
+        object.__setattr__(self, "_watch", tuple(watch))
+        return native
+
+    def _current(self):
+        """The native layer for the children as they are now (rebuilt if one was replaced)."""
+        native = self._native
+        if native is None or not all(d.get(k) is v for d, k, v in self._watch):
+            native = self._build()
+        return native
+
+    def _runs_natively(self, hidden, attention_mask, position_embeddings, kwargs) -> bool:
+        if (type(hidden) is not torch.Tensor or hidden.dtype != torch.float32 or hidden.device.type != "cpu"
+                or hidden.dim() != 3 or self.training or (hidden.requires_grad and torch.is_grad_enabled())):
+            return False
+        if not isinstance(position_embeddings, tuple) or len(position_embeddings) != 2:
+            return False
+        if attention_mask is not None and type(attention_mask) is not torch.Tensor:
+            return False
+        config = getattr(self._modules["self_attn"], "config", None)
+        if getattr(config, "_attn_implementation", "sdpa") != "sdpa":
+            return False
+        if any(kwargs.get(k) for k in _UNSUPPORTED_KWARGS):
+            return False
+        return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+                position_embeddings=None, **kwargs):
+        past = kwargs.pop("past_key_values", None)
+        cache = cache if cache is not None else past
+        if not self._runs_natively(hidden_states, attention_mask, position_embeddings, kwargs):
+            layer = self.model_layer
+            layer._modules.update(self._modules)
+            layer.training = self.training
+            return layer(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                         use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        native = self._current()
+        cos, sin = position_embeddings
+        q, k, v = native.attention_inputs(hidden_states, cos, sin)
+        if cache is not None:
+            # the arguments transformers' attention passes to the cache
+            k, v = cache.update(k, v, self.layer_idx,
+                                kwargs={"position_ids": position_ids, "use_cache": use_cache, **kwargs})
+        return native.finish(hidden_states, q, k, v, attention_mask)
+
+    def extra_repr(self) -> str:
+        return (f"native {type(self.model_layer).__name__}: heads={self.heads}, kv_heads={self.kv_heads}, "
+                f"head_dim={self.head_dim}")
+
+
+def swap_decoder_layers(model: nn.Module, run) -> list[str]:
+    """Replace `model`'s decoder layers of the native form by NativeDecoderLayers in place, checked by
+    `run()` (a forward on a probe returning logits): the names replaced (none if the check failed)."""
+    found = [(name, m, parts) for name, m in model.named_modules()
+             if name and (parts := _parts(m)) is not None]
+    if not found:
+        return []
+    try:
+        with torch.no_grad():
+            before = run()
+    except Exception:  # noqa: BLE001  (a model the probe does not fit: nothing swapped)
+        return []
+    for name, m, parts in found:
+        model.set_submodule(name, NativeDecoderLayer(m, parts))
+    try:
+        with torch.no_grad():
+            after = run()
+        same = after.shape == before.shape and bool(torch.equal(after, before))
+    except Exception:  # noqa: BLE001  (a model whose code does not fit the native layer: undone below)
+        same = False
+    if not same:
+        for name, m, _ in found:
+            model.set_submodule(name, m)
+        return []
+    return [name for name, _, _ in found]
