@@ -14,14 +14,17 @@
 //   finish(hidden, q, k, v, mask) -> hidden'
 //       k, v [B, kv_heads, S, D]: every position so far (the caller's cache update); mask None or
 //       the model's attention mask (bool, or float added to the scores) for SDPA;
-//       a = SDPA(q, k, v) as transformers' sdpa_attention_forward calls it (GQA in SDPA without a
-//       mask, queries packed by key head for one token with a mask, keys repeated otherwise; causal
-//       when there is no mask and more than one query); h = hidden + o(a);
+//       a = the attention of q over k, v; h = hidden + o(a);
 //       hidden' = h + down(silu(gate) * up), [gate | up] = gate_up(rms_norm(h, norm2, eps2)).
 //
-// The products are the ops qbackend's modules call (ops/woq_ops.h), the norms qbackend::rms_norm,
-// attention, SiLU and the products of the MLP ATen's, so the outputs are the module path's bit for
-// bit. Both calls release the GIL; the layer holds no per-call state.
+// The attention: one query position without a mask (a decoding step) on an AVX512 CPU, the decoding
+// kernel (kernels/decode_attention_kernels.h: equal to SDPA within fp32 rounding); otherwise SDPA as
+// transformers' sdpa_attention_forward calls it (GQA in SDPA without a mask, queries packed by key
+// head for one position with a mask, keys repeated otherwise; causal when there is no mask and more
+// than one query), bit for bit the model's own. The products are the ops qbackend's modules call
+// (ops/woq_ops.h), the norms qbackend::rms_norm, SiLU and the MLP's product ATen's, so everything but
+// the decoding kernel gives the module path's bits. Both calls release the GIL; the layer holds no
+// per-call state.
 #include "runtime/decoder_layer.h"
 
 #include <ATen/Parallel.h>
@@ -30,9 +33,13 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
+#include "cpu/probe.h"
+#include "kernels/decode_attention_kernels.h"
 #include "ops/rms_norm_ops.h"
 #include "ops/woq_ops.h"
+#include "runtime/parallel.h"
 
 namespace py = pybind11;
 
@@ -115,6 +122,34 @@ void check_float3(const Tensor& t, const char* name) {
                     t.defined() ? t.toString() : std::string("None"), " ", t.defined() ? t.sizes() : at::IntArrayRef{});
 }
 
+// Work (multiply-adds) below which the decoding attention runs on the calling thread: a parallel
+// region costs more than the arithmetic of a small model's step (SmolLM2: 9 heads x 64 x ~100 positions).
+constexpr int64_t kSerialAttentionWork = int64_t(1) << 18;
+
+// One step's attention for the decoding kernel (q [B, H, 1, D], k and v [B, KV, S, D] with their
+// last dimension contiguous, no mask): [B, 1, H * D].
+Tensor decode_attention(const Tensor& q_in, const Tensor& k, const Tensor& v, double scaling) {
+  const Tensor q = q_in.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1), S = k.size(2);
+  Tensor out = at::empty({B, 1, H * D}, q.options());
+  kernels::DecodeAttention p;
+  p.B = B, p.H = H, p.KV = KV, p.S = S, p.D = D;
+  p.q = q.const_data_ptr<float>();
+  p.k = k.const_data_ptr<float>(), p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_ss = k.stride(2);
+  p.v = v.const_data_ptr<float>(), p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_ss = v.stride(2);
+  p.out = out.mutable_data_ptr<float>();
+  p.scale = static_cast<float>(scaling);
+  const size_t scratch_floats = kernels::decode_attention_scratch_floats(p);
+  const auto heads = [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < scratch_floats) scratch.resize(scratch_floats);
+    for (int64_t t = t0; t < t1; ++t) kernels::decode_attention_avx512(p, t / KV, t % KV, scratch.data());
+  };
+  if (B * H * S * D <= kSerialAttentionWork) heads(0, B * KV);
+  else parallel::parallel_for(0, B * KV, 1, heads);
+  return out;
+}
+
 class DecoderLayer {
  public:
   DecoderLayer(Tensor norm1, double eps1, const ProductArgs& qkv, const ProductArgs& o, Tensor norm2, double eps2,
@@ -189,7 +224,27 @@ class DecoderLayer {
     TORCH_CHECK_VALUE(k.dim() == 4 && v.dim() == 4 && k.size(0) == B && k.size(1) == KV && k.size(3) == D &&
                           v.sizes() == k.sizes(),
                       "k and v must be [", B, ", ", KV, ", positions, ", D, "], got ", k.sizes(), " and ", v.sizes());
-    const int64_t n_rep = H / KV;
+    Tensor a;
+    if (L == 1 && !mask && k.size(2) > 0 && k.stride(3) == 1 && v.stride(3) == 1 && cpu::has(cpu::Isa::Avx512)) {
+      a = decode_attention(q, k, v, scaling_);
+    } else {
+      a = sdpa(q, k, v, mask);
+    }
+    Tensor h = o_(a);
+    h.add_(hidden);
+    const Tensor gu = gate_up_(ops::rms_norm(h, norm2_, eps2_));
+    const int64_t I = gu.size(-1) / 2;
+    Tensor act = at::silu(gu.narrow(-1, 0, I));
+    act.mul_(gu.narrow(-1, I, I));
+    Tensor out = down_(act);
+    out.add_(h);
+    return out;
+  }
+
+ private:
+  // SDPA as transformers' sdpa_attention_forward calls it (see the file comment): [B, L, H * D].
+  Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask) const {
+    const int64_t B = q.size(0), L = q.size(2), H = heads_, KV = kv_heads_, D = D_, n_rep = H / KV;
     Tensor query = q, key = k, value = v;
     std::optional<Tensor> m = mask;
     bool gqa = false;
@@ -211,19 +266,9 @@ class DecoderLayer {
       value = value.narrow(2, 0, L);
     }
     Tensor a = at::scaled_dot_product_attention(query, key, value, m, 0.0, causal, scaling_, gqa);
-    a = a.reshape({a.size(0), -1, L, D}).transpose(1, 2).contiguous().view({B, L, H * D});
-    Tensor h = o_(a);
-    h.add_(hidden);
-    const Tensor gu = gate_up_(ops::rms_norm(h, norm2_, eps2_));
-    const int64_t I = gu.size(-1) / 2;
-    Tensor act = at::silu(gu.narrow(-1, 0, I));
-    act.mul_(gu.narrow(-1, I, I));
-    Tensor out = down_(act);
-    out.add_(h);
-    return out;
+    return a.reshape({a.size(0), -1, L, D}).transpose(1, 2).contiguous().view({B, L, H * D});
   }
 
- private:
   Tensor norm1_, norm2_;
   double eps1_, eps2_;
   WeightOnlyProduct qkv_, o_, gate_up_, down_;

@@ -19,6 +19,8 @@ replacing a child module, or a buffer of one, is seen on the next call and rebui
 """
 from __future__ import annotations
 
+from operator import is_
+
 import torch
 from torch import nn
 
@@ -34,7 +36,19 @@ _LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layern
 _ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
 _MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 # Keyword arguments of a layer call that the native path does not implement (it then runs the model's code).
+_MISSING = object()
 _UNSUPPORTED_KWARGS = ("output_attentions", "position_bias", "softcap", "is_causal", "s_aux", "sinks")
+
+
+def _attention_implementation(attn: nn.Module) -> str:
+    """The attention function a transformers attention module calls ("sdpa", "eager", ...; "sdpa" for a
+    module without a config). Read from the config's instance dict where it is kept there: the config's
+    attribute lookup costs ~2 us, once per layer and step."""
+    config = getattr(attn, "config", None)
+    if config is None:
+        return "sdpa"
+    internal = vars(config).get("_attn_implementation_internal", _MISSING)
+    return getattr(config, "_attn_implementation", "sdpa") if internal is _MISSING else internal
 
 
 def _product(m: nn.Module, kind_module: nn.Module | None = None) -> tuple:
@@ -129,7 +143,8 @@ class NativeDecoderLayer(nn.Module):
 
     def _build(self):
         """The native layer from the children as they are now, and what is watched for replacement: each
-        (dict, key, object) on the paths to the tensors it holds."""
+        (dict, key, object) on the paths to the tensors it holds, kept as three tuples (dicts, keys,
+        objects) for _current's check."""
         attn, mlp = self._modules["self_attn"], self._modules["mlp"]
         parts = _parts(self)
         if parts is None:
@@ -151,28 +166,27 @@ class NativeDecoderLayer(nn.Module):
         for norm in (norm1, norm2):
             watch += [(norm._parameters, "weight", norm._parameters["weight"]), (norm.__dict__, "eps", norm.eps)]
         object.__setattr__(self, "_native", native)
-        object.__setattr__(self, "_watch", tuple(watch))
+        object.__setattr__(self, "_watch", tuple(zip(*watch)))
         return native
 
     def _current(self):
         """The native layer for the children as they are now (rebuilt if one was replaced)."""
         native = self._native
-        if native is None or not all(d.get(k) is v for d, k, v in self._watch):
+        if native is None or not all(map(is_, map(dict.get, *self._watch[:2]), self._watch[2])):
             native = self._build()
         return native
 
     def _runs_natively(self, hidden, attention_mask, position_embeddings, kwargs) -> bool:
-        if (type(hidden) is not torch.Tensor or hidden.dtype != torch.float32 or hidden.device.type != "cpu"
-                or hidden.dim() != 3 or self.training or (hidden.requires_grad and torch.is_grad_enabled())):
+        if (type(hidden) is not torch.Tensor or hidden.dtype != torch.float32 or not hidden.is_cpu
+                or hidden.ndim != 3 or self.training or (hidden.requires_grad and torch.is_grad_enabled())):
             return False
-        if not isinstance(position_embeddings, tuple) or len(position_embeddings) != 2:
+        if type(position_embeddings) is not tuple or len(position_embeddings) != 2:
             return False
         if attention_mask is not None and type(attention_mask) is not torch.Tensor:
             return False
-        config = getattr(self._modules["self_attn"], "config", None)
-        if getattr(config, "_attn_implementation", "sdpa") != "sdpa":
+        if _attention_implementation(self._modules["self_attn"]) != "sdpa":
             return False
-        if any(kwargs.get(k) for k in _UNSUPPORTED_KWARGS):
+        if kwargs and any(kwargs.get(k) for k in _UNSUPPORTED_KWARGS):
             return False
         return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
 

@@ -91,20 +91,30 @@ def _dequantized(m) -> torch.Tensor:
     return (m.weight_int8.double() * m.w_scales.double().reshape(-1, 1))
 
 
-def test_layer_matches_fp64_reference():
+@pytest.mark.parametrize("L,cached,head_dim,kv_heads", [(5, 0, 16, 2), (1, 7, 16, 2), (1, 40, 24, 1), (1, 1, 16, 4),
+                                                          (3, 6, 16, 2)])
+def test_layer_matches_fp64_reference(L, cached, head_dim, kv_heads):
     """One native layer (int8 weights, float activations) against the layer computed in float64 from the
-    dequantized weights: rotary embedding, GQA attention with a causal mask, SiLU-gated MLP, residuals."""
-    _, native = _pair()
-    layer = native.model.layers[0]
+    dequantized weights: rotary embedding, GQA attention (causal over a prompt, or one new position over
+    `cached` earlier ones: the decoding kernel on AVX512 CPUs), SiLU-gated MLP, residuals."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=head_dim)
+    model = qbackend.quantize_llm(transformers.LlamaForCausalLM(cfg).eval())
+    layer = model.model.layers[0]
+    assert isinstance(layer, NativeDecoderLayer)
     attn, mlp = layer.self_attn, layer.mlp
     qkv, gate_up = attn.q_proj.fused, mlp.gate_proj.fused
     gen = torch.Generator().manual_seed(3)
-    B, L, D, H, KV = 2, 5, 16, 4, 2
+    B, D, H, KV = 2, head_dim, 4, kv_heads
     hidden = torch.randn(B, L, 64, generator=gen)
     angles = torch.randn(B, L, D // 2, generator=gen)
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    past_k, past_v = torch.randn(B, KV, cached, D, generator=gen), torch.randn(B, KV, cached, D, generator=gen)
+    native = layer._current()
     with torch.no_grad():
-        out = layer(hidden, attention_mask=None, position_embeddings=(cos, sin))
+        q, k, v = native.attention_inputs(hidden, cos, sin)
+        out = native.finish(hidden, q, torch.cat([past_k, k], 2), torch.cat([past_v, v], 2), None)
 
     def norm(x, m):
         return m.weight.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
@@ -116,15 +126,37 @@ def test_layer_matches_fp64_reference():
     h = hidden.double()
     p = norm(h, layer.input_layernorm) @ _dequantized(qkv).T
     q = rope(p[..., :H * D].reshape(B, L, H, D).transpose(1, 2))
-    k = rope(p[..., H * D:(H + KV) * D].reshape(B, L, KV, D).transpose(1, 2)).repeat_interleave(H // KV, 1)
-    v = p[..., (H + KV) * D:].reshape(B, L, KV, D).transpose(1, 2).repeat_interleave(H // KV, 1)
+    k = rope(p[..., H * D:(H + KV) * D].reshape(B, L, KV, D).transpose(1, 2))
+    v = p[..., (H + KV) * D:].reshape(B, L, KV, D).transpose(1, 2)
+    k = torch.cat([past_k.double(), k], 2).repeat_interleave(H // KV, 1)
+    v = torch.cat([past_v.double(), v], 2).repeat_interleave(H // KV, 1)
     scores = (q @ k.transpose(-1, -2)) * D ** -0.5
-    scores = scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+    if L > 1 and not cached:
+        scores = scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+    if L > 1 and cached:  # no mask with a prompt after a cache: SDPA's causal mask is top-left aligned
+        scores = scores.masked_fill(torch.ones(L, cached + L, dtype=torch.bool).triu(1), float("-inf"))
     a = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, L, H * D)
     h = h + a @ _dequantized(attn.o_proj).T
     g = norm(h, layer.post_attention_layernorm) @ _dequantized(gate_up).T
     ref = h + (torch.nn.functional.silu(g[..., :160]) * g[..., 160:]) @ _dequantized(mlp.down_proj).T
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_decoding_attention_matches_sdpa():
+    """The decoding kernel (one position, no mask) against SDPA (the same step with an all-true mask),
+    over cache lengths that straddle its 16-lane blocks and key-head sharing from 1 to 4 queries."""
+    for kv_heads in (4, 2, 1):
+        _, native = _pair(kv_heads=kv_heads)
+        layer = native.model.layers[0]._current()
+        gen = torch.Generator().manual_seed(kv_heads)
+        for S in (1, 15, 16, 17, 100):
+            hidden = torch.randn(3, 1, 64, generator=gen)
+            q = torch.randn(3, 4, 1, 16, generator=gen)
+            k, v = (torch.randn(3, kv_heads, S, 16, generator=gen) * 3 for _ in range(2))
+            with torch.no_grad():
+                fast = layer.finish(hidden, q, k, v, None)
+                ref = layer.finish(hidden, q, k, v, torch.ones(3, 1, 1, S, dtype=torch.bool))
+            torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_falls_back_to_the_model_code_where_native_does_not_apply():
