@@ -1,5 +1,5 @@
-"""The `qbackend` command line (also `python -m qbackend`): `info`, `explain`, `upgrade`, `demo` and `compare`,
-one module per command (each with `add_parser(subparsers)` and `run(args) -> exit code`).
+"""The `qbackend` command line (also `python -m qbackend`): `info`, `explain`, `upgrade`, `demo`,
+`compare` and `llm`, one module per command (each with `add_parser(subparsers)` and `run(args) -> exit code`).
 
     qbackend info                                   # CPU features and the provider each op kind would use
     qbackend info model.qb                          # a saved model's file: versions, CPU, layers (not built)
@@ -7,6 +7,7 @@ one module per command (each with `add_parser(subparsers)` and `run(args) -> exi
     qbackend upgrade old.qb new.qb                  # a format-1 (pickled) model file rewritten as format 2
     qbackend demo [--json FILE]                     # digits CNN: FP32 vs INT8 top-1, latency, size
     qbackend compare examples.digits_case:case [--json FILE] [--plot FILE.png] [--max-drop X]
+    qbackend llm [--model DIR | --random] [--weights int4] [--activations int8]   # a causal LM, in place
 
 `compare` imports a user function (``package.module:function``, or ``path/to/file.py:function``;
 the current directory and every ``--path`` are put on sys.path first) returning
@@ -22,10 +23,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import compare, demo, explain, info, upgrade
+from . import compare, demo, explain, info, llm, upgrade
 from .common import CliError
 
-COMMANDS = {"info": info, "explain": explain, "upgrade": upgrade, "demo": demo, "compare": compare}
+COMMANDS = {"info": info, "explain": explain, "upgrade": upgrade, "demo": demo, "compare": compare, "llm": llm}
 
 
 def build_parser() -> argparse.ArgumentParser:
