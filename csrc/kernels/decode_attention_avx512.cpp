@@ -19,24 +19,34 @@ size_t decode_attention_scratch_floats(const DecodeAttention& p) {
   return static_cast<size_t>(p.H / std::max<int64_t>(p.KV, 1)) * static_cast<size_t>(p.S);
 }
 
-void decode_attention_avx512(const DecodeAttention& p, int64_t b, int64_t kvh, float* scratch) {
+namespace {
+
+// Lanes d .. d + 15 of a row (the lanes under m; 0 elsewhere): fp32, or int8 widened exactly.
+inline __m512 row_lanes(const float* row, int64_t d, __mmask16 m) { return _mm512_maskz_loadu_ps(m, row + d); }
+inline __m512 row_lanes(const int8_t* row, int64_t d, __mmask16 m) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, row + d)));
+}
+
+// The kernel over rows of type T (float, or int8 with per-row scales ksc / vsc; nullptr for float).
+template <typename T>
+void heads(const DecodeAttention& p, const T* k, const float* ksc, const T* v, const float* vsc, int64_t b,
+           int64_t kvh, float* scratch) {
   using avx512::W;
   const int64_t R = p.H / p.KV, S = p.S, D = p.D;
   const float* q = p.q + (b * p.H + kvh * R) * D;
-  const float* k = p.k + b * p.k_sb + kvh * p.k_sh;
-  const float* v = p.v + b * p.v_sb + kvh * p.v_sh;
   float* out = p.out + (b * p.H + kvh * R) * D;
-  // scores[r * S + s] = scale * q_r . k_s
+  // scores[r * S + s] = scale * q_r . k_s (times the row's scale for int8 rows)
   for (int64_t s = 0; s < S; ++s) {
-    const float* ks = k + s * p.k_ss;
+    const T* ks = k + s * p.k_ss;
+    const float row_scale = ksc ? ksc[s] * p.scale : p.scale;
     for (int64_t r = 0; r < R; ++r) {
       const float* qr = q + r * D;
       __m512 acc = _mm512_setzero_ps();
       for (int64_t d = 0; d < D; d += W) {
         const __mmask16 m = avx512::tail_mask(D - d);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qr + d), _mm512_maskz_loadu_ps(m, ks + d), acc);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qr + d), row_lanes(ks, d, m), acc);
       }
-      scratch[r * S + s] = _mm512_reduce_add_ps(acc) * p.scale;
+      scratch[r * S + s] = _mm512_reduce_add_ps(acc) * row_scale;
     }
   }
   for (int64_t r = 0; r < R; ++r) {
@@ -49,18 +59,30 @@ void decode_attention_avx512(const DecodeAttention& p, int64_t b, int64_t kvh, f
     for (int64_t s = 0; s < S; s += W) {
       const __mmask16 m = avx512::tail_mask(S - s);
       const __m512 e = _mm512_maskz_mov_ps(m, avx512::exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + s), mx)));
-      avx512::store(sc + s, m, e);
       vsum = _mm512_add_ps(vsum, e);
+      // the weights the value rows take: e, times the row's scale for int8 rows
+      avx512::store(sc + s, m, vsc ? _mm512_mul_ps(e, _mm512_maskz_loadu_ps(m, vsc + s)) : e);
     }
     const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
     float* o = out + r * D;
     for (int64_t d = 0; d < D; d += W) {
       const __mmask16 m = avx512::tail_mask(D - d);
       __m512 acc = _mm512_setzero_ps();
-      for (int64_t s = 0; s < S; ++s)
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(sc[s]), _mm512_maskz_loadu_ps(m, v + s * p.v_ss + d), acc);
+      for (int64_t s = 0; s < S; ++s) acc = _mm512_fmadd_ps(_mm512_set1_ps(sc[s]), row_lanes(v + s * p.v_ss, d, m), acc);
       avx512::store(o + d, m, _mm512_mul_ps(acc, inv));
     }
+  }
+}
+
+}  // namespace
+
+void decode_attention_avx512(const DecodeAttention& p, int64_t b, int64_t kvh, float* scratch) {
+  if (p.k8) {
+    heads(p, p.k8 + b * p.k_sb + kvh * p.k_sh, p.k_scale + b * p.ks_sb + kvh * p.ks_sh,
+          p.v8 + b * p.v_sb + kvh * p.v_sh, p.v_scale + b * p.vs_sb + kvh * p.vs_sh, b, kvh, scratch);
+  } else {
+    heads<float>(p, p.k + b * p.k_sb + kvh * p.k_sh, nullptr, p.v + b * p.v_sb + kvh * p.v_sh, nullptr, b, kvh,
+                 scratch);
   }
 }
 

@@ -9,6 +9,11 @@
 // lanes, exp(score - max) by avx512::exp_nonpositive, the weighted sum of v rows in position order,
 // divided by the sum of the exponentials at the end. torch's SDPA rounds differently (its own exp
 // and blocking): outputs agree to fp32 rounding, not bit for bit.
+//
+// Int8 keys and values (k8 and v8 set; an int8 KV cache, qbackend.llm.Int8KVCache): each cached row
+// is int8 values times its own fp32 scale, k[b, g, s, :] = k8[b, g, s, :] * k_scale[b, g, s] (v
+// likewise); the kernel widens the int8 values exactly and applies the row's scale to its dot product
+// (keys) or to its softmax weight (values), never storing the rows in fp32.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +29,14 @@ struct DecodeAttention {
   int64_t v_sb = 0, v_sh = 0, v_ss = 0;
   float* out = nullptr;  // [B, H, D], contiguous
   float scale = 1.0f;
+  // int8 rows (see above; k and v unused then): the int8 values with strides like k's and v's, the row
+  // scales [B, KV, S'] with element strides per sequence and per head (positions contiguous)
+  const int8_t* k8 = nullptr;
+  const float* k_scale = nullptr;
+  int64_t ks_sb = 0, ks_sh = 0;
+  const int8_t* v8 = nullptr;
+  const float* v_scale = nullptr;
+  int64_t vs_sb = 0, vs_sh = 0;
 };
 
 // Floats of scratch one call of decode_attention_avx512 needs (per thread): the R x S scores.

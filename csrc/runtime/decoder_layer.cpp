@@ -30,6 +30,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -127,16 +129,25 @@ void check_float3(const Tensor& t, const char* name) {
 constexpr int64_t kSerialAttentionWork = int64_t(1) << 18;
 
 // One step's attention for the decoding kernel (q [B, H, 1, D], k and v [B, KV, S, D] with their
-// last dimension contiguous, no mask): [B, 1, H * D].
-Tensor decode_attention(const Tensor& q_in, const Tensor& k, const Tensor& v, double scaling) {
+// last dimension contiguous, no mask): [B, 1, H * D]. With k_scale and v_scale defined, k and v are
+// int8 rows [B, KV, >= S, D] and those their row scales [B, KV, >= S] (positions contiguous).
+Tensor decode_attention(const Tensor& q_in, const Tensor& k, const Tensor& v, int64_t S, double scaling,
+                        const Tensor& k_scale = {}, const Tensor& v_scale = {}) {
   const Tensor q = q_in.contiguous();
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1), S = k.size(2);
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1);
   Tensor out = at::empty({B, 1, H * D}, q.options());
   kernels::DecodeAttention p;
   p.B = B, p.H = H, p.KV = KV, p.S = S, p.D = D;
   p.q = q.const_data_ptr<float>();
-  p.k = k.const_data_ptr<float>(), p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_ss = k.stride(2);
-  p.v = v.const_data_ptr<float>(), p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_ss = v.stride(2);
+  p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_ss = k.stride(2);
+  p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_ss = v.stride(2);
+  if (k_scale.defined()) {
+    p.k8 = k.const_data_ptr<int8_t>(), p.v8 = v.const_data_ptr<int8_t>();
+    p.k_scale = k_scale.const_data_ptr<float>(), p.ks_sb = k_scale.stride(0), p.ks_sh = k_scale.stride(1);
+    p.v_scale = v_scale.const_data_ptr<float>(), p.vs_sb = v_scale.stride(0), p.vs_sh = v_scale.stride(1);
+  } else {
+    p.k = k.const_data_ptr<float>(), p.v = v.const_data_ptr<float>();
+  }
   p.out = out.mutable_data_ptr<float>();
   p.scale = static_cast<float>(scaling);
   const size_t scratch_floats = kernels::decode_attention_scratch_floats(p);
@@ -148,6 +159,11 @@ Tensor decode_attention(const Tensor& q_in, const Tensor& k, const Tensor& v, do
   if (B * H * S * D <= kSerialAttentionWork) heads(0, B * KV);
   else parallel::parallel_for(0, B * KV, 1, heads);
   return out;
+}
+
+// Int8 rows [B, KV, >= S, D] times their scales [B, KV, >= S]: the first S positions in float32.
+Tensor dequantized_rows(const Tensor& rows, const Tensor& scales, int64_t S) {
+  return rows.narrow(2, 0, S).to(at::kFloat).mul(scales.narrow(2, 0, S).unsqueeze(-1));
 }
 
 class DecoderLayer {
@@ -224,12 +240,46 @@ class DecoderLayer {
     TORCH_CHECK_VALUE(k.dim() == 4 && v.dim() == 4 && k.size(0) == B && k.size(1) == KV && k.size(3) == D &&
                           v.sizes() == k.sizes(),
                       "k and v must be [", B, ", ", KV, ", positions, ", D, "], got ", k.sizes(), " and ", v.sizes());
-    Tensor a;
-    if (L == 1 && !mask && k.size(2) > 0 && k.stride(3) == 1 && v.stride(3) == 1 && cpu::has(cpu::Isa::Avx512)) {
-      a = decode_attention(q, k, v, scaling_);
-    } else {
-      a = sdpa(q, k, v, mask);
-    }
+    const bool decoding = L == 1 && !mask && k.size(2) > 0 && k.stride(3) == 1 && v.stride(3) == 1;
+    const Tensor a = decoding && cpu::has(cpu::Isa::Avx512) ? decode_attention(q, k, v, k.size(2), scaling_)
+                                                            : sdpa(q, k, v, mask);
+    return after_attention(hidden, a);
+  }
+
+  // finish() for one position against an int8 KV cache of `length` positions (qbackend.llm.Int8KVCache):
+  // k8, v8 int8 [B, kv_heads, >= length, D] and their row scales float32 [B, kv_heads, >= length], each
+  // contiguous; no mask. The decoding kernel reads the int8 rows where the CPU has AVX512; elsewhere
+  // they are dequantized for SDPA.
+  Tensor finish_int8(const Tensor& hidden, const Tensor& q, const Tensor& k8, const Tensor& k_scale, const Tensor& v8,
+                     const Tensor& v_scale, int64_t length) const {
+    check_float3(hidden, "hidden");
+    const int64_t B = hidden.size(0), H = heads_, KV = kv_heads_, D = D_;
+    TORCH_CHECK_VALUE(hidden.size(1) == 1 && hidden.size(2) == hidden_, "hidden must be [", B, ", 1, ", hidden_,
+                      "] (one position), got ", hidden.sizes());
+    TORCH_CHECK_VALUE(q.dim() == 4 && q.size(0) == B && q.size(1) == H && q.size(2) == 1 && q.size(3) == D,
+                      "q must be [", B, ", ", H, ", 1, ", D, "], got ", q.sizes());
+    for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{k8, "k8"}, {v8, "v8"}})
+      TORCH_CHECK_VALUE(t.scalar_type() == at::kChar && t.dim() == 4 && t.size(0) == B && t.size(1) == KV &&
+                            t.size(3) == D && t.is_contiguous(),
+                        name, " must be contiguous int8 [", B, ", ", KV, ", capacity, ", D, "], got ", t.toString(),
+                        " ", t.sizes());
+    for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{k_scale, "k_scale"}, {v_scale, "v_scale"}})
+      TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.dim() == 3 && t.size(0) == B && t.size(1) == KV &&
+                            t.size(2) == k8.size(2) && t.is_contiguous(),
+                        name, " must be contiguous float32 [", B, ", ", KV, ", ", k8.size(2), "], got ", t.toString(),
+                        " ", t.sizes());
+    TORCH_CHECK_VALUE(v8.sizes() == k8.sizes(), "v8 must have k8's shape ", k8.sizes(), ", got ", v8.sizes());
+    TORCH_CHECK_VALUE(length >= 1 && length <= k8.size(2), "length must be in [1, ", k8.size(2), "], got ", length);
+    const Tensor a = cpu::has(cpu::Isa::Avx512)
+                         ? decode_attention(q, k8, v8, length, scaling_, k_scale, v_scale)
+                         : sdpa(q, dequantized_rows(k8, k_scale, length), dequantized_rows(v8, v_scale, length),
+                                std::nullopt);
+    return after_attention(hidden, a);
+  }
+
+ private:
+  // h + down(silu(gate) * up) with h = hidden + o(a) (the contract above).
+  Tensor after_attention(const Tensor& hidden, const Tensor& a) const {
     Tensor h = o_(a);
     h.add_(hidden);
     const Tensor gu = gate_up_(ops::rms_norm(h, norm2_, eps2_));
@@ -241,7 +291,6 @@ class DecoderLayer {
     return out;
   }
 
- private:
   // SDPA as transformers' sdpa_attention_forward calls it (see the file comment): [B, L, H * D].
   Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask) const {
     const int64_t B = q.size(0), L = q.size(2), H = heads_, KV = kv_heads_, D = D_, n_rep = H / KV;
@@ -276,9 +325,52 @@ class DecoderLayer {
   double scaling_;
 };
 
+// x float32 [B, KV, n, D] quantized row by row (symmetric int8: scale = max |row| / 127, values
+// round(x / scale) half to even; a zero row gets scale 0, a row with a NaN or infinity a NaN scale)
+// into rows[:, :, pos:pos + n] and scales[:, :, pos:pos + n] (int8 [B, KV, capacity, D] and float32
+// [B, KV, capacity], contiguous).
+void append_int8_rows(Tensor& rows, Tensor& scales, int64_t pos, const Tensor& x_in) {
+  TORCH_CHECK_VALUE(x_in.scalar_type() == at::kFloat && x_in.dim() == 4, "x must be float32 [batch, heads, "
+                    "positions, head_dim], got ", x_in.toString(), " ", x_in.sizes());
+  const int64_t B = x_in.size(0), KV = x_in.size(1), n = x_in.size(2), D = x_in.size(3);
+  TORCH_CHECK_VALUE(rows.scalar_type() == at::kChar && rows.dim() == 4 && rows.is_contiguous() && rows.size(0) == B &&
+                        rows.size(1) == KV && rows.size(3) == D,
+                    "rows must be contiguous int8 [", B, ", ", KV, ", capacity, ", D, "], got ", rows.toString(), " ",
+                    rows.sizes());
+  const int64_t cap = rows.size(2);
+  TORCH_CHECK_VALUE(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.dim() == 3 &&
+                        scales.size(0) == B && scales.size(1) == KV && scales.size(2) == cap,
+                    "scales must be contiguous float32 [", B, ", ", KV, ", ", cap, "], got ", scales.toString(), " ",
+                    scales.sizes());
+  TORCH_CHECK_VALUE(pos >= 0 && pos + n <= cap, "positions ", pos, " .. ", pos + n, " do not fit a capacity of ", cap);
+  const Tensor x = x_in.contiguous();
+  const float* xp = x.const_data_ptr<float>();
+  int8_t* rp = rows.mutable_data_ptr<int8_t>();
+  float* sp = scales.mutable_data_ptr<float>();
+  for (int64_t bh = 0; bh < B * KV; ++bh) {
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xr = xp + (bh * n + t) * D;
+      int8_t* out = rp + (bh * cap + pos + t) * D;
+      float amax = 0.0f;
+      bool finite = true;
+      for (int64_t d = 0; d < D; ++d) {
+        finite = finite && std::isfinite(xr[d]);
+        amax = std::max(amax, std::fabs(xr[d]));
+      }
+      const float scale = finite ? amax / 127.0f : NAN;
+      sp[bh * cap + pos + t] = scale;
+      for (int64_t d = 0; d < D; ++d)
+        out[d] = scale > 0.0f ? int8_t(std::clamp(std::nearbyint(xr[d] / scale), -127.0f, 127.0f)) : int8_t(0);
+    }
+  }
+}
+
 }  // namespace
 
 void register_decoder_layer(py::module_& m) {
+  m.def("append_int8_rows", &append_int8_rows, py::arg("rows"), py::arg("scales"), py::arg("pos"), py::arg("x"),
+        "x's rows quantized to int8 (one scale per row) into rows and scales at positions pos.. "
+        "(csrc/runtime/decoder_layer.cpp)", py::call_guard<py::gil_scoped_release>());
   py::class_<DecoderLayer>(m, "DecoderLayer",
                            "A Llama-style decoder layer in two native calls (csrc/runtime/decoder_layer.cpp); "
                            "built and called by qbackend.llm.decoder_layers.NativeDecoderLayer.")
@@ -290,7 +382,10 @@ void register_decoder_layer(py::module_& m) {
       .def("attention_inputs", &DecoderLayer::attention_inputs, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
            py::call_guard<py::gil_scoped_release>())
       .def("finish", &DecoderLayer::finish, py::arg("hidden"), py::arg("q"), py::arg("k"), py::arg("v"),
-           py::arg("mask"), py::call_guard<py::gil_scoped_release>());
+           py::arg("mask"), py::call_guard<py::gil_scoped_release>())
+      .def("finish_int8", &DecoderLayer::finish_int8, py::arg("hidden"), py::arg("q"), py::arg("k8"),
+           py::arg("k_scale"), py::arg("v8"), py::arg("v_scale"), py::arg("length"),
+           py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace qbackend

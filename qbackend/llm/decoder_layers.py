@@ -14,7 +14,8 @@ NativeDecoderLayer holds the layer's children under their names (`layer.self_att
 path) and runs the model's own code (the original layer, on these children) wherever the native path
 does not apply: inputs other than float32 on the CPU, training or gradients, an attention other than
 SDPA or with options the native path does not take (attention weights, position biases), tracing and
-torch.compile. The native layer reads the children's tensors as they are when it is first called;
+torch.compile. With a qbackend.Int8KVCache a decoding step attends the cache's int8 rows directly.
+The native layer reads the children's tensors as they are when it is first called;
 replacing a child module, or a buffer of one, is seen on the next call and rebuilds it.
 """
 from __future__ import annotations
@@ -203,7 +204,13 @@ class NativeDecoderLayer(nn.Module):
         native = self._current()
         cos, sin = position_embeddings
         q, k, v = native.attention_inputs(hidden_states, cos, sin)
-        if cache is not None:
+        if cache is not None and getattr(cache, "int8_rows", False):  # qbackend.Int8KVCache
+            rows = cache.layer(self.layer_idx)
+            rows.append(k, v)
+            if hidden_states.shape[1] == 1 and attention_mask is None:  # a decoding step: attend the int8 rows
+                return native.finish_int8(hidden_states, q, rows.k8, rows.k_scale, rows.v8, rows.v_scale, rows.length)
+            k, v = rows.dequantized()
+        elif cache is not None:
             # the arguments transformers' attention passes to the cache
             k, v = cache.update(k, v, self.layer_idx,
                                 kwargs={"position_ids": position_ids, "use_cache": use_cache, **kwargs})
