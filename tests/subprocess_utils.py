@@ -32,6 +32,20 @@ def run_py(code: str, env: dict | None = None, timeout: float = 120, check: bool
     return proc
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_example(script: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run examples/<script> in a child interpreter as a user would (the checkout on PYTHONPATH);
+    asserts it exited with status 0."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", script)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 def json_lines(proc: subprocess.CompletedProcess) -> list:
     """The stdout lines of a child that start with '{' or '[', parsed as JSON."""
     return [json.loads(line) for line in proc.stdout.splitlines() if line[:1] in "{["]

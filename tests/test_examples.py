@@ -1,17 +1,11 @@
 """The README's example script (CI also runs it), in a child process as a user would."""
 import os
-import subprocess
-import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.subprocess_utils import REPO, run_example
 
 
 def test_quantize_and_compare_script():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "quantize_and_compare.py")], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_example("quantize_and_compare.py")
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("| layer | op | mode |")  # explain
     assert any(l.startswith("Output over 17 batches: SQNR ") for l in lines)  # compare

@@ -24,6 +24,20 @@ __all__ = ["Int8KVCache", "Int8KVLayer"]
 _MIN_CAPACITY = 64
 
 
+def _dequantized_view(index: int, name: str) -> property:
+    """`keys` / `values`, which transformers' code may read: the rows dequantized (a copy). Only None can
+    be assigned (the base class's initialization and reset)."""
+
+    def get(self):
+        return self.dequantized()[index] if self.is_initialized else None
+
+    def set_(self, value):
+        if value is not None:
+            raise AttributeError(f"Int8KVLayer.{name} is read-only (append quantizes new rows)")
+
+    return property(get, set_)
+
+
 class Int8KVLayer(CacheLayerMixin):
     """One layer's int8 keys and values (see the module docstring): `k8`, `v8` int8 [batch, kv_heads,
     capacity, head_dim] and `k_scale`, `v_scale` float32 [batch, kv_heads, capacity], of which the
@@ -83,25 +97,8 @@ class Int8KVLayer(CacheLayerMixin):
         return (self.k8[:, :, :n].float() * self.k_scale[:, :, :n, None],
                 self.v8[:, :, :n].float() * self.v_scale[:, :, :n, None])
 
-    # `keys` and `values`, which transformers' code may read: the rows dequantized (a copy). Only None can
-    # be assigned (the base class's initialization and reset).
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return self.dequantized()[0] if self.is_initialized else None
-
-    @keys.setter
-    def keys(self, value) -> None:
-        if value is not None:
-            raise AttributeError("Int8KVLayer.keys is read-only (append quantizes new rows)")
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return self.dequantized()[1] if self.is_initialized else None
-
-    @values.setter
-    def values(self, value) -> None:
-        if value is not None:
-            raise AttributeError("Int8KVLayer.values is read-only (append quantizes new rows)")
+    keys = _dequantized_view(0, "keys")
+    values = _dequantized_view(1, "values")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         self.append(key_states, value_states)

@@ -4,17 +4,14 @@ user would."""
 from __future__ import annotations
 
 import math
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from qbackend.cli import main
+from tests.subprocess_utils import run_example
 
 pytest.importorskip("transformers")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("args", [[], ["--weights", "int4", "--group-size", "32", "--activations", "int8"]])
@@ -40,11 +37,7 @@ def test_llm_command_bad_arguments(capsys, args, message):
 
 
 def test_llm_generate_example_runs():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "llm_generate.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_example("llm_generate.py", timeout=600)
     lines = proc.stdout.splitlines()
     assert re.match(r"native decoder layers: (4|30)$", lines[0]), lines[0]
     for name in ("FP32", "W4A8"):
