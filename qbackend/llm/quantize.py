@@ -14,15 +14,17 @@ whatever the blocks are made of, their nn.Linear modules are found by type (GPT-
 projections are not Linears and stay float). The RMSNorms become qbackend.nn.RMSNorm (one native call
 each), found by what they compute (llm/norms.py), and the Linears that read the same input (q, k, v;
 gate, up) one fused product (llm/shared_input.py), found and checked on a probe of a few token ids.
-Decoder layers of Llama's form then run as two native calls each
-(llm/decoder_layers.py), checked on the same probe. With calibration token ids, the 4-bit weights take GPTQ's rounding (llm/gptq.py) instead of the
-nearest level.
+The input embedding's rows can be stored in int8 or int4 (LLMConfig.embedding; QuantizedEmbedding).
+Decoder layers of Llama's form then run as two native calls each (llm/decoder_layers.py), checked on
+the same probe. With calibration token ids, the 4-bit weights take GPTQ's rounding (llm/gptq.py)
+instead of the nearest level.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from ..nn.embedding import QuantizedEmbedding
 from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from .config import LLMConfig
@@ -39,6 +41,22 @@ def _output_projection(model: nn.Module) -> nn.Module | None:
     get = getattr(model, "get_output_embeddings", None)
     out = get() if callable(get) else None
     return out if isinstance(out, nn.Module) else getattr(model, "lm_head", None)
+
+
+def _quantize_embedding(model: nn.Module, config: LLMConfig) -> str | None:
+    """Replace the model's input embedding by a rowwise-quantized one (LLMConfig.embedding); its name,
+    or None where it stays float (not an nn.Embedding with float32 weights on the CPU, max_norm set, or
+    skipped)."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    if config.embedding is False or type(emb) is not nn.Embedding or emb.max_norm is not None \
+            or emb.weight.dtype != torch.float32 or emb.weight.device.type != "cpu":
+        return None
+    name = next((n for n, m in model.named_modules() if m is emb), None)
+    if name is None or config.skips(name):
+        return None
+    model.set_submodule(name, QuantizedEmbedding.from_float(emb, bits=8 if config.embedding == "int8" else 4))
+    return name
 
 
 def _probe(model: nn.Module):
@@ -112,11 +130,12 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=
         if rounded:
             gptq.append(name)
         model.set_submodule(name, new)
+    embedding = _quantize_embedding(model, config)
     norms = swap_rms_norms(model, config.skips) if config.native_norms else []
     probe = _probe(model) if config.fuse_projections else None
     fused = fuse_shared_inputs(model, probe) if probe is not None else []
     layers = swap_decoder_layers(model, probe) if config.native_layers and fused and norms else []
     model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": chosen,
-                          "float": kept, "native_norms": norms, "fused": fused, "native_layers": layers,
-                          "gptq": gptq}
+                          "float": kept, "embedding": embedding, "native_norms": norms, "fused": fused,
+                          "native_layers": layers, "gptq": gptq}
     return model

@@ -175,3 +175,32 @@ def test_sampling_beam_search_and_static_cache(config):
     assert sampled.shape == beams.shape == (1, 14) and torch.equal(beams[:, :9], ids)
     greedy = model.generate(ids, max_new_tokens=5, do_sample=False)
     assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static"), greedy)
+
+
+@pytest.mark.parametrize("bits", ["int8", "int4"])
+def test_input_embedding_rows_quantized_on_request(bits):
+    """LLMConfig(embedding=...) stores the input embedding's rows quantized (QuantizedEmbedding): the
+    looked-up rows are the table's rowwise rounding, the logits stay close, generate runs; skipped or
+    non-float32 tables stay float, and the default keeps it float."""
+    from qbackend.nn import QuantizedEmbedding
+
+    ids = _ids()
+    plain = qbackend.quantize_llm(_llama())
+    assert plain.qbackend_llm["embedding"] is None and type(plain.model.embed_tokens) is nn.Embedding
+    model = qbackend.quantize_llm(_llama(), qbackend.LLMConfig(embedding=bits))
+    emb = model.model.embed_tokens
+    assert isinstance(emb, QuantizedEmbedding) and model.qbackend_llm["embedding"] == "model.embed_tokens"
+    assert model.get_input_embeddings() is emb and len(model.qbackend_llm["native_layers"]) == 2
+    ref = _llama().model.embed_tokens.weight.detach()
+    rows = emb(torch.arange(300))
+    step = (ref.amax(1) - ref.amin(1)) / (255 if bits == "int8" else 15)
+    assert bool(((rows - ref).abs() <= step[:, None] * 0.51 + 1e-6).all())  # within half a level (fp16 qparams)
+    with torch.no_grad():
+        assert _sqnr(plain(ids).logits, model(ids).logits) > (30 if bits == "int8" else 15)
+    assert model.generate(ids[:1], max_new_tokens=4, do_sample=False).shape == (1, 16)
+    skipped = qbackend.quantize_llm(_llama(), qbackend.LLMConfig(embedding=bits, skip=("model.embed_tokens",)))
+    assert skipped.qbackend_llm["embedding"] is None
+    bf16 = qbackend.quantize_llm(_llama().to(torch.bfloat16), qbackend.LLMConfig(embedding=bits))
+    assert bf16.qbackend_llm["embedding"] is None and type(bf16.model.embed_tokens) is nn.Embedding
+    with pytest.raises(ValueError, match="embedding must be 'int8', 'int4' or False"):
+        qbackend.LLMConfig(embedding="fp8")
