@@ -6,8 +6,9 @@ of the model's own KV cache between them, instead of ~40 torch ops and ten modul
 Found by its parts, not its class: a layer whose children are exactly `self_attn` (q/k/v/o_proj),
 `mlp` (gate/up/down_proj, and an `act_fn` that computes SiLU), `input_layernorm` and
 `post_attention_layernorm` (qbackend RMSNorms), with q, k, v (and gate, up) fused into one product
-(llm/shared_input.py). The swap is checked on a probe forward: the model's logits must not change, or
-it is undone. A Qwen3-style layer (norms on q and k), Gemma's (four norms), GPT-2's or Phi-3's (fused
+(llm/shared_input.py). The swap is checked on a probe forward: the model's logits must stay the same
+bit for bit, or it is undone. Outputs equal the module path's bit for bit, except decoding steps on
+AVX512 CPUs, whose attention runs in qbackend's decoding kernel (equal to SDPA within fp32 rounding). A Qwen3-style layer (norms on q and k), Gemma's (four norms), GPT-2's or Phi-3's (fused
 projections of their own) keep the model's code.
 
 NativeDecoderLayer holds the layer's children under their names (`layer.self_attn.q_proj` stays a
@@ -36,8 +37,8 @@ __all__ = ["NativeDecoderLayer", "swap_decoder_layers"]
 _LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
 _MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
-# Keyword arguments of a layer call that the native path does not implement (it then runs the model's code).
 _MISSING = object()
+# Keyword arguments of a layer call that the native path does not implement (it then runs the model's code).
 _UNSUPPORTED_KWARGS = ("output_attentions", "position_bias", "softcap", "is_causal", "s_aux", "sinks")
 
 
