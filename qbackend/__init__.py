@@ -40,14 +40,6 @@ from .serialization import load, save
 from .llm import LLMConfig, quantize_llm
 
 
-def __getattr__(name: str):
-    if name == "Int8KVCache":  # a transformers Cache: imported (with transformers) on first use
-        from .llm.kv_cache import Int8KVCache
-
-        return Int8KVCache
-    raise AttributeError(f"module 'qbackend' has no attribute {name!r}")
-
-
 __version__ = VERSION
 __all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "PreparedModel", "QuantizedModel",
            "QuantConfig", "ObserverSpec", "EmbeddingConfig", "SmoothQuantConfig", "save", "load", "explain", "compare",

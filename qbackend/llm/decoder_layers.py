@@ -8,15 +8,16 @@ Found by its parts, not its class: a layer whose children are exactly `self_attn
 `post_attention_layernorm` (qbackend RMSNorms), with q, k, v (and gate, up) fused into one product
 (llm/shared_input.py). The swap is checked on a probe forward: the model's logits must stay the same
 bit for bit, or it is undone. Outputs equal the module path's bit for bit, except decoding steps on
-AVX512 CPUs, whose attention runs in qbackend's decoding kernel (equal to SDPA within fp32 rounding). A Qwen3-style layer (norms on q and k), Gemma's (four norms), GPT-2's or Phi-3's (fused
+AVX512 CPUs, whose attention runs in qbackend's decoding kernel (equal to SDPA within fp32
+rounding). A Qwen3-style layer (norms on q and k), Gemma's (four norms), GPT-2's or Phi-3's (fused
 projections of their own) keep the model's code.
 
 NativeDecoderLayer holds the layer's children under their names (`layer.self_attn.q_proj` stays a
 path) and runs the model's own code (the original layer, on these children) wherever the native path
 does not apply: inputs other than float32 on the CPU, training or gradients, an attention other than
 SDPA or with options the native path does not take (attention weights, position biases), tracing and
-torch.compile. With a qbackend.Int8KVCache a decoding step attends the cache's int8 rows directly.
-The native layer reads the children's tensors as they are when it is first called;
+torch.compile. With qbackend.llm.kv_cache.Int8KVCache a decoding step attends the cache's int8 rows
+directly. The native layer reads the children's tensors as they are when it is first called;
 replacing a child module, or a buffer of one, is seen on the next call and rebuilds it.
 """
 from __future__ import annotations
@@ -205,7 +206,7 @@ class NativeDecoderLayer(nn.Module):
         native = self._current()
         cos, sin = position_embeddings
         q, k, v = native.attention_inputs(hidden_states, cos, sin)
-        if cache is not None and getattr(cache, "int8_rows", False):  # qbackend.Int8KVCache
+        if cache is not None and getattr(cache, "int8_rows", False):  # qbackend.llm.kv_cache.Int8KVCache
             rows = cache.layer(self.layer_idx)
             rows.append(k, v)
             if hidden_states.shape[1] == 1 and attention_mask is None:  # a decoding step: attend the int8 rows

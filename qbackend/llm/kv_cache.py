@@ -2,7 +2,8 @@
 scale per (sequence, head, position) row (symmetric: scale = max |row| / 127, values rounded half to
 even), a quarter of the float32 cache's bytes plus 4 bytes a row.
 
-    cache = qbackend.Int8KVCache()
+    from qbackend.llm.kv_cache import Int8KVCache   # needs transformers, so not in `import qbackend`
+    cache = Int8KVCache()
     model.generate(ids, cache=cache, max_new_tokens=...)
 
 Rows are quantized once, when they enter the cache (qbackend._C.append_int8_rows), into storage that
@@ -10,7 +11,7 @@ grows by doubling (no copy of the whole cache per token). The native decoder lay
 (llm/decoder_layers.py) attend a decoding step straight from the int8 rows (the AVX512 decoding
 kernel widens them in registers); every other caller (a prompt, a masked step, a model's own attention
 code) gets the rows dequantized to float32 from `update`, as from transformers' DynamicCache. The
-accuracy cost is measured in benchmarks/llm.py (perplexity with the cache).
+accuracy cost is measured in benchmarks/kv_cache.py (perplexity with the cache).
 """
 from __future__ import annotations
 

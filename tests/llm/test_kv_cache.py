@@ -1,4 +1,4 @@
-"""qbackend.Int8KVCache (qbackend/llm/kv_cache.py) and the native layers' int8 decoding attention: rows
+"""Int8KVCache (qbackend/llm/kv_cache.py) and the native layers' int8 decoding attention: rows
 quantized as the definition says (checked against torch's own rounding), storage that grows without
 losing rows, decoding steps attended from the int8 rows equal to the same rows dequantized for SDPA,
 the module path and the native one agreeing step by step, generate's modes (greedy, sampling, beam
@@ -81,7 +81,8 @@ def test_int8_decoding_attention_equals_dequantized_rows():
         gen = torch.Generator().manual_seed(kv_heads)
         for S in (1, 16, 33):
             rows = Int8KVLayer()
-            rows.update(torch.randn(3, kv_heads, S, 16, generator=gen) * 2, torch.randn(3, kv_heads, S, 16, generator=gen))
+            rows.update(torch.randn(3, kv_heads, S, 16, generator=gen) * 2,
+                        torch.randn(3, kv_heads, S, 16, generator=gen))
             hidden, q = torch.randn(3, 1, 64, generator=gen), torch.randn(3, 4, 1, 16, generator=gen)
             with torch.no_grad():
                 fast = layer.finish_int8(hidden, q, rows.k8, rows.k_scale, rows.v8, rows.v_scale, rows.length)
@@ -125,4 +126,3 @@ def test_generate_modes_run_on_the_int8_cache():
     sampled = model.generate(ids, max_new_tokens=6, do_sample=True, top_k=20, cache=Int8KVCache())
     beams = model.generate(ids, max_new_tokens=6, do_sample=False, num_beams=3, cache=Int8KVCache())
     assert greedy.shape == sampled.shape == beams.shape == (1, 15)
-    assert isinstance(qbackend.Int8KVCache(), Int8KVCache)
