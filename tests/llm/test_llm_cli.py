@@ -14,12 +14,14 @@ from tests.subprocess_utils import run_example
 pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("args", [[], ["--weights", "int4", "--group-size", "32", "--activations", "int8"]])
-def test_llm_command_on_a_random_llama(capsys, args):
+@pytest.mark.parametrize("args,embedding", [([], "float"),
+                                            (["--weights", "int4", "--group-size", "32", "--activations", "int8",
+                                              "--embedding", "int8"], "int8")])
+def test_llm_command_on_a_random_llama(capsys, args, embedding):
     assert main(["llm", "--random", "--new-tokens", "4", "--threads", "1", *args]) == 0
     out = capsys.readouterr().out.splitlines()
     assert re.match(r"quantized 29 Linears \((int8|int4) weights, (float|int8) activations\) in [\d.]+ s; "
-                    r"4 native decoder layers, 8 fused groups", out[0]), out[0]
+                    rf"4 native decoder layers, 8 fused groups; input embedding {embedding}$", out[0]), out[0]
     rows = {line.split()[0]: line.split() for line in out[1:3]}
     assert set(rows) == {"FP32", "qbackend"}
     for r in rows.values():  # name, tokens/s, "tokens/s", "perplexity", value
