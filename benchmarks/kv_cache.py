@@ -9,7 +9,6 @@ values quantized as they enter the cache). In one process, the two caches interl
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 import os
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import run_lines, write_report  # noqa: E402
-from llm import load, pydoc_ids  # noqa: E402
+from llm import load, parse_run_args, pydoc_ids  # noqa: E402
 
 import qbackend  # noqa: E402
 from qbackend.llm.kv_cache import Int8KVCache, Int8KVLayer  # noqa: E402
@@ -70,13 +69,7 @@ def perplexity(model, ids: torch.Tensor, make) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_run_args(__doc__.splitlines()[0], 64)
     tok, model = load()
     qbackend.quantize_llm(model, qbackend.LLMConfig(weights="int4", group_size=32, activations="int8"))
     text = pydoc_ids(tok, 2048, length=2048)

@@ -288,16 +288,26 @@ def copy_bandwidth() -> float:
     return best
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=["smollm2", "wide"], default="smollm2",
-                    help="wide: a random-init Llama from a config (%s), for the bandwidth roofline" % WIDE)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
+def parse_run_args(description: str, new_tokens: int, rounds: bool = True, **extra) -> argparse.Namespace:
+    """The options of the LLM benchmarks (--new-tokens, --rounds where `rounds`, --threads, --out, and
+    `extra`: option name -> add_argument keywords), parsed, with torch's thread count set from them."""
+    ap = argparse.ArgumentParser(description=description)
+    for name, kwargs in extra.items():
+        ap.add_argument(name, **kwargs)
+    ap.add_argument("--new-tokens", type=int, default=new_tokens)
+    if rounds:
+        ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    return args
+
+
+def main() -> int:
+    args = parse_run_args(__doc__.splitlines()[0], 64, **{"--model": dict(
+        choices=["smollm2", "wide"], default="smollm2",
+        help="wide: a random-init Llama from a config (%s), for the bandwidth roofline" % WIDE)})
     gen = torch.Generator().manual_seed(0)
     if args.model == "smollm2":
         tok, model = load()

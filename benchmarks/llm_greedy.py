@@ -11,7 +11,6 @@ near ties, so any change of rounding (a different summation order included) can 
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import sys
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import run_lines, write_report  # noqa: E402
-from llm import TEXT, decode, llama_cpp_flows, load  # noqa: E402
+from llm import TEXT, decode, llama_cpp_flows, load, parse_run_args  # noqa: E402
 
 import qbackend  # noqa: E402
 
@@ -44,12 +43,7 @@ def leading_run(a: torch.Tensor, b: torch.Tensor, start: int) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_run_args(__doc__.splitlines()[0], 32, rounds=False)
     tok, fp32 = load()
     flows = {name: qbackend.quantize_llm(copy.deepcopy(fp32), config) for name, config in SCHEMES.items()}
     flows.update(llama_cpp_flows(args.threads))

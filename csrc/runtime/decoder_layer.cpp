@@ -246,7 +246,7 @@ class DecoderLayer {
     return after_attention(hidden, a);
   }
 
-  // finish() for one position against an int8 KV cache of `length` positions (qbackend.llm.Int8KVCache):
+  // finish() for one position against an int8 KV cache of `length` positions (qbackend.llm.kv_cache):
   // k8, v8 int8 [B, kv_heads, >= length, D] and their row scales float32 [B, kv_heads, >= length], each
   // contiguous; no mask. The decoding kernel reads the int8 rows where the CPU has AVX512; elsewhere
   // they are dequantized for SDPA.

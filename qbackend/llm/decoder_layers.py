@@ -54,7 +54,7 @@ def _attention_implementation(attn: nn.Module) -> str:
     return getattr(config, "_attn_implementation", "sdpa") if internal is _MISSING else internal
 
 
-def _product(m: nn.Module, kind_module: nn.Module | None = None) -> tuple:
+def _product(m: nn.Module) -> tuple:
     """DecoderLayer's arguments for one quantized Linear (see decoder_layer.cpp's ProductArgs)."""
     b = m._buffers
     if type(m) is WeightOnlyLinear:
