@@ -161,6 +161,9 @@ class QuantConfig:
       input signature, recorded on the signature's second call (qbackend.nn.forward_plan); False:
       every call runs the graph op by op. Switchable later on the model (`qmodel.forward_plans`).
       Only the top-level config's setting counts.
+    fusions: chains of int8 layers that the fusion table (qbackend.dispatch.rules.FUSIONS) lists
+      for this CPU run as one native call (MobileNetV2's inverted-residual blocks); False: every
+      layer is its own call. Only the top-level config's setting counts.
     dynamic_dims: which sizes of the example inputs the captured graph leaves free (graph capture
       only; only the top-level config's setting counts): "auto" the batch of every input and every
       size of integer inputs and of floating inputs up to 3-D (sequence lengths), but not the
@@ -182,6 +185,7 @@ class QuantConfig:
     weight_rounding: str = "gptq"
     route_by_batch: bool = True
     forward_plans: bool = True
+    fusions: bool = True
     dynamic_dims: str = "auto"
 
     def __post_init__(self):
@@ -189,6 +193,8 @@ class QuantConfig:
             raise TypeError(f"route_by_batch must be True or False, got {self.route_by_batch!r}")
         if not isinstance(self.forward_plans, bool):
             raise TypeError(f"forward_plans must be True or False, got {self.forward_plans!r}")
+        if not isinstance(self.fusions, bool):
+            raise TypeError(f"fusions must be True or False, got {self.fusions!r}")
         if not isinstance(self.bf16, bool):
             raise TypeError(f"bf16 must be True or False, got {self.bf16!r}")
         if self.dynamic_dims not in DYNAMIC_DIMS:

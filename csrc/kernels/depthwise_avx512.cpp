@@ -206,7 +206,7 @@ void column_offsets(const DepthwiseArgs& a, int64_t* off) {
 void build_tap_row(const DepthwiseArgs& a, int64_t n, int64_t ih, int64_t cb, const uint8_t* pad,
                    const int64_t* col_off, int32_t* dst) {
   const int64_t BW = block_lanes(a), G = depthwise_groups(a.KW);
-  const uint8_t* src = a.x + (n * a.H + ih) * a.W * a.C;
+  const uint8_t* src = a.x + (n * a.H + ih - a.x_row0) * a.W * a.C;
   const bool slides = a.sw == 1 && a.dw == 1;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t taps = std::min<int64_t>(4, a.KW - 4 * g);
@@ -464,7 +464,7 @@ void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t ro
   int64_t* col_off = reinterpret_cast<int64_t*>(pad_pixel + depthwise_cp(a.C));
   if (a.C >= 64) column_offsets(a, col_off);
   int64_t* tags = col_off + depthwise_groups(a.KW) * a.OW * 4;  // [blocks][R]: the n * H + ih a slot holds, -1: none
-  std::fill(tags, tags + blocks * R, int64_t(-1));
+  if (!a.keep_rings) std::fill(tags, tags + blocks * R, int64_t(-1));
   std::array<const int32_t*, 64> rows{};
   // Rows in chunks whose input stays in L2, and within a chunk one channel block at a time over
   // its rows, so that the block's ring of tap rows (KH rows of OW x 64 lanes) stays in L1 while the
@@ -496,7 +496,7 @@ void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t ro
           }
           rows[kh] = buf;
         }
-        row_pixels(a, terms, rows.data(), row * a.OW, c0, nv);
+        row_pixels(a, terms, rows.data(), row * a.OW - a.out_pixel0, c0, nv);
       }
     }
   }

@@ -42,7 +42,8 @@ inline int64_t depthwise_lane(int64_t C, int64_t c) {
 }
 
 struct DepthwiseArgs {
-  const uint8_t* x = nullptr;  // [N, H, W, C] bytes (u8, or s8 when x_int8)
+  const uint8_t* x = nullptr;  // [N, H, W, C] bytes (u8, or s8 when x_int8), or the rows of it from x_row0 on
+  int64_t x_row0 = 0;          // the input row (n * H + ih) that x's first row holds
   bool x_int8 = false;
   int32_t x_zp = 0;            // in x's own dtype
   int64_t N = 0, C = 0, H = 0, W = 0, OH = 0, OW = 0, KH = 0, KW = 0;
@@ -52,6 +53,12 @@ struct DepthwiseArgs {
   // "column" per channel: N = C, ldc = C, colsum = the packed weight's [Cp] sums; a/b unused (the
   // kernel passes the uint8 view's zero point to the epilogue itself).
   GemmArgs epi;
+  int64_t out_pixel0 = 0;      // the output pixel that epi's row 0 (out, residual) holds
+  // The tap rows the previous call on the same scratch built are still valid: this call has the
+  // same arguments but for x, x_row0, out and out_pixel0, and x holds the same values for every
+  // input row the two calls share. A caller computing an image in tiles of rows sets it after the
+  // first tile, so the rows two tiles share are laid out once.
+  bool keep_rings = false;
 };
 
 // Scratch bytes one thread needs (its ring of tap rows and one row of padding).

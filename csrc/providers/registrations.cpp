@@ -32,6 +32,15 @@ constexpr const char* kConv2dAdd =
     "int[] stride, int[] padding, int[] dilation, int groups, float output_scale, int output_zero_point, "
     "ScalarType output_dtype, str post_op, Tensor(a!) accum, float accum_scale, int accum_zero_point) -> ()";
 
+// The native provider's fused inverted-residual block (native_inverted_residual.cpp).
+constexpr const char* kInvertedResidual =
+    "native_inverted_residual(Tensor x, float x_scale, int x_zero_point, Tensor? expand_w, Tensor? expand_scales, "
+    "Tensor? expand_bias, float expand_scale, int expand_zero_point, ScalarType expand_dtype, str expand_post_op, "
+    "Tensor dw_w, Tensor dw_scales, Tensor? dw_bias, int[] stride, int[] padding, int[] dilation, float dw_scale, "
+    "int dw_zero_point, ScalarType dw_dtype, str dw_post_op, Tensor project_w, Tensor project_scales, "
+    "Tensor? project_bias, float output_scale, int output_zero_point, ScalarType output_dtype, str post_op, "
+    "Tensor? accum=None, float accum_scale=1.0, int accum_zero_point=0) -> Tensor";
+
 void define(torch::Library& m, const char* provider, const char* schema) {
   m.def((std::string(provider) + schema).c_str());
 }
@@ -42,6 +51,7 @@ void register_kernels(torch::Library& m) {
   register_onednn_linear(m);
   register_fbgemm_conv2d(m);
   register_native_conv2d(m);
+  register_native_inverted_residual(m);
   register_onednn_conv2d(m);
 }
 
@@ -62,6 +72,7 @@ TORCH_LIBRARY_FRAGMENT(qbackend, m) {
     define(m, p, kConv2d);
   }
   for (const char* p : {"native", "onednn"}) define(m, p, kConv2dAdd);
+  m.def(kInvertedResidual);
 }
 
 TORCH_LIBRARY_IMPL(qbackend, CPU, m) { register_kernels(m); }

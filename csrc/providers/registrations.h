@@ -18,6 +18,7 @@ void register_native_linear(torch::Library& m);
 void register_onednn_linear(torch::Library& m);
 void register_fbgemm_conv2d(torch::Library& m);
 void register_native_conv2d(torch::Library& m);
+void register_native_inverted_residual(torch::Library& m);
 void register_onednn_conv2d(torch::Library& m);
 
 }  // namespace qbackend

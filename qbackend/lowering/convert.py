@@ -45,6 +45,7 @@ from ..config import QuantConfig
 from .attention import attention_route, fuse_attention
 from .layer_norm import fuse_layer_norms
 from .global_pool import fuse_global_pools
+from .inverted_residual import fuse_inverted_residuals
 from .embeddings import rewrite_embeddings
 from ..algorithms import gptq
 from ..algorithms import smoothquant as smoothing_search
@@ -549,6 +550,13 @@ def name_layers_by_path(state: ConvertState) -> ConvertState:
         gm.set_submodule(path, module) if parent is not None else _set_path(gm, path, module)
         node.target = path
         info.module = path
+    return state
+
+
+def fuse_blocks(state: ConvertState) -> ConvertState:
+    """Chains of int8 layers the fusion table lists for this CPU become one module and one native
+    call (lowering/inverted_residual.py); their records say so."""
+    fuse_inverted_residuals(state.gm, state.layers, state.prepared.config.fusions)
     return state
 
 

@@ -47,6 +47,7 @@ CONVERT: tuple[Callable, ...] = (
     convert.donate_dead_residuals,   # residual convs write into dead int8 residuals
     convert.drop_unused_attributes,  # the float weights replaced
     convert.name_layers_by_path,     # int8 layers at their original module paths
+    convert.fuse_blocks,             # inverted-residual chains -> one native call (the fusion table)
     convert.check_and_warn,          # lint, recompile, one warning listing what stays FP32
 )
 

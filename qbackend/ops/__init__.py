@@ -6,6 +6,7 @@ from .providers import PROVIDERS, Provider, get_provider
 from .quantize import dequantize, quantize  # noqa: F401  (also registers the ops' fake impls)
 from . import observer_ops  # noqa: F401,E402  (the observer ops' fake impls)
 from . import pool  # noqa: F401,E402  (the int8 pooling op's fake impl)
+from . import inverted_residual  # noqa: F401,E402  (the fused inverted-residual block's fake impl)
 from .attention import attention  # noqa: E402  (also registers the fused attention op's fake impl)
 from . import layer_norm  # noqa: F401,E402  (the fused LayerNorm + quantize op's fake impl)
 from . import gptq_ops  # noqa: F401,E402  (GPTQ's column loop's fake impl)
