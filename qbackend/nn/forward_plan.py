@@ -389,15 +389,17 @@ class ForwardPlans:
             if layer_of is None:
                 return ""
             layers, others = [], {}
-            for layer, op in zip(plan.step_layers(layer_of), plan.step_names):
-                if layer is not None:
-                    if layer not in layers:
-                        layers.append(layer)
+            for group, op in zip(plan.step_layers(layer_of), plan.step_names):
+                if group is not None:
+                    for layer in group.split("+"):  # a step that runs several layers: "a+b+c"
+                        if layer not in layers:
+                            layers.append(layer)
                 else:
                     name = op.split(".")[1] if op.count(".") >= 2 else op
                     others[name] = others.get(name, 0) + 1
-            missing = [v for v in layer_of.values() if v not in layers]
-            text = f": {len(layers)} of {len(layer_of)} layers"
+            every = [v for v in layer_of.values() if "+" not in v]
+            missing = [v for v in every if v not in layers]
+            text = f": {len(layers)} of {len(every)} layers"
             if len(layers) <= 8:
                 text += f" ({', '.join(layers)})"
             if missing:

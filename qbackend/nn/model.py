@@ -20,6 +20,7 @@ from ..core.batches import bind_by_name
 from ..core.records import ActivationRecord, LayerRecord
 from .forward_plan import ForwardPlans, tensor_args
 from .inputs import check_inputs
+from .inverted_residual import QuantizedInvertedResidual
 
 
 class _DumpedSpec:
@@ -119,8 +120,16 @@ class QuantizedModel(nn.Module):
         return (plan, tensor_args(args)) if plan is not None else (None, None)
 
     def layer_by_module(self) -> dict[str, str]:
-        """Each quantized layer's module path -> its layer name."""
-        return {rec.module: name for name, rec in self.qbackend_layers.items() if rec.module}
+        """Each quantized layer's module path -> its layer name; a module that runs several layers in
+        one call (a fused inverted-residual block) -> their names joined by "+"."""
+        out = {rec.module: name for name, rec in self.qbackend_layers.items() if rec.module}
+        groups: dict[str, list[str]] = {}
+        for path, name in out.items():
+            parent = path.rpartition(".")[0]
+            if parent and isinstance(self.inner.get_submodule(parent), QuantizedInvertedResidual):
+                groups.setdefault(parent, []).append(name)
+        out.update({parent: "+".join(names) for parent, names in groups.items()})
+        return out
 
     def forward_plan_summary(self) -> list[str]:
         """What eager calls run: one line per input signature seen (a recorded plan, or why the graph

@@ -15,6 +15,7 @@ from qbackend.dispatch.rules import FUSIONS, fusion
 from qbackend.models.mobilenet import mobilenet_v2_case
 from qbackend.nn import QuantizedConv2d
 from qbackend.nn.inverted_residual import QuantizedInvertedResidual
+from qbackend.report.plan_profile import profile_plan
 
 FUSES = fusion("inverted_residual", cpu_features().isa_class) is not None
 
@@ -78,6 +79,11 @@ class TestFused:
             qmodel(x), qmodel(x)
             plan, _ = qmodel.recorded_plan(x)
         assert sum("native_inverted_residual" in s for s in plan.step_names) == 17
+        summary = qmodel.forward_plan_summary()[0]
+        assert f"{len(qmodel.qbackend_layers)} of {len(qmodel.qbackend_layers)} layers" in summary, summary
+        steps = profile_plan(qmodel, x, repeats=2).steps
+        block = next(s for s in steps if s.module == "features.3.conv.fused_2")
+        assert block.layer == "features.3.conv.0.0+features.3.conv.1.0+features.3.conv.2"
 
     def test_records_and_layer_lookup(self, qmodel):
         fused = {n: r for n, r in qmodel.qbackend_layers.items() if "fused into one native call" in r.why}
