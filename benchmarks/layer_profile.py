@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 import qbackend  # noqa: E402
 from _machine import cpu_line, git_state, load_average, write_report  # noqa: E402
+from qbackend.core.extension import _C  # noqa: E402
 from qbackend.models import MODELS  # noqa: E402
 from qbackend.models.case import generator  # noqa: E402
 from qbackend.models.synthetic import synthetic_images  # noqa: E402
@@ -175,6 +176,20 @@ def _shape(rec) -> str:
     return f"{kind} {s['c_in']}->{s['c_out']} @{s['h']} s{s['stride'][0]}"
 
 
+def _macs(rec, batch: int) -> int:
+    """Multiply-adds of one layer at this batch size (from its record's example shape)."""
+    s = rec.shape
+    if rec.kind == "linear":
+        return batch * s["k"] * s["n"]
+    oh = (s["h"] + 2 * s["padding"][0] - (s["kernel"][0] - 1) - 1) // s["stride"][0] + 1
+    ow = (s["w"] + 2 * s["padding"][1] - (s["kernel"][1] - 1) - 1) // s["stride"][1] + 1
+    return batch * oh * ow * s["c_out"] * (s["c_in"] // s["groups"]) * s["kernel"][0] * s["kernel"][1]
+
+
+def _of_peak(macs: int, us: float, peak_ops: float) -> str:
+    return f"{100 * 2 * macs / (us * 1e-6) / peak_ops:.0f}%" if us > 0 else "-"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="mobilenet_v2", choices=["digits_cnn", "mobilenet_v2", "resnet18", "resnet50"])
@@ -197,6 +212,7 @@ def main(argv=None) -> int:
     o_side = OpenVinoSide(case.model, case.calibration, x, args.threads)
     q_side = QbackendSide(qmodel, x)
     q_total, q_rows, ov_total, ov_rows = interleaved(q_side, o_side, args.rounds, args.calls)
+    peak = max(_C.native_peak_ops(2_000_000, args.threads) for _ in range(5))
     precision = o_side.precision
 
     lines = [f"# Per-layer time: qbackend and OpenVINO, {args.model}, batch {args.batch}", "", cpu_line(),
@@ -209,35 +225,48 @@ def main(argv=None) -> int:
              f"- us per forward, the median over {args.rounds} blocks of {args.calls} forwards per side, the sides "
              "alternating; qbackend: each step of the forward plan timed by the replay (a clock read between steps; "
              "the mean over the block's replays); OpenVINO: PERF_COUNT real time per node (the mean over the "
-             "block); whole forwards timed apart (qbackend without the clock reads, OpenVINO without counters)", ""]
+             "block); whole forwards timed apart (qbackend without the clock reads, OpenVINO without counters)",
+             f"- % of peak: a layer's multiply-adds (2 int8 ops each) per second against the VNNI dot-product peak of "
+             f"{args.threads} threads measured here (`qbackend._C.native_peak_ops`: {peak / 1e12:.3f} TOPS); a fused "
+             "block of qbackend's (several layers in one step) is one row, beside the sum of OpenVINO's nodes for "
+             "the same layers", ""]
     ov_layer_rows = [r for r in ov_rows if r[2]]
-    q_layers = [label for label, _, _ in q_rows if label != "-"]
+    q_layers = [name for label, _, _ in q_rows if label != "-" for name in label.split("+")]
     matched = len(ov_layer_rows) == len(q_layers)
     lines += ["The k-th conv or fully connected node of OpenVINO (its convs are renamed after the scale it "
               "absorbed) is matched to the k-th int8 layer of qbackend: " + ("the counts agree." if matched else
               f"the counts differ ({len(ov_layer_rows)} against {len(q_layers)}): no OpenVINO column."), "",
-              "| layer | shape | qbackend op | qbackend us | OpenVINO us | OpenVINO kernel | qbackend / OpenVINO |",
-              "|---|---|---|---|---|---|---|"]
-    by_kind = collections.defaultdict(lambda: [0.0, 0.0, 0])
+              "| layer | shape | qbackend op | qbackend us | OpenVINO us | OpenVINO kernel | qbackend / OpenVINO | "
+              "qbackend % of peak | OpenVINO % of peak |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    by_kind = collections.defaultdict(lambda: [0.0, 0.0, 0, 0])
     k = 0
     for label, op, us in q_rows:
         if label == "-":
-            lines.append(f"| - | - | `{op}` | {us:.1f} | - | - | - |")
+            lines.append(f"| - | - | `{op}` | {us:.1f} | - | - | - | - | - |")
             by_kind["other ops"][0] += us
             continue
-        rec = qmodel.qbackend_layers[label]
-        shape = _shape(rec)
-        kind = shape.split(" ")[0] if rec.kind == "conv2d" else "linear"
-        kind = "stem" if rec.kind == "conv2d" and rec.shape["c_in"] < 16 else kind
+        recs = [qmodel.qbackend_layers[name] for name in label.split("+")]
+        shape = " + ".join(_shape(rec) for rec in recs)
+        kinds = [_shape(rec).split(" ")[0] if rec.kind == "conv2d" else "linear" for rec in recs]
+        kind = "stem" if recs[0].kind == "conv2d" and recs[0].shape["c_in"] < 16 else kinds[0]
+        kind = f"fused {'+'.join(kinds)}" if len(recs) > 1 else kind
+        macs = sum(_macs(rec, args.batch) for rec in recs)
         by_kind[kind][0] += us
-        by_kind[kind][2] += 1
-        ov = f"- | - | -"
+        by_kind[kind][2] += len(recs)
+        by_kind[kind][3] += macs
+        ov = "- | - | - | -"
         if matched:
-            _, exec_type, _, ov_us = ov_layer_rows[k]
+            nodes = ov_layer_rows[k:k + len(recs)]
+            ov_us = sum(r[3] for r in nodes)
             by_kind[kind][1] += ov_us
-            ov = f"{ov_us:.1f} | {exec_type} | {us / ov_us:.2f}"
-        k += 1
-        lines.append(f"| {label} | {shape} | `{op.split('::')[1]}` ({rec.route.provider}) | {us:.1f} | {ov} |")
+            ov = (f"{ov_us:.1f} | {', '.join(sorted({r[1] for r in nodes}))} | {us / ov_us:.2f} | "
+                  f"{_of_peak(macs, us, peak)} | {_of_peak(macs, ov_us, peak)}")
+        else:
+            ov = f"- | - | - | {_of_peak(macs, us, peak)} | -"
+        k += len(recs)
+        layer = label if len(recs) == 1 else f"{recs[0].module.rpartition('.')[0]} ({len(recs)} layers)"
+        lines.append(f"| {layer} | {shape} | `{op.split('::')[1]}` ({recs[0].route.provider}) | {us:.1f} | {ov} |")
     rest = [r for r in ov_rows if not (matched and r[2])]
     for _, _, _, us in rest:
         by_kind["other ops"][1] += us
@@ -246,10 +275,12 @@ def main(argv=None) -> int:
     lines += [f"| `{name[:90]}` | {us:.1f} | {kind} |" for name, kind, _, us in rest if us >= 0.5]
     q_sum = sum(us for _, _, us in q_rows)
     ov_sum = sum(r[3] for r in ov_rows)
-    lines += ["", "## By kind", "", "| kind | layers | qbackend us | OpenVINO us | qbackend / OpenVINO |", "|---|---|---|---|---|"]
-    for kind, (qu, ou, n) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
+    lines += ["", "## By kind", "", "| kind | layers | qbackend us | OpenVINO us | qbackend / OpenVINO | "
+              "qbackend % of peak | OpenVINO % of peak |", "|---|---|---|---|---|---|---|"]
+    for kind, (qu, ou, n, macs) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
         ratio = f"{qu / ou:.2f}" if ou and qu else "-"
-        lines.append(f"| {kind} | {n or '-'} | {qu:.1f} | {ou:.1f} | {ratio} |")
+        lines.append(f"| {kind} | {n or '-'} | {qu:.1f} | {ou:.1f} | {ratio} | "
+                     f"{_of_peak(macs, qu, peak) if macs else '-'} | {_of_peak(macs, ou, peak) if macs and ou else '-'} |")
     lines += [f"| sum of the rows | | {q_sum:.1f} | {ov_sum:.1f} | {q_sum / ov_sum:.2f} |",
               f"| whole forward (timed without the per-step clock / counters) | | {q_total * 1e6:.1f} | "
               f"{ov_total * 1e6:.1f} | {q_total / ov_total:.2f} |",

@@ -9,8 +9,8 @@
 """
 from ..core.routes import BatchRoutes, Route
 from .cpu import ISA_CLASSES, CpuFeatures, Feature, cpu_features, fbgemm_isa
-from .routing import ENV_PROVIDER, env_forced, exact_route_exists, route
+from .routing import ENV_PROVIDER, env_forced, exact_route_exists, fusion_route, route
 from .tuner import TuneOptions, TuneRequest
 
-__all__ = ["BatchRoutes", "CpuFeatures", "ENV_PROVIDER", "exact_route_exists", "Feature", "ISA_CLASSES", "Route", "TuneOptions",
+__all__ = ["BatchRoutes", "CpuFeatures", "ENV_PROVIDER", "exact_route_exists", "Feature", "fusion_route", "ISA_CLASSES", "Route", "TuneOptions",
            "TuneRequest", "cpu_features", "env_forced", "fbgemm_isa", "route"]

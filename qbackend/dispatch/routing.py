@@ -18,6 +18,10 @@ Every caller routes through it: building a layer (lowering), re-routing a loaded
    layer (tuner.tune_route) and the fastest wins, unless forced.
 4. By batch (`by_batch`, linear and conv2d, not forced or tuned): the rules at every size the
    layer may be called with (batch_routes.py); ranges are kept where the provider changes.
+
+`fusion_route(chain)` is the route of every layer of a fused chain (the fusion table, rules.FUSIONS):
+one provider for all of them, at every size, or None where the table lists the chain for no row of
+this CPU's class (or QBACKEND_PROVIDER forces a provider): the layers are then routed one by one.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from ..core.routes import FORCED, RULE, TUNED, Route
 from ..ops import registry
 from .batch_routes import SIZE_KEYS, size_ranges
 from .cpu import CpuFeatures, cpu_features
-from .rules import Rule, choose
+from .rules import Rule, choose, fusion
 from .tuner import TuneRequest, tune_route
 
 ENV_PROVIDER = "QBACKEND_PROVIDER"
@@ -155,3 +159,15 @@ def route(op: str, shape: Mapping, *, eight_bit_input: bool = True, forced: str 
         if len(ranges.providers) > 1:
             return Route(chosen.provider, chosen.source, chosen.why, chosen.rule, ranges)
     return chosen
+
+
+def fusion_route(chain: str, cpu: CpuFeatures | None = None) -> Route | None:
+    """The route of each layer of a fused `chain` ("inverted_residual") on this CPU, or None (see
+    the module docstring)."""
+    if env_forced() is not None:
+        return None
+    row = fusion(chain, (cpu if cpu is not None else cpu_features()).isa_class)
+    if row is None:
+        return None
+    return Route(row.provider, RULE, f"fused into one native call with its block: {row.describe}",
+                 rule=f"fusion {chain}")

@@ -4,7 +4,8 @@
 
 each intermediate value int8 and read by the next conv only, become one QuantizedInvertedResidual
 (nn/inverted_residual.py: one native call whose result equals the three layers', bit for bit)
-where the fusion table (qbackend.dispatch.rules.FUSIONS) lists the chain for this CPU's class.
+where the fusion table (qbackend.dispatch.rules.FUSIONS) lists the chain for this CPU's class
+(qbackend.dispatch.fusion_route; re-routing a loaded model asks it again).
 Every layer of a fused chain is packed for the fusion's provider, and its record says so; a layer
 whose provider the config or QBACKEND_PROVIDER forced, or that tune mode timed, keeps its route
 and its chain is not fused. QuantConfig(fusions=False) turns the pass off.
@@ -14,9 +15,8 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from ..core.routes import RULE, Route
-from ..dispatch.cpu import cpu_features
-from ..dispatch.rules import fusion
+from ..core.routes import RULE
+from ..dispatch import fusion_route
 from ..nn.conv import QuantizedConv2d
 from ..nn.inverted_residual import QuantizedInvertedResidual
 from ..ops import PackedConv2dWeight
@@ -78,8 +78,8 @@ def _repack(m: QuantizedConv2d, provider: str) -> None:
 def fuse_inverted_residuals(gm: fx.GraphModule, layers: dict, enabled: bool = True) -> int:
     """Rewrite gm's eligible chains in place (see the module docstring); `layers`: the layer
     records by name, whose routes and module paths are updated. Returns how many chains."""
-    row = fusion(CHAIN, cpu_features().isa_class) if enabled else None
-    if row is None:
+    chain_route = fusion_route(CHAIN) if enabled else None
+    if chain_route is None:
         return 0
     by_module = {info.module: info for info in layers.values()}
     count = 0
@@ -94,7 +94,7 @@ def fuse_inverted_residuals(gm: fx.GraphModule, layers: dict, enabled: bool = Tr
         modules = [gm.get_submodule(n.target) for n in nodes]
         try:
             for m in modules:
-                _repack(m, row.provider)
+                _repack(m, chain_route.provider)
         except (ValueError, TypeError, RuntimeError):
             continue  # the provider cannot run one of them here: the layers keep their routes
         enode, dnode, pnode = chain
@@ -109,8 +109,7 @@ def fuse_inverted_residuals(gm: fx.GraphModule, layers: dict, enabled: bool = Tr
             owner_n, _, leaf_n = n.target.rpartition(".")
             (gm.get_submodule(owner_n) if owner_n else gm)._modules.pop(leaf_n, None)
             info.module = f"{path}.{part}"
-            info.route = Route(row.provider, RULE, f"fused into one native call with its block: {row.describe}",
-                               rule=f"fusion {CHAIN}")
+            info.route = chain_route
         first = nodes[0]
         with gm.graph.inserting_before(pnode):
             call = gm.graph.call_module(path, (first.args[0],) + tuple(pnode.args[1:]))

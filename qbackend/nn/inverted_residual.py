@@ -5,7 +5,8 @@ The block is three QuantizedConv2d layers, kept as its children (`expand`, optio
 a 1x1 projection, whose residual input (`accum`), when it has one, is the block's input. A call runs
 torch.ops.qbackend.native_inverted_residual, which computes the three in tiles of rows so that the
 expanded activation never goes to memory, and whose result equals the three layers called in turn
-bit for bit. The layers run one after another instead (the same result, three calls) when this
+bit for bit. The layers run one after another instead (the same result, three calls) where the
+fusion table has no row for this CPU (`fused` False: set when a loaded model is re-routed), when this
 call would take a layer off the native provider (a batch size routed elsewhere, a model loaded on a
 CPU without the native depthwise kernel), when a layer has its own forward hooks or pre-hooks (so
 that `qbackend.compare` and user hooks see every layer), or when an intermediate layer clamps its
@@ -28,6 +29,7 @@ class QuantizedInvertedResidual(nn.Module):
         if not all(isinstance(m, QuantizedConv2d) for m in layers):
             raise TypeError("the layers of a QuantizedInvertedResidual must be QuantizedConv2d modules")
         self.expand, self.depthwise, self.project = expand, depthwise, project
+        self.fused = True  # False: always layer by layer (a CPU whose fusion table has no row for the block)
 
     @property
     def layers(self) -> tuple[QuantizedConv2d, ...]:
@@ -36,6 +38,8 @@ class QuantizedInvertedResidual(nn.Module):
     def _native_forms(self, batch: int):
         """Each layer's native packed weight for this batch size, or None when any layer would run
         elsewhere or must run on its own (see the module docstring)."""
+        if not self.fused:
+            return None
         forms = []
         for m in self.layers:
             if m._forward_hooks or m._forward_pre_hooks:

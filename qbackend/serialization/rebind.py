@@ -14,6 +14,8 @@ again by this machine's rules.
 * Routes: each static / dynamic layer goes through qbackend.dispatch.route with its recorded
   example shape (a forced provider stays forced), and its batch routes again where it was built
   with them (QuantConfig.route_by_batch); a layer whose provider or routes change is repacked.
+  The layers of a fused block take the fusion's route (qbackend.dispatch.fusion_route) where this
+  CPU has one, else their own: the block then runs them one by one.
   The LSTM keeps its providers (its dynamic activations are exact on every provider).
 """
 from __future__ import annotations
@@ -23,9 +25,10 @@ import warnings
 import torch
 
 from ..core.routes import BatchRoutes
-from ..dispatch import exact_route_exists, route
+from ..dispatch import exact_route_exists, fusion_route, route
 from ..ops.embedding import get_embedding_provider
 from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear
+from ..nn.inverted_residual import QuantizedInvertedResidual
 from ..nn.activation import ActivationBorder, StaticQParamsMixin, uses_8_bits
 from ..observers import choose_qparams, default_reduce_range
 from ..ops import PackedConv2dWeight
@@ -86,6 +89,13 @@ def _record(info, r, old: str) -> None:
     info.rerouted_from = old if r.provider != old else None
 
 
+def _fused_block(qmodel, path: str | None):
+    """The fused block whose layer lives at `path`, or None."""
+    parent = (path or "").rpartition(".")[0]
+    m = qmodel.inner.get_submodule(parent) if parent else None
+    return m if isinstance(m, QuantizedInvertedResidual) else None
+
+
 def reroute(qmodel) -> dict[str, tuple[str, str]]:
     """Route every layer again on this machine; returns {layer: (old provider, new provider)} of the
     changed. A layer whose route stays keeps its record (a tuned one its timings); a record without
@@ -93,7 +103,14 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
     changed = {}
     for name, info in qmodel.qbackend_layers.items():
         m = qmodel.layer(name)
-        if isinstance(m, (QuantizedLinear, QuantizedConv2d)):
+        block = _fused_block(qmodel, info.module)
+        block_route = fusion_route("inverted_residual") if block is not None else None
+        if block is not None:
+            block.fused = block_route is not None
+        if block_route is not None:
+            r = block_route  # the block's layers stay together on its provider
+            stale_hint = (m.packed.x_qparams is not None and tuple(m.packed.x_qparams) != (m.x_scale, m.x_zero_point))
+        elif isinstance(m, (QuantizedLinear, QuantizedConv2d)):
             eight = is_8bit_input(m, qmodel.qbackend_activations)
             r = route(info.kind, info.shape, eight_bit_input=eight, forced=info.forced, by_batch=info.route_by_batch)
             stale_hint = (isinstance(m.packed, PackedConv2dWeight) and m.packed.x_qparams is not None
@@ -121,7 +138,8 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
         routes = r.batch_routes
         if r.provider != old or routes != old_routes or stale_hint:
             m.packed = _repack(m, r.provider, routes)
-        if r.provider != old or routes != old_routes or stale_hint or info.route is None:
+        if r.provider != old or routes != old_routes or stale_hint or info.route is None \
+                or (block is not None and info.route != r):  # a block's layers joining or leaving the fusion
             _record(info, r, old)
         if r.provider != old or routes != old_routes:
             changed[name] = (old, r.provider)

@@ -6,11 +6,15 @@ QuantConfig(fusions=False) and a forced provider keep the layers separate; on a 
 does not list (QBACKEND_ISA=avx2 in CI's rerun) nothing is fused."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 import qbackend
+from qbackend.dispatch import route
 from qbackend.dispatch.cpu import cpu_features
+from qbackend.dispatch import rules
 from qbackend.dispatch.rules import FUSIONS, fusion
 from qbackend.models.mobilenet import mobilenet_v2_case
 from qbackend.nn import QuantizedConv2d
@@ -110,6 +114,33 @@ class TestFused:
         assert len(_blocks(loaded)) == 17
         with torch.no_grad():
             assert torch.equal(loaded(x), y) and torch.equal(loaded(x), y)
+        # loading routes every layer again: a fused block's layers take the fusion's route
+        info = loaded.qbackend_layers["features.2.conv.1.0"]
+        assert "fused into one native call" in info.why
+        for block in _blocks(loaded):
+            for layer in block.layers:
+                assert layer.packed.provider.name == "native" and layer.packed._forms is None
+
+    def test_loaded_where_the_table_has_no_row(self, qmodel, tmp_path, monkeypatch):
+        """A CPU whose fusion table lists no row: each layer gets its own route, and the blocks run
+        their layers one by one, with the same result where the providers stay the same."""
+        x = torch.randn(2, 3, 48, 48)
+        with torch.no_grad():
+            y = qmodel(x)
+        qbackend.save(qmodel, tmp_path / "m.qb")
+        monkeypatch.setattr(rules, "FUSIONS", ())
+        loaded = qbackend.load(tmp_path / "m.qb")
+        info = loaded.qbackend_layers["features.2.conv.1.0"]
+        assert "fused" not in info.why and info.route == route(info.kind, info.shape, by_batch=info.route_by_batch)
+        assert not any(b.fused for b in _blocks(loaded))
+        with torch.no_grad():
+            loaded(x), loaded(x)
+            out = loaded(x)
+            plan, _ = loaded.recorded_plan(x)
+        assert not any("native_inverted_residual" in s for s in plan.step_names)
+        same_providers = all(layer.packed.provider.name == "native" and layer.packed._forms is None
+                             for b in _blocks(loaded) for layer in b.layers)
+        assert torch.equal(out, y) if same_providers else torch.allclose(out, y, atol=0.2)
 
     def test_switched_off_or_forced_provider_keeps_layers_separate(self, case):
         off = qbackend.quantize(case.model, case.example_inputs, case.calibration,
@@ -118,6 +149,24 @@ class TestFused:
         forced = qbackend.quantize(case.model, case.example_inputs, case.calibration,
                                    config=qbackend.QuantConfig(provider="onednn"))
         assert not _blocks(forced)
+
+    def test_concurrent_forwards_equal_serial_ones(self, qmodel):
+        xs = [torch.randn(b, 3, 48, 48, generator=torch.Generator().manual_seed(40 + b)) for b in (1, 2, 3, 5)]
+        with torch.no_grad():
+            serial = [qmodel(x) for x in xs]
+        results = [None] * len(xs)
+
+        def run(i):
+            with torch.no_grad():
+                for _ in range(3):
+                    results[i] = qmodel(xs[i])
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(xs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(torch.equal(r, s) for r, s in zip(results, serial))
 
     def test_wrong_residual_argument(self, qmodel):
         block = next(b for b in _blocks(qmodel) if b.project.has_accum)
