@@ -771,14 +771,26 @@ def bench_layer_calls(rep: Report, cfg: Settings, threads: list[int], quick: boo
                     step_of[st.layer] = st if prev is None else \
                         type(st)(st.op, st.module, st.layer, prev.min_us + st.min_us, prev.median_us + st.median_us)
             table = []
-            for layer, rec in recs.items():
-                macs = macs_of[layer]
+            # a fused block's step runs several layers ("a+b+c"): one row for the step, beside the sum of its
+            # layers' module calls (each layer called alone)
+            groups = {key: key.split("+") for key in step_of if "+" in key}
+            fused = {layer for members in groups.values() for layer in members}
+            for layer in [lay for lay in recs if lay not in fused] + list(groups):
+                members = groups.get(layer, [layer])
+                if any(m not in recs for m in members):
+                    continue
+                macs = sum(macs_of[m] for m in members)
                 arith = 2 * macs / peak * 1e6
                 st = step_of.get(layer)
                 step = f"{st.min_us:.2f} / {st.median_us:.2f}" if st else "-"
                 above = st.min_us - arith if st else float("nan")
-                table.append((macs, [name, layer, rec.kind, rec.route.provider if rec.route else "-", f"{macs:,}",
-                                     f"{arith:.2f}", step, f"{above:.2f}", str(t[layer])]))
+                rec = recs[members[0]]
+                module_call = str(t[layer]) if layer in t else \
+                    f"{sum(t[m].min_us for m in members):.2f} (sum of the {len(members)} layers' minima)"
+                table.append((macs, [name, layer if len(members) == 1 else f"{layer} (fused)",
+                                     rec.kind if len(members) == 1 else "fused block",
+                                     rec.route.provider if rec.route else "-", f"{macs:,}",
+                                     f"{arith:.2f}", step, f"{above:.2f}", module_call]))
             worst = max(table, key=lambda r: float(r[1][7]))
             chosen = sorted(table, key=lambda r: r[0])[:smallest]
             rows += [r for _, r in chosen]

@@ -66,13 +66,13 @@ def _chain(gm: fx.GraphModule, node: fx.Node):
     return enode, dnode, node
 
 
-def _repack(m: QuantizedConv2d, provider: str) -> None:
-    """Packs m's weight for `provider` alone (no routes by batch size)."""
+def _packed_for(m: QuantizedConv2d, provider: str) -> PackedConv2dWeight:
+    """m's weight packed for `provider` alone (no routes by batch size)."""
     p = m.packed
     if p.provider.name == provider and p._forms is None:
-        return
-    m.packed = PackedConv2dWeight(p.weight, p.w_scales, p.bias, p.stride, p.padding, p.dilation, p.groups,
-                                  provider=provider, x_shape=p.x_shape, x_qparams=p.x_qparams)
+        return p
+    return PackedConv2dWeight(p.weight, p.w_scales, p.bias, p.stride, p.padding, p.dilation, p.groups,
+                              provider=provider, x_shape=p.x_shape, x_qparams=p.x_qparams)
 
 
 def fuse_inverted_residuals(gm: fx.GraphModule, layers: dict, enabled: bool = True) -> int:
@@ -93,10 +93,11 @@ def fuse_inverted_residuals(gm: fx.GraphModule, layers: dict, enabled: bool = Tr
             continue
         modules = [gm.get_submodule(n.target) for n in nodes]
         try:
-            for m in modules:
-                _repack(m, chain_route.provider)
+            packs = [_packed_for(m, chain_route.provider) for m in modules]
         except (ValueError, TypeError, RuntimeError):
             continue  # the provider cannot run one of them here: the layers keep their routes
+        for m, packed in zip(modules, packs):
+            m.packed = packed
         enode, dnode, pnode = chain
         fused = QuantizedInvertedResidual(*(gm.get_submodule(n.target) if n is not None else None for n in chain))
         owner, _, leaf = pnode.target.rpartition(".")
