@@ -3,6 +3,7 @@
   QuantizedLinear, DynamicQuantizedLinear, WeightOnlyLinear   (linear.py)
   Int4WeightOnlyLinear                                         (int4_linear.py: 4-bit group-wise weights)
   QuantizedConv2d, WeightOnlyConv2d                            (conv.py)
+  QuantizedInvertedResidual                                    (inverted_residual.py: expand + depthwise + project fused)
   DynamicQuantizedLSTM                                         (lstm.py)
   QuantizedEmbedding, QuantizedEmbeddingBag                    (embedding.py: weight-only, rowwise 8/4-bit)
   FusedAttention                                               (attention.py: SDPA with its output quantize fused)
@@ -16,6 +17,7 @@ lowering wires them so activations stay in int8 between them); the dynamic and w
 take and give float tensors.
 """
 from .conv import QuantizedConv2d, WeightOnlyConv2d
+from .inverted_residual import QuantizedInvertedResidual
 from .linear import DynamicQuantizedLinear, QuantizedLinear, WeightOnlyLinear
 from .int4_linear import Int4WeightOnlyLinear
 from .embedding import QuantizedEmbedding, QuantizedEmbeddingBag
@@ -25,7 +27,7 @@ from .layer_norm import LayerNormQuantize
 from .pool import GlobalAvgPoolQuantize
 from .rms_norm import RMSNorm
 
-__all__ = ["QuantizedConv2d", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear",
+__all__ = ["QuantizedConv2d", "QuantizedInvertedResidual", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear",
            "Int4WeightOnlyLinear",
            "DynamicQuantizedLSTM", "QuantizedEmbedding", "QuantizedEmbeddingBag", "FusedAttention",
            "LayerNormQuantize", "GlobalAvgPoolQuantize", "RMSNorm"]
