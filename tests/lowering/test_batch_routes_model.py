@@ -1,8 +1,12 @@
 """Routes by batch size through the whole flow: a model converted from batch-16 examples runs each
 layer, at every batch size, on the provider the rule table gives for that size; the choice survives
 save / load, shows in explain(), and is what torch.export traces at a given batch size.
-QuantConfig(route_by_batch=False) keeps one provider per layer."""
+QuantConfig(route_by_batch=False) keeps one provider per layer. The depthwise + 1x1 chain here is one
+the fusion table would run as one block on a single provider (tests/lowering/test_inverted_residual.py),
+so these models are converted with QuantConfig(fusions=False): each layer routed on its own."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -40,6 +44,7 @@ def _images(n, seed):
 
 
 def _convert(config=None):
+    config = dataclasses.replace(config or qbackend.QuantConfig(), fusions=False)
     torch.manual_seed(0)
     model = init_bn(DepthwiseNet()).eval()
     prepared = qbackend.prepare(model, (_images(EXAMPLE_BATCH, 0),), config=config)

@@ -168,6 +168,25 @@ class TestFused:
             t.join()
         assert all(torch.equal(r, s) for r, s in zip(results, serial))
 
+    def test_depthwise_separable_chain_with_activations(self):
+        """MobileNetV1's depthwise-separable conv (depthwise + ReLU -> 1x1 + ReLU, no expansion, no
+        residual) is a chain too; its projection's activation runs in the fused call."""
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 40, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(40, 40, 3, stride=2, padding=1, groups=40), torch.nn.ReLU(),
+            torch.nn.Conv2d(40, 24, 1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+            torch.nn.Linear(24, 5)).eval()
+        data = [(torch.randn(4, 3, 20, 20),) for _ in range(3)]
+        q = qbackend.quantize(model, data[0], data)
+        blocks = _blocks(q)
+        assert len(blocks) == 1 and blocks[0].expand is None and blocks[0].project.post_op == "relu"
+        x = torch.randn(3, 3, 20, 20)
+        with torch.no_grad():
+            y = q(x)
+            q(x)
+            assert torch.equal(q(x), y) and torch.equal(_layer_by_layer(q, x), y)
+
     def test_wrong_residual_argument(self, qmodel):
         block = next(b for b in _blocks(qmodel) if b.project.has_accum)
         x = torch.zeros(1, block.layers[0].packed.in_channels, 6, 6, dtype=torch.uint8)
