@@ -22,7 +22,7 @@ from ..nn.inverted_residual import QuantizedInvertedResidual
 from ..ops import PackedConv2dWeight
 from .graph_utils import module_of
 
-CHAIN = "inverted_residual"
+CHAIN = QuantizedInvertedResidual.CHAIN
 
 
 def _pointwise(m: QuantizedConv2d) -> bool:

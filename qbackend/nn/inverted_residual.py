@@ -23,6 +23,8 @@ from .conv import QuantizedConv2d
 class QuantizedInvertedResidual(nn.Module):
     """expand (optional) -> depthwise -> project [+ accum], each a QuantizedConv2d, in one call."""
 
+    CHAIN = "inverted_residual"  # its row in the fusion table (qbackend.dispatch.rules.FUSIONS)
+
     def __init__(self, expand: QuantizedConv2d | None, depthwise: QuantizedConv2d, project: QuantizedConv2d):
         super().__init__()
         layers = [m for m in (expand, depthwise, project) if m is not None]

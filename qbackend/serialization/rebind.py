@@ -104,7 +104,7 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
     for name, info in qmodel.qbackend_layers.items():
         m = qmodel.layer(name)
         block = _fused_block(qmodel, info.module)
-        block_route = fusion_route("inverted_residual") if block is not None else None
+        block_route = fusion_route(block.CHAIN) if block is not None else None
         if block is not None:
             block.fused = block_route is not None
         if block_route is not None:
