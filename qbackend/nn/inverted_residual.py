@@ -46,8 +46,7 @@ class QuantizedInvertedResidual(nn.Module):
         for m in self.layers:
             if m._forward_hooks or m._forward_pre_hooks:
                 return None
-            p = m.packed
-            provider, packed = p._form(batch) if p._forms is not None else (p.provider, p.packed)
+            provider, packed = m.packed._form(batch)
             if provider.name != "native":
                 return None
             forms.append(packed)
