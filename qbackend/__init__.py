@@ -8,7 +8,8 @@ own VNNI/AMX GEMMs, FBGEMM or oneDNN).
     qmodel = qbackend.convert(prepared)
 
 or `qbackend.quantize(model, example_inputs, calibration_data)` in one call, and
-`qbackend.quantize_dynamic(model)`; decoder LLMs: `qbackend.quantize_llm(model)` (in place). The ops themselves are torch.ops.qbackend.*; qbackend.ops wraps them.
+`qbackend.quantize_dynamic(model)`; decoder LLMs: `qbackend.quantize_llm(model)` (in place); Hugging
+Face models: `from_pretrained(..., quantization_config=qbackend.hf.QBackendConfig(...))`. The ops themselves are torch.ops.qbackend.*; qbackend.ops wraps them.
 
 Layers, bottom first. A module imports only from its own layer and the layers below it, at module
 level (tests/test_layers.py checks both):
@@ -25,7 +26,8 @@ level (tests/test_layers.py checks both):
   9 report         report                  explain, accuracy against FP32, the budgeted fallback
   10 serialization serialization           save / load, rebinding a loaded model to this CPU
   11 api           api                     prepare, calibrate, convert, quantize
-  12 top           __init__, __main__, cli, models   public names, the command line, the model zoo
+  12 top           __init__, __main__, cli, models, hf, transformers_hook   public names, the command line,
+                                          the model zoo, the Hugging Face quantization method
 """
 from .core.extension import _C  # noqa: F401  (loads the extension, applies QBACKEND_ISA)
 from .api import PreparedModel, calibrate, convert, prepare, quantize, quantize_dynamic
@@ -38,6 +40,9 @@ from .nn.model import QuantizedModel
 from .report import compare
 from .serialization import load, save
 from .llm import LLMConfig, quantize_llm
+from . import transformers_hook
+
+transformers_hook.install()  # qbackend.hf registers with transformers once transformers loads
 
 
 __version__ = VERSION

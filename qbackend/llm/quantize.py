@@ -130,12 +130,20 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=
         if rounded:
             gptq.append(name)
         model.set_submodule(name, new)
-    embedding = _quantize_embedding(model, config)
+    return finish_llm(model, config, chosen, kept, gptq, _quantize_embedding(model, config))
+
+
+def finish_llm(model: nn.Module, config: LLMConfig, quantized: list[str], kept: list[str], gptq: list[str],
+               embedding: str | None) -> nn.Module:
+    """The steps of quantize_llm after its Linears (named `quantized`) and input embedding (`embedding`,
+    or None) hold their quantized modules: the native norms, the same-input fusion and the native
+    decoder layers as `config` says, and the `model.qbackend_llm` record. A model loaded from a
+    checkpoint (qbackend.llm.checkpoint) takes the same steps, so it equals the model it was saved from."""
     norms = swap_rms_norms(model, config.skips) if config.native_norms else []
     probe = _probe(model) if config.fuse_projections else None
     fused = fuse_shared_inputs(model, probe) if probe is not None else []
     layers = swap_decoder_layers(model, probe) if config.native_layers and fused and norms else []
-    model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": chosen,
-                          "float": kept, "embedding": embedding, "native_norms": norms, "fused": fused,
-                          "native_layers": layers, "gptq": gptq}
+    model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": list(quantized),
+                          "float": list(kept), "embedding": embedding, "native_norms": norms, "fused": fused,
+                          "native_layers": layers, "gptq": list(gptq)}
     return model

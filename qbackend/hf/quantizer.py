@@ -1,0 +1,118 @@
+"""QBackendHfQuantizer: the transformers HfQuantizer behind QBackendConfig. On a plain load it
+quantizes the model once its float weights are in (qbackend.quantize_llm); on a saved folder
+(pre-quantized) it puts a CheckpointSlot where each quantized module goes before the weights load,
+lets transformers' loader fill them from safetensors, then builds the modules and takes
+quantize_llm's remaining steps (finish_llm), so the loaded model equals the saved one."""
+from __future__ import annotations
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers.quantizers.base import HfQuantizer
+
+from ..llm.checkpoint import (CheckpointError, checkpoint_state, file_tensors, module_specs, modules_from_slots,
+                              place_slots)
+from ..llm.quantize import finish_llm, quantize_llm
+from .config import QBackendConfig
+
+__all__ = ["QBackendHfQuantizer"]
+
+
+def _cpu_only(device_map) -> bool:
+    if device_map is None:
+        return True
+    values = device_map.values() if isinstance(device_map, dict) else [device_map]
+    return all(str(v) == "cpu" or (isinstance(v, torch.device) and v.type == "cpu") for v in values)
+
+
+def _untie(model: nn.Module, names) -> None:
+    """Drop transformers' weight-tying entries (`all_tied_weights_keys`, on the model and on its
+    sub-models, whose keys are relative to them) that involve a quantized module: a quantized output
+    projection is no longer the input embedding's weight, and tying would put a float weight back."""
+    prefixes = tuple(n + "." for n in names)
+    for path, module in model.named_modules():
+        tied = getattr(module, "all_tied_weights_keys", None)
+        if not isinstance(tied, dict):
+            continue
+        base = path + "." if path else ""
+        for target, source in list(tied.items()):
+            if (base + target).startswith(prefixes) or (base + source).startswith(prefixes):
+                del tied[target]
+
+
+_SAFETENSORS_DTYPES = {torch.int8: "I8", torch.uint8: "U8", torch.float32: "F32"}
+
+
+def check_files(specs: dict, files) -> None:
+    """Every quantized module's tensors are in the safetensors `files` with the spec's dtype and shape
+    (read from the headers, before anything loads): transformers' loader would otherwise cast a tensor
+    of another dtype, or initialize a missing one, without an error."""
+    held = {}
+    for path in files or ():
+        if not str(path).endswith(".safetensors"):
+            raise CheckpointError(f"a qbackend checkpoint is read from safetensors files only, got {path}")
+        with safe_open(path, "pt") as f:
+            for key in f.keys():
+                part = f.get_slice(key)
+                held[key] = (part.get_dtype(), tuple(part.get_shape()))
+    if not held:
+        return
+    for name, spec in specs.items():
+        for suffix, (shape, dtype) in file_tensors(spec).items():
+            key = f"{name}.{suffix}"
+            if key not in held:
+                raise CheckpointError(f"the checkpoint has no tensor {key}, which its quantization_config's spec of "
+                                      f"{name} needs")
+            if held[key] != (_SAFETENSORS_DTYPES[dtype], shape):
+                raise CheckpointError(f"{key} must be {dtype} {list(shape)} as its spec says; the file holds "
+                                      f"{held[key][0]} {list(held[key][1])}")
+
+
+class QBackendHfQuantizer(HfQuantizer):
+    """Quantizes on load (QBackendConfig), saves and reloads qbackend's int8 / int4 weights."""
+
+    requires_calibration = False
+    quantization_config: QBackendConfig
+
+    def validate_environment(self, *args, device_map=None, **kwargs):
+        if not _cpu_only(device_map):
+            raise ValueError(f"qbackend runs on the CPU: device_map must be None or 'cpu', got {device_map!r}")
+        if self.pre_quantized and not self.quantization_config.quantized_modules:
+            raise ValueError("the saved folder's quantization_config (quant_method 'qbackend') lists no "
+                             "quantized_modules; it was not written by save_pretrained of a qbackend model")
+
+    def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:
+        return False  # float weights load as they are; quantization runs after loading
+
+    def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
+        if self.pre_quantized:
+            place_slots(model, self.quantization_config.quantized_modules, device="meta")  # checks the model first
+            check_files(self.quantization_config.quantized_modules, checkpoint_files)
+            _untie(model, self.quantization_config.quantized_modules)
+        return model
+
+    def _process_model_after_weight_loading(self, model, **kwargs):
+        config = self.quantization_config
+        if not self.pre_quantized:
+            quantize_llm(model, config.llm_config(), config.calibration)
+            config.quantized_modules = module_specs(model)
+            _untie(model, config.quantized_modules)
+            return model
+        specs = config.quantized_modules
+        built = modules_from_slots(model)
+        embedding = next((n for n in built if specs[n]["kind"] == "embedding"), None)
+        linears = [n for n in built if n != embedding]
+        kept = [n for n, m in model.named_modules() if type(m) is nn.Linear]
+        gptq = [n for n in linears if specs[n].get("rounding") == "gptq"]
+        finish_llm(model, config.llm_config(), linears, kept, gptq, embedding)
+        return model
+
+    def get_state_dict_and_metadata(self, model):
+        return checkpoint_state(model), {"qbackend_format": str(self.quantization_config.format_version)}
+
+    def is_serializable(self, *args, **kwargs) -> bool:
+        return True
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
