@@ -1,7 +1,7 @@
 """Registers qbackend's Hugging Face quantization method (qbackend.hf) with transformers without
-making `import qbackend` import transformers (2-4 s): at once when transformers' quantizer registry
-is already loaded, otherwise right after it loads, through a finder on sys.meta_path that wraps that
-one module's loader. So `from_pretrained(folder saved with QBackendConfig)` works after a plain
+making `import qbackend` import transformers (2-4 s): at once when transformers' modeling_utils (the
+module whose from_pretrained reads the quantizer registry) is already loaded, otherwise right after it
+loads, through a finder on sys.meta_path that wraps that one module's loader. So `from_pretrained(folder saved with QBackendConfig)` works after a plain
 `import qbackend`, whichever of the two was imported first."""
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import warnings
 
 __all__ = ["install"]
 
-REGISTRY = "transformers.quantizers.auto"
+# The module whose from_pretrained consults the quantizer registry. Registering once it has executed
+# (not when the registry module itself has: transformers.quantizers is then still half-initialized).
+REGISTRY = "transformers.modeling_utils"
 INTEGRATION = "qbackend.hf"
 
 
@@ -73,7 +75,7 @@ def _uninstall() -> None:
 
 
 def install() -> None:
-    """Register now if transformers' quantizer registry is loaded, else when it loads. Never fails
+    """Register now if transformers' modeling_utils is loaded, else when it loads. Never fails
     the import of qbackend: without transformers nothing happens."""
     if REGISTRY in sys.modules:
         _register()

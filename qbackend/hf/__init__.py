@@ -1,6 +1,6 @@
 """qbackend as a Hugging Face transformers quantization method ("qbackend"): QBackendConfig
 (config.py) and its HfQuantizer (quantizer.py), registered with transformers when this package is
-imported. `import qbackend` imports it as soon as transformers' quantizers load (transformers_hook.py),
+imported. `import qbackend` imports it as soon as transformers.modeling_utils loads (transformers_hook.py),
 so `from_pretrained` of a folder saved with it finds the method without importing it by hand.
 
     from qbackend.hf import QBackendConfig

@@ -67,6 +67,14 @@ class QBackendConfig(QuantizationConfigMixin):
                 check_spec(name, spec)
         self.quantized_modules = quantized_modules
 
+    @classmethod
+    def from_llm_config(cls, config: LLMConfig) -> "QBackendConfig":
+        """The QBackendConfig of the same settings as `config`."""
+        return cls(weights=config.weights, activations=config.activations, group_size=config.group_size,
+                   symmetric=config.symmetric, lm_head=config.lm_head, embedding=config.embedding,
+                   modules_to_not_convert=list(config.skip) or None, native_norms=config.native_norms,
+                   fuse_projections=config.fuse_projections, native_layers=config.native_layers)
+
     def llm_config(self) -> LLMConfig:
         """The LLMConfig these fields describe (ValueError / TypeError naming a wrong field)."""
         return LLMConfig(weights=self.weights, activations=self.activations, group_size=self.group_size,

@@ -12,10 +12,11 @@ from transformers.quantizers.base import HfQuantizer
 
 from ..llm.checkpoint import (CheckpointError, checkpoint_state, file_tensors, module_specs, modules_from_slots,
                               place_slots)
-from ..llm.quantize import finish_llm, quantize_llm
+from ..llm.config import LLMConfig
+from ..llm.quantize import finish_llm, on_quantized, quantize_llm
 from .config import QBackendConfig
 
-__all__ = ["QBackendHfQuantizer"]
+__all__ = ["QBackendHfQuantizer", "attach_quantizer"]
 
 
 def _cpu_only(device_map) -> bool:
@@ -116,3 +117,33 @@ class QBackendHfQuantizer(HfQuantizer):
     @property
     def is_trainable(self) -> bool:
         return False
+
+
+def _is_pretrained(model: nn.Module) -> bool:
+    """A transformers PreTrainedModel, known by its interface (this module is imported while
+    transformers.modeling_utils finishes loading, so it does not import that module)."""
+    return callable(getattr(model, "save_pretrained", None)) and callable(getattr(model, "get_input_embeddings", None)) \
+        and hasattr(getattr(model, "config", None), "to_json_string")
+
+
+def attach_quantizer(model: nn.Module, config: LLMConfig) -> None:
+    """Make a transformers model that qbackend.quantize_llm quantized directly (not through
+    from_pretrained: e.g. one loaded from a GGUF file, which from_pretrained does not combine with a
+    quantization_config) what from_pretrained(quantization_config=...) would have made: its
+    save_pretrained then writes the quantized form and config.json its QBackendConfig. Registered
+    with quantize_llm (on_quantized). A model that already has qbackend's quantizer is left alone;
+    another one (GGUF's, whose weights were dequantized to float on load) is replaced."""
+    if not _is_pretrained(model) or isinstance(getattr(model, "hf_quantizer", None), QBackendHfQuantizer):
+        return
+    qconfig = QBackendConfig.from_llm_config(config)
+    qconfig.quantized_modules = module_specs(model)
+    _untie(model, qconfig.quantized_modules)
+    model.hf_quantizer = QBackendHfQuantizer(qconfig, pre_quantized=False)
+    model.is_quantized, model.quantization_method = True, qconfig.quant_method
+    model.config.quantization_config = qconfig
+    for module in model.modules():
+        if _is_pretrained(module):
+            module.config._is_quantized = True
+
+
+on_quantized(attach_quantizer)

@@ -35,6 +35,15 @@ from .shared_input import fuse_shared_inputs
 
 
 _FLOAT_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)
+_QUANTIZED_HOOKS: list = []
+
+
+def on_quantized(hook) -> None:
+    """Register `hook(model, config)`, called on every model quantize_llm (or a checkpoint load
+    through finish_llm) has just quantized: how an integration above this layer (qbackend.hf, which
+    makes a transformers model's save_pretrained write the quantized form) learns of it."""
+    if hook not in _QUANTIZED_HOOKS:
+        _QUANTIZED_HOOKS.append(hook)
 
 
 def _output_projection(model: nn.Module) -> nn.Module | None:
@@ -146,4 +155,6 @@ def finish_llm(model: nn.Module, config: LLMConfig, quantized: list[str], kept: 
     model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": list(quantized),
                           "float": list(kept), "embedding": embedding, "native_norms": norms, "fused": fused,
                           "native_layers": layers, "gptq": list(gptq)}
+    for hook in _QUANTIZED_HOOKS:
+        hook(model, config)
     return model

@@ -16,7 +16,7 @@ import torch
 import qbackend
 from qbackend.llm.checkpoint import CheckpointError
 from qbackend.nn import Int4WeightOnlyLinear, QuantizedEmbedding, WeightOnlyLinear
-from tests.subprocess_utils import run_py
+from tests.subprocess_utils import run_example, run_py
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -183,7 +183,7 @@ def test_a_plain_import_of_qbackend_registers_the_method(folders, tmp_path, orde
     if order == "transformers first":
         imports.reverse()
     code = "; ".join(imports) + (
-        "; import sys; assert 'transformers.quantizers.auto' not in sys.modules or 'qbackend.hf' in sys.modules"
+        "; import sys; assert 'transformers.modeling_utils' not in sys.modules or 'qbackend.hf' in sys.modules"
         f"; m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / 'q')!r})"
         "; print(type(m.lm_head).__name__, type(m.model.layers[0]).__name__)")
     out = run_py(code, check=True).stdout
@@ -309,3 +309,25 @@ def test_file_tensors_are_the_modules_weights(folders):
                 w = state[name + ".weight_scale"].double()[:, None] * state[name + ".weight_int8"].double()
             assert torch.allclose(w, ref.dequantized_weight().double() if settings else
                                   ref.weight_int8.double() * ref.w_scales.double(), rtol=0, atol=1e-6), name
+
+
+@pytest.mark.parametrize("scheme", ["int8", "w4a8_g64_sym_int4_head", "int8_embedding"])
+def test_a_model_quantize_llm_quantized_saves_and_reloads(folders, tmp_path, scheme):
+    """quantize_llm on a model already loaded (as from a GGUF file, which from_pretrained does not combine
+    with a quantization_config): save_pretrained writes the quantized form, from_pretrained reads it."""
+    folder, _ = folders["llama_tied"]
+    settings = SCHEMES[scheme]
+    model = qbackend.quantize_llm(transformers.AutoModelForCausalLM.from_pretrained(folder),
+                                  qbackend.LLMConfig(**settings))
+    assert model.config.quantization_config.llm_config() == qbackend.LLMConfig(**settings)
+    model.save_pretrained(tmp_path / "q")
+    assert _saved_files(tmp_path / "q") == {"model.safetensors", "config.json", "generation_config.json"}
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q")
+    assert torch.equal(_out(loaded), _out(model))
+    assert loaded.qbackend_llm == model.qbackend_llm
+
+
+def test_example_script_runs():
+    proc = run_example("hf_from_pretrained.py", timeout=600)
+    assert proc.stdout.count("reloaded output equal to the saved model's: True") == 2, proc.stdout
+    assert "generate: [" in proc.stdout
