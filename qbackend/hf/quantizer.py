@@ -108,6 +108,10 @@ class QBackendHfQuantizer(HfQuantizer):
         finish_llm(model, config.llm_config(), linears, kept, gptq, embedding)
         return model
 
+    def _dequantize(self, model, dtype=None):
+        raise NotImplementedError("a qbackend model keeps only its int8 / int4 weights: load the FP32 checkpoint "
+                                  "instead of dequantizing")
+
     def get_state_dict_and_metadata(self, model):
         return checkpoint_state(model), {"qbackend_format": str(self.quantization_config.format_version)}
 

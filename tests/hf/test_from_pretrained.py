@@ -331,3 +331,21 @@ def test_example_script_runs():
     proc = run_example("hf_from_pretrained.py", timeout=600)
     assert proc.stdout.count("reloaded output equal to the saved model's: True") == 2, proc.stdout
     assert "generate: [" in proc.stdout
+
+
+def test_a_bfloat16_model_round_trips_with_float32_scales(folders, tmp_path):
+    folder, _ = folders["llama"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=QBackendConfig(),
+                                                              dtype=torch.bfloat16)
+    out = _out(model)
+    assert out.dtype == torch.bfloat16 and model.lm_head.w_scales.dtype == torch.float32
+    model.save_pretrained(tmp_path / "q")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q")
+    assert loaded.lm_head.w_scales.dtype == torch.float32 and torch.equal(_out(loaded), out)
+
+
+def test_dequantize_says_why_not(folders):
+    folder, _ = folders["llama"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=QBackendConfig())
+    with pytest.raises(NotImplementedError, match="load the FP32 checkpoint"):
+        model.dequantize()
