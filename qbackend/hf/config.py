@@ -10,34 +10,48 @@ from typing import Any
 
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
+from ..config import ATTENTION_MODES, WEIGHT_ROUNDINGS, QuantConfig
 from ..llm.checkpoint import CheckpointError, check_spec
 from ..llm.config import LLMConfig
+from .static_blocks import check_mask_form
 
 __all__ = ["QBackendConfig", "QUANT_METHOD", "FORMAT_VERSION"]
 
 QUANT_METHOD = "qbackend"
 FORMAT_VERSION = 1
-_FIELDS = ("weights", "activations", "group_size", "symmetric", "lm_head", "embedding", "native_norms",
-           "fuse_projections", "native_layers")
+_FIELDS = ("mode", "weights", "activations", "group_size", "symmetric", "lm_head", "embedding", "native_norms",
+           "fuse_projections", "native_layers", "smoothquant", "weight_rounding", "attention")
+MODES = ("dynamic", "static")
 
 
 class QBackendConfig(QuantizationConfigMixin):
-    """How qbackend quantizes a Hugging Face model on load (the fields of qbackend.LLMConfig, which
-    document them: weights "int8" | "int4", activations "float" | "int8", group_size, symmetric,
-    lm_head, embedding, native_norms, fuse_projections, native_layers), plus:
+    """How qbackend quantizes a Hugging Face model on load.
 
-    modules_to_not_convert: module names (or prefixes at a dot) kept in float (LLMConfig.skip).
-    calibration: token ids for GPTQ's rounding of 4-bit weights (see qbackend.quantize_llm); used
-      while quantizing, never written to config.json.
-    quantized_modules: {module name: spec} (qbackend.llm.checkpoint), filled when the model is
-      quantized and written with it; a saved folder is loaded from it. Not for users to set.
+    mode "dynamic" (default): qbackend.quantize_llm's schemes for any model made of nn.Linear layers
+      (decoders and encoders), with the fields of qbackend.LLMConfig, which documents them: weights
+      "int8" | "int4", activations "float" | "int8" (quantized per call), group_size, symmetric,
+      lm_head, embedding, native_norms, fuse_projections, native_layers.
+    mode "static": an encoder's repeated blocks (BERT's layers) each as qbackend's static int8 graph
+      (int8 activations calibrated on `calibration`, int8 between the block's layers, the fused
+      attention; qbackend.hf.static_blocks), with QuantConfig's smoothquant ("auto" or None),
+      weight_rounding ("gptq" or "nearest") and attention ("auto", "fused", "sdpa"); embeddings,
+      pooler and heads stay float. The dynamic-only fields must keep their defaults.
+    modules_to_not_convert: module names (or prefixes at a dot) kept in float (dynamic: LLMConfig.skip;
+      static: a block named, or containing such a name, stays float).
+    calibration: dynamic: token ids for GPTQ's rounding of 4-bit weights (see qbackend.quantize_llm);
+      static (required): batches of the model's inputs (dicts such as a tokenizer's output, tuples of
+      its positional inputs, or input_ids tensors). Used while quantizing, never written to config.json.
+    quantized_modules (dynamic) / static_blocks (static): {module name: spec}, filled when the model is
+      quantized and written with it; a saved folder is loaded from them. Not for users to set.
     """
 
     def __init__(self, weights: str = "int8", activations: str = "float", group_size: int | None = None,
                  symmetric: bool | None = None, lm_head: bool | str = True, embedding: bool | str = False,
                  modules_to_not_convert: list[str] | None = None, native_norms: bool = True,
                  fuse_projections: bool = True, native_layers: bool = True, calibration=None,
-                 quantized_modules: dict | None = None, format_version: int = FORMAT_VERSION,
+                 mode: str = "dynamic", smoothquant: str | None = "auto", weight_rounding: str = "gptq",
+                 attention: str = "auto", quantized_modules: dict | None = None, static_blocks: dict | None = None,
+                 format_version: int = FORMAT_VERSION,
                  quant_method: str = QUANT_METHOD, **unknown: Any):
         if unknown:
             raise TypeError(f"QBackendConfig got unknown fields {sorted(unknown)} (a quantization_config written by "
@@ -58,8 +72,28 @@ class QBackendConfig(QuantizationConfigMixin):
         self.modules_to_not_convert = None if modules_to_not_convert is None else list(modules_to_not_convert)
         self.native_norms, self.fuse_projections, self.native_layers = native_norms, fuse_projections, native_layers
         self.calibration = calibration
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode, self.smoothquant, self.weight_rounding, self.attention = mode, smoothquant, weight_rounding, attention
+        if mode == "static":
+            self.quant_config()  # checks the static fields
+            changed = [f for f in _FIELDS[1:10] if getattr(self, f) != getattr(_DYNAMIC_DEFAULTS, f)]
+            if changed:
+                raise ValueError(f"mode='static' quantizes int8 weights against int8 activations calibrated on data; "
+                                 f"{', '.join(changed)} apply to mode='dynamic'")
         llm = self.llm_config()  # checks every field, naming the one that is wrong
         self.group_size, self.symmetric = llm.group_size, llm.symmetric
+        if mode != "static" and (smoothquant, weight_rounding, attention) != ("auto", "gptq", "auto"):
+            raise ValueError("smoothquant, weight_rounding and attention apply to mode='static'")
+        if static_blocks is not None:
+            if mode != "static" or not isinstance(static_blocks, dict) or not static_blocks:
+                raise CheckpointError(f"static_blocks must name at least one block of a mode='static' config, got "
+                                      f"{static_blocks!r}")
+            for name, spec in static_blocks.items():
+                if not isinstance(spec, dict) or set(spec) != {"mask"}:
+                    raise CheckpointError(f"static_blocks[{name!r}] must be {{'mask': ...}}, got {spec!r}")
+                check_mask_form(spec["mask"], f"static_blocks[{name!r}]")
+        self.static_blocks = static_blocks
         if quantized_modules is not None:
             if not isinstance(quantized_modules, dict) or not quantized_modules:
                 raise CheckpointError(f"quantized_modules must name at least one module, got {quantized_modules!r}")
@@ -74,6 +108,16 @@ class QBackendConfig(QuantizationConfigMixin):
                    symmetric=config.symmetric, lm_head=config.lm_head, embedding=config.embedding,
                    modules_to_not_convert=list(config.skip) or None, native_norms=config.native_norms,
                    fuse_projections=config.fuse_projections, native_layers=config.native_layers)
+
+    def quant_config(self) -> QuantConfig:
+        """The QuantConfig of mode='static' (ValueError / TypeError naming a wrong field)."""
+        if self.smoothquant not in ("auto", None):
+            raise ValueError(f"smoothquant must be 'auto' or None, got {self.smoothquant!r}")
+        if self.weight_rounding not in WEIGHT_ROUNDINGS:
+            raise ValueError(f"weight_rounding must be one of {', '.join(WEIGHT_ROUNDINGS)}, got {self.weight_rounding!r}")
+        if self.attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {self.attention!r}")
+        return QuantConfig(smoothquant=self.smoothquant, weight_rounding=self.weight_rounding, attention=self.attention)
 
     def llm_config(self) -> LLMConfig:
         """The LLMConfig these fields describe (ValueError / TypeError naming a wrong field)."""
@@ -94,3 +138,6 @@ class QBackendConfig(QuantizationConfigMixin):
         for key, value in self.__dict__.items():
             clone.__dict__[key] = value if key == "calibration" else copy.deepcopy(value, memo)
         return clone
+
+
+_DYNAMIC_DEFAULTS = QBackendConfig()

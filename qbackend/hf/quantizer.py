@@ -15,6 +15,7 @@ from ..llm.checkpoint import (CheckpointError, checkpoint_state, file_tensors, m
 from ..llm.config import LLMConfig
 from ..llm.quantize import finish_llm, on_quantized, quantize_llm
 from .config import QBackendConfig
+from .static_blocks import blocks_from_slots, blocks_state, place_block_slots, quantize_blocks
 
 __all__ = ["QBackendHfQuantizer", "attach_quantizer"]
 
@@ -69,6 +70,14 @@ def check_files(specs: dict, files) -> None:
                                       f"{held[key][0]} {list(held[key][1])}")
 
 
+def _metadata(files) -> dict[str, str]:
+    """The safetensors metadata of a checkpoint's first file ({} without files)."""
+    for path in files or ():
+        with safe_open(path, "pt") as f:
+            return dict(f.metadata() or {})
+    return {}
+
+
 class QBackendHfQuantizer(HfQuantizer):
     """Quantizes on load (QBackendConfig), saves and reloads qbackend's int8 / int4 weights."""
 
@@ -78,7 +87,8 @@ class QBackendHfQuantizer(HfQuantizer):
     def validate_environment(self, *args, device_map=None, **kwargs):
         if not _cpu_only(device_map):
             raise ValueError(f"qbackend runs on the CPU: device_map must be None or 'cpu', got {device_map!r}")
-        if self.pre_quantized and not self.quantization_config.quantized_modules:
+        if self.pre_quantized and not (self.quantization_config.quantized_modules or
+                                       self.quantization_config.static_blocks):
             raise ValueError("the saved folder's quantization_config (quant_method 'qbackend') lists no "
                              "quantized_modules; it was not written by save_pretrained of a qbackend model")
 
@@ -86,7 +96,11 @@ class QBackendHfQuantizer(HfQuantizer):
         return False  # float weights load as they are; quantization runs after loading
 
     def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
-        if self.pre_quantized:
+        config = self.quantization_config
+        if self.pre_quantized and config.mode == "static":
+            self._metadata = _metadata(checkpoint_files)
+            place_block_slots(model, config.static_blocks, self._metadata)
+        elif self.pre_quantized:
             place_slots(model, self.quantization_config.quantized_modules, device="meta")  # checks the model first
             check_files(self.quantization_config.quantized_modules, checkpoint_files)
             _untie(model, self.quantization_config.quantized_modules)
@@ -94,6 +108,16 @@ class QBackendHfQuantizer(HfQuantizer):
 
     def _process_model_after_weight_loading(self, model, **kwargs):
         config = self.quantization_config
+        if config.mode == "static":
+            if self.pre_quantized:
+                blocks_from_slots(model, config.static_blocks, self._metadata)
+            else:
+                if config.calibration is None:
+                    raise ValueError("mode='static' needs calibration: batches of the model's inputs")
+                config.static_blocks = quantize_blocks(model, config.calibration, config.quant_config(),
+                                                       config.modules_to_not_convert or ())
+            model.qbackend_blocks = list(config.static_blocks)
+            return model
         if not self.pre_quantized:
             quantize_llm(model, config.llm_config(), config.calibration)
             config.quantized_modules = module_specs(model)
@@ -113,7 +137,14 @@ class QBackendHfQuantizer(HfQuantizer):
                                   "instead of dequantizing")
 
     def get_state_dict_and_metadata(self, model):
-        return checkpoint_state(model), {"qbackend_format": str(self.quantization_config.format_version)}
+        config = self.quantization_config
+        meta = {"qbackend_format": str(config.format_version)}
+        if config.mode != "static":
+            return checkpoint_state(model), meta
+        prefixes = tuple(p + "." for p in config.static_blocks)
+        state = {k: v for k, v in model.state_dict().items() if not k.startswith(prefixes)}
+        tensors, blocks_meta = blocks_state(model, config.static_blocks)
+        return state | tensors, meta | blocks_meta
 
     def is_serializable(self, *args, **kwargs) -> bool:
         return True

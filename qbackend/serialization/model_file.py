@@ -65,7 +65,9 @@ def _summary(qmodel: QuantizedModel) -> list[dict]:
     return json.loads(json.dumps(rows, default=str))
 
 
-def save(qmodel: QuantizedModel, path: str | os.PathLike) -> None:
+def model_parts(qmodel: QuantizedModel) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) storing `qmodel` as data: what `save` writes into its safetensors file (the
+    metadata's "format" key aside), and what another safetensors writer (qbackend.hf) may embed."""
     if not isinstance(qmodel, QuantizedModel):
         raise TypeError(f"qbackend.save takes the model qbackend.convert / quantize returned, got "
                         f"{type(qmodel).__name__}")
@@ -82,8 +84,12 @@ def save(qmodel: QuantizedModel, path: str | os.PathLike) -> None:
            "saved_on": {"isa_class": f.isa_class, "vendor": f.vendor, "model": f.model_name},
            "classes": sorted(encoder.classes), "layers": _summary(qmodel), "tensors": info, "model": model}
     text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
-    tensor_file.write(path, tensors, {"format": FORMAT, _DOC: text,
-                                      _DOC_SHA: hashlib.sha256(text.encode()).hexdigest()})
+    return tensors, {_DOC: text, _DOC_SHA: hashlib.sha256(text.encode()).hexdigest()}
+
+
+def save(qmodel: QuantizedModel, path: str | os.PathLike) -> None:
+    tensors, meta = model_parts(qmodel)
+    tensor_file.write(path, tensors, {"format": FORMAT, **meta})
 
 
 def _read(path) -> bytes:
@@ -99,8 +105,13 @@ def _document(path, data: bytes) -> tuple[dict, dict[str, torch.Tensor]]:
         raise ModelFileError(f"not a readable qbackend model file: {exc}") from None
     if meta.get("format") != FORMAT or _DOC not in meta or _DOC_SHA not in meta:
         raise ModelFileError(f"{path}: a safetensors file, but not a qbackend model file (no {FORMAT!r} metadata)")
-    text = meta[_DOC]
-    if hashlib.sha256(text.encode()).hexdigest() != meta[_DOC_SHA]:
+    return _checked_document(path, meta, tensors), tensors
+
+
+def _checked_document(path, meta: dict[str, str], tensors: dict[str, torch.Tensor]) -> dict:
+    """The document in `meta` (model_parts' keys), checked against its checksum and against `tensors`."""
+    text = meta.get(_DOC)
+    if not isinstance(text, str) or hashlib.sha256(text.encode()).hexdigest() != meta.get(_DOC_SHA):
         raise ModelFileError(f"{path}: the model description does not match its checksum (the file was edited or "
                              "damaged)")
     try:
@@ -128,7 +139,32 @@ def _document(path, data: bytes) -> tuple[dict, dict[str, torch.Tensor]]:
                                  f"says {entry!r:.120}")
         if _sha256(t) != entry.get("sha256"):
             raise ModelFileError(f"{path}: tensor {name!r} does not match its checksum (the file was edited or damaged)")
-    return doc, tensors
+    return doc
+
+
+def tensor_table(meta: dict[str, str], path) -> dict[str, tuple[torch.dtype, list[int]]]:
+    """{tensor name: (dtype, shape)} that the document in `meta` (model_parts' keys) describes, read
+    before any tensor is (a loader's placeholders take these), the document checked against its
+    checksum; ModelFileError where it is malformed."""
+    text = meta.get(_DOC)
+    if not isinstance(text, str) or hashlib.sha256(text.encode()).hexdigest() != meta.get(_DOC_SHA):
+        raise ModelFileError(f"{path}: the model description does not match its checksum (the file was edited or "
+                             "damaged)")
+    try:
+        info = json.loads(text).get("tensors")
+    except (ValueError, RecursionError, AttributeError) as exc:
+        raise ModelFileError(f"{path}: the model description is not a valid JSON object ({exc})") from None
+    table = {}
+    for name, entry in (info.items() if isinstance(info, dict) else ()):
+        dtype = getattr(torch, str(entry.get("dtype")), None) if isinstance(entry, dict) else None
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or \
+                not all(type(d) is int and d >= 0 for d in shape) or not str(name).isidentifier():
+            raise ModelFileError(f"{path}: the tensor table's entry {name!r} is malformed")
+        table[name] = (dtype, shape)
+    if not table:
+        raise ModelFileError(f"{path}: the model description lists no tensors")
+    return table
 
 
 def _restore(tensors: dict[str, torch.Tensor], info: dict, path) -> dict[str, torch.Tensor]:
@@ -194,6 +230,10 @@ def read_model(path: str | os.PathLike, *, classes=None, allow_pickle: bool = Fa
                       PickleFileWarning, stacklevel=3)
         return read_legacy(path, data, ModelFileError)
     doc, tensors = _document(path, data)
+    return _decoded(path, doc, tensors, trusted)
+
+
+def _decoded(path, doc: dict, tensors: dict[str, torch.Tensor], trusted: tuple) -> QuantizedModel:
     needed = doc.get("classes") or []
     if not isinstance(needed, list) or not all(isinstance(n, str) for n in needed):
         raise ModelFileError(f"{path}: the list of needed classes is malformed")
@@ -218,6 +258,16 @@ def read_model(path: str | os.PathLike, *, classes=None, allow_pickle: bool = Fa
     if not isinstance(qmodel, QuantizedModel):
         raise ModelFileError(f"{path}: the file holds a {type(qmodel).__name__}, not a QuantizedModel")
     qmodel.qbackend_saved_on = doc.get("saved_on")
+    return qmodel
+
+
+def model_from_parts(tensors: dict[str, torch.Tensor], meta: dict[str, str], source: str, *,
+                     classes=None) -> QuantizedModel:
+    """The model `model_parts` stored as (tensors, metadata), checked as `load` checks a file
+    (`source` names it in errors) and rebound to this machine."""
+    doc = _checked_document(source, meta, tensors)
+    qmodel = _decoded(source, doc, tensors, _trusted(classes))
+    qmodel.qbackend_rebind = rebind(qmodel)
     return qmodel
 
 
