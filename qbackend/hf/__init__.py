@@ -1,12 +1,14 @@
 """qbackend as a Hugging Face transformers quantization method ("qbackend"): QBackendConfig
-(config.py) and its HfQuantizer (quantizer.py), registered with transformers when this package is
-imported. `import qbackend` imports it as soon as transformers.modeling_utils loads (transformers_hook.py),
+(config.py), its HfQuantizer (quantizer.py) and the static int8 blocks of encoders (static_blocks.py),
+registered with transformers when this package is imported. `import qbackend` imports it as soon as transformers.modeling_utils loads (transformers_hook.py),
 so `from_pretrained` of a folder saved with it finds the method without importing it by hand.
 
     from qbackend.hf import QBackendConfig
     model = AutoModelForCausalLM.from_pretrained(path, quantization_config=QBackendConfig(weights="int4"))
     model.save_pretrained(out)                 # safetensors + config.json, no pickle
     model = AutoModelForCausalLM.from_pretrained(out)   # quantized again, no recalibration
+    encoder = AutoModel.from_pretrained(path, quantization_config=QBackendConfig(mode="static",
+                                                                                 calibration=batches))
 """
 from transformers.quantizers.auto import (AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING,
                                           register_quantization_config, register_quantizer)

@@ -1,8 +1,11 @@
 """QBackendHfQuantizer: the transformers HfQuantizer behind QBackendConfig. On a plain load it
-quantizes the model once its float weights are in (qbackend.quantize_llm); on a saved folder
-(pre-quantized) it puts a CheckpointSlot where each quantized module goes before the weights load,
-lets transformers' loader fill them from safetensors, then builds the modules and takes
-quantize_llm's remaining steps (finish_llm), so the loaded model equals the saved one."""
+quantizes the model once its float weights are in (mode "dynamic": qbackend.quantize_llm; "static":
+static_blocks.quantize_blocks). On a saved folder (pre-quantized) it puts a placeholder where each
+quantized module or static block goes before the weights load (llm.checkpoint's CheckpointSlot,
+static_blocks' BlockSlot), checks the files against the config's specs, lets transformers' loader
+fill the placeholders from safetensors, then builds the modules (and takes quantize_llm's remaining
+steps, finish_llm) or decodes the blocks, so the loaded model equals the saved one. Also the hook
+that gives a model quantize_llm quantized directly this quantizer (attach_quantizer)."""
 from __future__ import annotations
 
 import warnings

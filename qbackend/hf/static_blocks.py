@@ -24,6 +24,11 @@ from ..lowering.convert import FP32FallbackWarning
 from ..nn.model import QuantizedModel
 from ..serialization import ModelFileError, model_from_parts, model_parts, tensor_table
 
+try:  # transformers 5 records output_hidden_states by forward hooks on its layer classes, installed once per model
+    from transformers.utils.output_capturing import maybe_install_capturing_hooks
+except ImportError:  # pragma: no cover  (an older transformers: StaticBlock refuses output_hidden_states)
+    maybe_install_capturing_hooks = None
+
 __all__ = ["StaticBlock", "BlockSlot", "find_blocks", "quantize_blocks", "blocks_state", "place_block_slots",
            "blocks_from_slots", "META_DOC", "META_SHA"]
 
@@ -107,6 +112,25 @@ def check_mask_form(form, where: str) -> dict | None:
     return form
 
 
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs")
+
+
+def _install_output_hooks(model: nn.Module) -> None:
+    """transformers' output-recording hooks on the model's layers, now (before a block replaces one)."""
+    if maybe_install_capturing_hooks is not None and callable(getattr(model, "save_pretrained", None)):
+        maybe_install_capturing_hooks(model)
+
+
+def _replace(model: nn.Module, path: str, new: nn.Module) -> None:
+    """Put `new` at `path` with the hooks of the module it replaces (transformers' output recorders, a
+    user's), so output_hidden_states sees a static block as it saw the layer."""
+    old = model.get_submodule(path)
+    for attr in _HOOK_DICTS:
+        getattr(new, attr).update(getattr(old, attr))
+    model.set_submodule(path, new)
+
+
 class StaticBlock(nn.Module):
     """A block of a transformers encoder as qbackend's int8 graph: called as the block was, with
     (hidden_states, attention_mask), returning its hidden states. `graph` is the QuantizedModel
@@ -119,9 +143,13 @@ class StaticBlock(nn.Module):
 
     def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
         extra = [f"argument {i + 2}" for i, a in enumerate(args) if a is not None]
-        extra += [k for k, v in kwargs.items() if v is not None and v is not False and k != "position_ids"]
+        extra += [k for k, v in kwargs.items()
+                  if v is not None and v is not False and k not in ("position_ids", "output_hidden_states")]
         if extra:
             raise ValueError(f"a static int8 block runs (hidden_states, attention_mask) only, got {', '.join(extra)}")
+        if kwargs.get("output_hidden_states") and not self._forward_hooks:
+            raise ValueError("output_hidden_states: this static int8 block has no output recorder (a transformers "
+                             "version that does not record hidden states by forward hooks)")
         if self.mask is None:
             return self.graph(hidden_states)
         if attention_mask is None:
@@ -151,6 +179,7 @@ def quantize_blocks(model: nn.Module, batches, config: QuantConfig, skip=()) -> 
         raise ValueError("static quantization through from_pretrained quantizes an encoder's repeated blocks (an "
                          "nn.ModuleList of layers with nn.Linear modules); this model has "
                          + ("none" if not found else "none left after modules_to_not_convert"))
+    _install_output_hooks(model)
     inputs = block_inputs(model, blocks, batches)
     forms, fallbacks = {}, {}
     for path in blocks:
@@ -169,7 +198,7 @@ def quantize_blocks(model: nn.Module, batches, config: QuantConfig, skip=()) -> 
             else:
                 warnings.warn(w.message, w.category, stacklevel=2)
         forms[path] = {"mask": mask_form(calls[0][1])}
-        model.set_submodule(path, StaticBlock(graph, forms[path]["mask"]))
+        _replace(model, path, StaticBlock(graph, forms[path]["mask"]))
     for message, paths in fallbacks.items():  # one warning for what every block says alike
         warnings.warn(f"{message} (in {len(paths)} of the {len(blocks)} static blocks: {paths[0]} ...)",
                       FP32FallbackWarning, stacklevel=2)
@@ -218,8 +247,9 @@ def place_block_slots(model: nn.Module, blocks: dict[str, dict], metadata: dict[
             model.get_submodule(path)
         except AttributeError:
             raise ValueError(f"the checkpoint has a static block at {path!r}, which the model does not have") from None
+    _install_output_hooks(model)
     for path in blocks:
-        model.set_submodule(path, BlockSlot(path, metadata))
+        _replace(model, path, BlockSlot(path, metadata))
 
 
 def blocks_from_slots(model: nn.Module, blocks: dict[str, dict], metadata: dict[str, str]) -> None:
@@ -231,4 +261,4 @@ def blocks_from_slots(model: nn.Module, blocks: dict[str, dict], metadata: dict[
         if any(t.device.type == "meta" for t in tensors.values()):
             raise ModelFileError(f"{path}: the checkpoint did not hold all of this block's tensors")
         graph = model_from_parts(tensors, _block_meta(path, metadata), path)
-        model.set_submodule(path, StaticBlock(graph, spec.get("mask")))
+        _replace(model, path, StaticBlock(graph, spec.get("mask")))

@@ -202,3 +202,19 @@ def test_an_edited_static_folder_is_refused(saved, tmp_path, edit, error, words)
     with pytest.raises(error) as info:
         transformers.AutoModel.from_pretrained(tmp_path / "q")
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize("which", ["quantized on load", "reloaded"])
+def test_hidden_states_are_recorded_and_attentions_refused(saved, which):
+    _, fp32, model, folder = saved
+    if which == "reloaded":
+        model = transformers.AutoModel.from_pretrained(folder)
+    with torch.no_grad():
+        out = model(**HELD_OUT, output_hidden_states=True)
+        ref = fp32(**HELD_OUT, output_hidden_states=True)
+    assert len(out.hidden_states) == len(ref.hidden_states) == 3
+    assert torch.equal(out.hidden_states[0], ref.hidden_states[0])  # the embeddings stay float
+    assert torch.equal(out.hidden_states[-1], out.last_hidden_state)
+    assert torch.allclose(out.hidden_states[1], ref.hidden_states[1], atol=0.1)
+    with pytest.raises(ValueError, match="runs \\(hidden_states, attention_mask\\) only, got output_attentions"):
+        model(**HELD_OUT, output_attentions=True)
