@@ -218,3 +218,39 @@ def test_hidden_states_are_recorded_and_attentions_refused(saved, which):
     assert torch.allclose(out.hidden_states[1], ref.hidden_states[1], atol=0.1)
     with pytest.raises(ValueError, match="runs \\(hidden_states, attention_mask\\) only, got output_attentions"):
         model(**HELD_OUT, output_attentions=True)
+
+
+def test_a_folder_saved_here_loads_where_only_avx2_runs(saved, tmp_path):
+    """Reloading routes for the loading CPU: a child process with the faster ISAs masked loads both
+    modes' folders and gives outputs close to the saved models' (other kernels, the same integers
+    where the products are exact)."""
+    from tests.subprocess_utils import run_py
+
+    _, _, static_model, static_dir = saved
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2)).eval()
+    llama.save_pretrained(tmp_path / "llama")
+    dynamic = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "llama", quantization_config=QBackendConfig(weights="int4", activations="int8"))
+    dynamic.save_pretrained(tmp_path / "llama_q")
+    torch.save({"static": _hidden(static_model), "dynamic": dynamic(input_ids=HELD_OUT["input_ids"]).logits.detach(),
+                "batch": HELD_OUT}, tmp_path / "expected.pt")
+    code = f"""
+import warnings, torch, qbackend, transformers
+warnings.simplefilter("ignore")
+assert qbackend.cpu_features().isa_class == "avx2", qbackend.cpu_features().isa_class
+expected = torch.load({str(tmp_path / 'expected.pt')!r})
+static = transformers.AutoModel.from_pretrained({str(static_dir)!r})
+dynamic = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / 'llama_q')!r})
+with torch.no_grad():
+    s = static(**expected["batch"]).last_hidden_state
+    d = dynamic(input_ids=expected["batch"]["input_ids"]).logits
+def sqnr(ref, out):
+    return float(10 * torch.log10(ref.pow(2).sum() / (out - ref).pow(2).sum().clamp_min(1e-30)))
+print(sqnr(expected["static"], s), sqnr(expected["dynamic"], d))
+"""
+    out = run_py(code, env={"QBACKEND_ISA": "avx2"}, check=True).stdout.split()
+    static_sqnr, dynamic_sqnr = float(out[-2]), float(out[-1])
+    assert static_sqnr > 30 and dynamic_sqnr > 60, (static_sqnr, dynamic_sqnr)
