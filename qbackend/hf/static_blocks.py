@@ -14,6 +14,7 @@ block, filled by transformers' loader, then decoded and rebound to this CPU as `
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
@@ -49,8 +50,19 @@ def find_blocks(model: nn.Module) -> list[str]:
     return [f"{best}.{i}" if best else str(i) for i in range(len(model.get_submodule(best)))]
 
 
+def calibration_batches(calibration) -> list:
+    """The calibration batches: a list (or other iterable) of batches, or one batch (a mapping such as a
+    tokenizer's BatchEncoding, or an input_ids tensor)."""
+    if isinstance(calibration, (Mapping, torch.Tensor)):
+        return [calibration]
+    if isinstance(calibration, (str, bytes)) or not isinstance(calibration, Iterable):
+        raise TypeError(f"calibration must be batches of the model's inputs (dicts, tuples or input_ids tensors), "
+                        f"got {type(calibration).__name__}")
+    return list(calibration)
+
+
 def _call(model: nn.Module, batch) -> None:
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         model(**batch)
     elif isinstance(batch, (tuple, list)):
         model(*batch)
@@ -180,7 +192,7 @@ def quantize_blocks(model: nn.Module, batches, config: QuantConfig, skip=()) -> 
                          "nn.ModuleList of layers with nn.Linear modules); this model has "
                          + ("none" if not found else "none left after modules_to_not_convert"))
     _install_output_hooks(model)
-    inputs = block_inputs(model, blocks, batches)
+    inputs = block_inputs(model, blocks, calibration_batches(batches))
     forms, fallbacks = {}, {}
     for path in blocks:
         calls = inputs[path]

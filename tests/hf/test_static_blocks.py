@@ -254,3 +254,24 @@ print(sqnr(expected["static"], s), sqnr(expected["dynamic"], d))
     out = run_py(code, env={"QBACKEND_ISA": "avx2"}, check=True).stdout.split()
     static_sqnr, dynamic_sqnr = float(out[-2]), float(out[-1])
     assert static_sqnr > 30 and dynamic_sqnr > 60, (static_sqnr, dynamic_sqnr)
+
+
+@pytest.mark.parametrize("form", ["BatchEncoding list", "one BatchEncoding", "one input_ids tensor"])
+def test_calibration_takes_a_tokenizers_output_or_one_batch(saved, form):
+    fp32_dir = saved[0]
+    batches = {"BatchEncoding list": [transformers.BatchEncoding(b) for b in CALIBRATION],
+               "one BatchEncoding": transformers.BatchEncoding(CALIBRATION[0]),
+               "one input_ids tensor": CALIBRATION[0]["input_ids"]}[form]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModel.from_pretrained(fp32_dir, quantization_config=QBackendConfig(
+            mode="static", calibration=batches))
+    assert isinstance(model.encoder.layer[0], StaticBlock)
+    if form == "BatchEncoding list":
+        assert torch.equal(_hidden(model), _hidden(saved[2]))  # the same batches as dicts: the same model
+
+
+def test_calibration_of_another_kind_is_refused(saved):
+    with pytest.raises(TypeError, match="calibration must be batches"):
+        transformers.AutoModel.from_pretrained(saved[0], quantization_config=QBackendConfig(
+            mode="static", calibration=42))
