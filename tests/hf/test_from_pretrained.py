@@ -228,7 +228,18 @@ def test_a_model_with_nothing_to_quantize_is_refused(folders):
             folder, quantization_config=QBackendConfig(modules_to_not_convert=["model", "lm_head"]))
 
 
+@pytest.mark.parametrize("device_map", [{"": "cuda:0"}, "cuda", {"model": "cpu", "lm_head": "disk"}])
+def test_the_quantizer_refuses_a_device_map_off_the_cpu(device_map):
+    from qbackend.hf import QBackendHfQuantizer
+
+    quantizer = QBackendHfQuantizer(QBackendConfig(), pre_quantized=False)
+    quantizer.validate_environment(device_map={"": "cpu"})
+    with pytest.raises(ValueError, match="qbackend runs on the CPU: device_map"):
+        quantizer.validate_environment(device_map=device_map)
+
+
 def test_a_device_map_off_the_cpu_is_refused(folders):
+    pytest.importorskip("accelerate")  # without it transformers refuses any device_map itself
     folder, _ = folders["llama"]
     with pytest.raises(ValueError, match="qbackend runs on the CPU: device_map"):
         transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=QBackendConfig(),
