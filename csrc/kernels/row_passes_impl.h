@@ -19,17 +19,23 @@ void row_passes(int64_t M, const Pass& pass) {
 
 // The output channels [n0, n1) a row tile at a time (n0 a multiple of 4): tile(n, out) fills out[MR][4]
 // with the sums of a pass's MR rows of x against the four rows of the tile whose first channel is n;
-// they are stored as y[i * ldy + n + j] = out[i][j] (times scale[n + j] where scale is given) + bias[n + j]
-// for the channels below n1 only (the rows a tile pads are computed and dropped).
+// they are stored (store_tile) as y[i * ldy + n + j] = out[i][j] (times scale[n + j] where scale is given)
+// + bias[n + j] for the channels below n1 only (the rows a tile pads are computed and dropped).
+template <int MR>
+void store_tile(int64_t n, int64_t n1, const float* scale, const float* bias, float* y, int64_t ldy,
+                const float out[MR][4]) {
+  const int64_t nr = std::min<int64_t>(4, n1 - n);
+  for (int i = 0; i < MR; ++i)
+    for (int64_t j = 0; j < nr; ++j)
+      y[i * ldy + n + j] = (scale ? out[i][j] * scale[n + j] : out[i][j]) + (bias ? bias[n + j] : 0.0f);
+}
+
 template <int MR, typename Tile>
 void each_tile(int64_t n0, int64_t n1, const float* scale, const float* bias, float* y, int64_t ldy,
                const Tile& tile) {
   for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t nr = std::min<int64_t>(4, n1 - n);
     float out[MR][4];
     tile(n, out);
-    for (int i = 0; i < MR; ++i)
-      for (int64_t j = 0; j < nr; ++j)
-        y[i * ldy + n + j] = (scale ? out[i][j] * scale[n + j] : out[i][j]) + (bias ? bias[n + j] : 0.0f);
+    store_tile<MR>(n, n1, scale, bias, y, ldy, out);
   }
 }

@@ -103,6 +103,8 @@ void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* tile, int
     for (int j = 0; j < 4; ++j) acc_out[i][j] = hsum(acc[i][j]);
 }
 
+constexpr int kS8A8Tiles = 1;  // a tile a pass: AVX2's 16 registers hold no more
+
 #include "kernels/woq_a8_rows_impl.h"
 
 constexpr WoqA8Kernels kTable{"avx2", &gemv_u4a8, &gemv_s8a8};

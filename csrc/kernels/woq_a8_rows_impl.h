@@ -3,8 +3,9 @@
 // (the scaled sums of rows m0 .. m0 + MR - 1 of q against the four 4-bit weight rows of a row tile, st
 // its group tile of scales: st[4 g + j] row j's scale of group g; offsets left out) and
 // `template <int MR> void pass_s8a8(q, m0, tile, K, out[MR][4])` (against the four int8 weight rows of a
-// row tile, the channel scales left out), then includes this header there, after its QB_TARGET, so the
-// loops compile for its ISA.
+// row tile, the channel scales left out) and `constexpr int kS8A8Tiles` (1, or the tiles of a
+// pass_s8a8_tiles, see gemv_s8a8), then includes this header there, after its QB_TARGET, so the loops
+// compile for its ISA.
 #pragma once
 
 #include "kernels/row_passes_impl.h"
@@ -40,12 +41,24 @@ void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t
   });
 }
 
+// W8A8: where the unit sets kS8A8Tiles > 1 (and defines pass_s8a8_tiles<MR, NT>, the sums of NT row tiles
+// in one pass, each row's and channel's sum in the order pass_s8a8 takes), a pass takes kS8A8Tiles tiles at a
+// time, so each row block of x is read once for all of them; the channels left over go a tile at a time.
+// Every output is the same float either way.
 void gemv_s8a8(const BlockQuantizedRows8& q, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
                const float* scale, const float* bias, float* y, int64_t ldy) {
   const int64_t tile_bytes = WeightTiles::tile_bytes(K);
   row_passes(M, [&]<int MR>(int64_t m) {
-    each_tile<MR>(n0, n1, scale, bias, y + m * ldy, ldy, [&](int64_t n, float out[MR][4]) {
-      pass_s8a8<MR>(q, m, w + n / 4 * tile_bytes, K, out);
+    int64_t n = n0;
+    if constexpr (kS8A8Tiles > 1) {
+      for (; n + 4 * kS8A8Tiles <= n1; n += 4 * kS8A8Tiles) {
+        float out[kS8A8Tiles][MR][4];
+        pass_s8a8_tiles<MR, kS8A8Tiles>(q, m, w + n / 4 * tile_bytes, tile_bytes, K, out);
+        for (int t = 0; t < kS8A8Tiles; ++t) store_tile<MR>(n + 4 * t, n1, scale, bias, y + m * ldy, ldy, out[t]);
+      }
+    }
+    each_tile<MR>(n, n1, scale, bias, y + m * ldy, ldy, [&](int64_t nn, float out[MR][4]) {
+      pass_s8a8<MR>(q, m, w + nn / 4 * tile_bytes, K, out);
     });
   });
 }

@@ -104,10 +104,12 @@ Rows as_rows(const Tensor& x, int64_t K, int64_t N) {
 }
 
 // Runs kernel(n0, n1) over the output channels [0, N) in blocks of about kBlockBytes of weights
-// (row_bytes per channel; a multiple of four channels), the blocks shared out among the threads.
+// (row_bytes per channel; a multiple of 16 channels, the four row tiles the W8A8 VNNI kernel takes a
+// pass, so long rows get 16 channels even where that is more than kBlockBytes), the blocks shared out
+// among the threads.
 template <typename Kernel>
 void by_channel_blocks(int64_t N, int64_t row_bytes, const Kernel& kernel) {
-  const int64_t block = std::max<int64_t>(4, kBlockBytes / std::max<int64_t>(row_bytes, 1) / 4 * 4);
+  const int64_t block = std::max<int64_t>(16, kBlockBytes / std::max<int64_t>(row_bytes, 1) / 16 * 16);
   at::parallel_for(0, (N + 3) / 4, block / 4, [&](int64_t b0, int64_t b1) {
     const int64_t end = std::min(N, b1 * 4);
     for (int64_t n = b0 * 4; n < end; n += block) kernel(n, std::min(end, n + block));
@@ -278,17 +280,22 @@ float block_scale(const float* x, int64_t k0, int64_t k1) {
 // x / d rounded half to even (0 where d is 0 or NaN).
 int8_t quantized(float x, float d) { return d > 0.0f ? int8_t(std::nearbyint(x / d)) : int8_t(0); }
 
+// Rows of x a thread quantizes at least (fewer run on the calling thread: a decode step's one row).
+constexpr int64_t kQuantizeGrainRows = 16;
+
 // Calls block(m, xr, k0, k1, d) for each block [k0, k1) of 32 k of each row m of x [M, K] (xr: the row), d
-// its scale.
+// its scale; the rows shared out among the threads (block writes only row m's part of its buffers).
 template <typename Block>
 void each_block(const float* xp, int64_t M, int64_t K, const Block& block) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xr = xp + m * K;
-    for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
-      const int64_t k1 = std::min(K, k0 + kBlock);
-      block(m, xr, k0, k1, block_scale(xr, k0, k1));
+  at::parallel_for(0, M, kQuantizeGrainRows, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* xr = xp + m * K;
+      for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
+        const int64_t k1 = std::min(K, k0 + kBlock);
+        block(m, xr, k0, k1, block_scale(xr, k0, k1));
+      }
     }
-  }
+  });
 }
 
 kernels::BlockQuantizedRows quantize_blocks(const float* xp, int64_t M, int64_t K, int64_t G) {

@@ -50,6 +50,17 @@ def test_matches_fp64_on_the_same_integers(m, k, n):
     _check(OP(x, T(w), s, b), x, w, s, b)
 
 
+@pytest.mark.parametrize("m,k,n", [(1, 96, 40), (6, 768, 48), (9, 65, 36), (64, 768, 100)])
+def test_channels_computed_together_equal_each_tile_alone(m, k, n):
+    """The VNNI kernel takes four row tiles (16 channels) a pass where it can and one at a time for the
+    rest; every channel's output is the same float as its tile's computed alone."""
+    x, w, s, b = _case(m, k, n, 7 * m + k, bias=True)
+    y = OP(x, T(w), s, b)
+    for t in range(0, n, 4):
+        alone = OP(x, T(w[t:t + 4]), s[t:t + 4], b[t:t + 4])
+        assert torch.equal(y[:, t:t + 4], alone), t
+
+
 def test_every_isa_kernel(tmp_path):
     cases = [_case(m, k, n, 5 + m + k) for m, k, n in SHAPES if m <= 17]
     args = [(x, T(w), s, b) for x, w, s, b in cases]
