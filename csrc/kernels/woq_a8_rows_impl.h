@@ -42,16 +42,21 @@ void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t
 }
 
 // W8A8: where the unit sets kS8A8Tiles > 1 (and defines pass_s8a8_tiles<MR, NT>, the sums of NT row tiles
-// in one pass, each row's and channel's sum in the order pass_s8a8 takes), a pass takes kS8A8Tiles tiles at a
-// time, so each row block of x is read once for all of them; the channels left over go a tile at a time.
+// in one pass, each row's and channel's sum in the order pass_s8a8 takes), a pass of four rows takes
+// kS8A8Tiles tiles at a time, so each row block of x is read once for all of them; the channels left over go
+// a tile at a time. That is where x has more than one pass of rows, so a block of channels is read from
+// memory once and from the cache by the later passes. With one pass (decoding) every pass goes a tile at
+// a time: it is bound by the weights' bandwidth, which a tile at a time reads as one sequential stream (NT
+// tiles at once are NT streams: SmolLM2's int8 output projection took 2x as long at one row, 1.4x at four).
 // Every output is the same float either way.
 void gemv_s8a8(const BlockQuantizedRows8& q, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
                const float* scale, const float* bias, float* y, int64_t ldy) {
   const int64_t tile_bytes = WeightTiles::tile_bytes(K);
+  const bool cached = M > kRowsPerPass;
   row_passes(M, [&]<int MR>(int64_t m) {
     int64_t n = n0;
-    if constexpr (kS8A8Tiles > 1) {
-      for (; n + 4 * kS8A8Tiles <= n1; n += 4 * kS8A8Tiles) {
+    if constexpr (kS8A8Tiles > 1 && MR == kRowsPerPass) {
+      for (; cached && n + 4 * kS8A8Tiles <= n1; n += 4 * kS8A8Tiles) {
         float out[kS8A8Tiles][MR][4];
         pass_s8a8_tiles<MR, kS8A8Tiles>(q, m, w + n / 4 * tile_bytes, tile_bytes, K, out);
         for (int t = 0; t < kS8A8Tiles; ++t) store_tile<MR>(n + 4 * t, n1, scale, bias, y + m * ldy, ldy, out[t]);
