@@ -104,12 +104,13 @@ Rows as_rows(const Tensor& x, int64_t K, int64_t N) {
 }
 
 // Runs kernel(n0, n1) over the output channels [0, N) in blocks of about kBlockBytes of weights
-// (row_bytes per channel; a multiple of 16 channels, the four row tiles the W8A8 VNNI kernel takes a
-// pass, so long rows get 16 channels even where that is more than kBlockBytes), the blocks shared out
-// among the threads.
+// (row_bytes per channel) and a multiple of `multiple` channels (4: a row tile; W8A8 with several passes
+// of rows takes 16, the four row tiles its VNNI kernel takes a pass, even where long rows make that more
+// than kBlockBytes), the blocks shared out among the threads.
 template <typename Kernel>
-void by_channel_blocks(int64_t N, int64_t row_bytes, const Kernel& kernel) {
-  const int64_t block = std::max<int64_t>(16, kBlockBytes / std::max<int64_t>(row_bytes, 1) / 16 * 16);
+void by_channel_blocks(int64_t N, int64_t row_bytes, const Kernel& kernel, int64_t multiple = 4) {
+  const int64_t block =
+      std::max<int64_t>(multiple, kBlockBytes / std::max<int64_t>(row_bytes, 1) / multiple * multiple);
   at::parallel_for(0, (N + 3) / 4, block / 4, [&](int64_t b0, int64_t b1) {
     const int64_t end = std::min(N, b1 * 4);
     for (int64_t n = b0 * 4; n < end; n += block) kernel(n, std::min(end, n + block));
@@ -387,7 +388,8 @@ Tensor int8_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& sca
       return y;
     }
     const auto& k = woq_a8_kernels();
-    by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8a8(q, M, wp, K, n0, n1, sp, bp, yp, N); });
+    by_channel_blocks(N, K, [&](int64_t n0, int64_t n1) { k.gemv_s8a8(q, M, wp, K, n0, n1, sp, bp, yp, N); },
+                      M > kernels::kRowsPerPass ? 16 : 4);
     return y;
   }
   if (M > kGemvMaxRows) {
