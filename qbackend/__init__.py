@@ -9,7 +9,8 @@ own VNNI/AMX GEMMs, FBGEMM or oneDNN).
 
 or `qbackend.quantize(model, example_inputs, calibration_data)` in one call, and
 `qbackend.quantize_dynamic(model)`; decoder LLMs: `qbackend.quantize_llm(model)` (in place); Hugging
-Face models: `from_pretrained(..., quantization_config=qbackend.hf.QBackendConfig(...))`. The ops themselves are torch.ops.qbackend.*; qbackend.ops wraps them.
+Face models: `from_pretrained(..., quantization_config=qbackend.hf.QBackendConfig(...))`. The ops
+themselves are torch.ops.qbackend.*; qbackend.ops wraps them.
 
 Layers, bottom first. A module imports only from its own layer and the layers below it, at module
 level (tests/test_layers.py checks both):

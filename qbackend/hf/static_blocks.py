@@ -7,8 +7,8 @@ calibrated on the inputs it sees when the float model runs the calibration batch
 flow's observers see float activations).
 
 Saving: each block's graph as qbackend's model document (serialization.model_parts): its tensors in
-the checkpoint as `<block>.t<i>`, its JSON in the safetensors metadata under `qbackend_block:<block>`
-(and its SHA-256). Loading: a BlockSlot with the document's tensor table as empty buffers at each
+the checkpoint as `<block>.t<i>`, its JSON and SHA-256 in the safetensors metadata under
+`qbackend_block:<block>:<key>`. Loading: a BlockSlot with the document's tensor table as empty buffers at each
 block, filled by transformers' loader, then decoded and rebound to this CPU as `qbackend.load` does.
 """
 from __future__ import annotations
@@ -31,9 +31,9 @@ except ImportError:  # pragma: no cover  (an older transformers: StaticBlock ref
     maybe_install_capturing_hooks = None
 
 __all__ = ["StaticBlock", "BlockSlot", "find_blocks", "quantize_blocks", "blocks_state", "place_block_slots",
-           "blocks_from_slots", "META_DOC", "META_SHA"]
+           "blocks_from_slots", "META_PREFIX"]
 
-META_DOC, META_SHA = "qbackend_block:", "qbackend_block_sha256:"
+META_PREFIX = "qbackend_block:"  # a block's metadata entries: f"{META_PREFIX}{path}:{model_parts' key}"
 
 
 def find_blocks(model: nn.Module) -> list[str]:
@@ -226,16 +226,17 @@ def blocks_state(model: nn.Module, paths) -> tuple[dict[str, torch.Tensor], dict
             raise ValueError(f"{path} is not a static int8 block ({type(block).__name__})")
         parts, doc = model_parts(block.graph)
         tensors.update({f"{path}.{k}": v for k, v in parts.items()})
-        (text, sha), = [(doc[k], doc[k + "_sha256"]) for k in doc if not k.endswith("_sha256")]
-        meta[META_DOC + path], meta[META_SHA + path] = text, sha
+        meta.update({f"{META_PREFIX}{path}:{k}": v for k, v in doc.items()})
     return tensors, meta
 
 
 def _block_meta(path: str, metadata: dict[str, str]) -> dict[str, str]:
-    doc, sha = metadata.get(META_DOC + path), metadata.get(META_SHA + path)
-    if doc is None or sha is None:
+    """The block's own metadata entries (model_parts' keys) out of the checkpoint's."""
+    prefix = f"{META_PREFIX}{path}:"
+    meta = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
+    if not meta:
         raise ModelFileError(f"the checkpoint's metadata has no int8 graph for the static block {path}")
-    return {"qbackend": doc, "qbackend_sha256": sha}
+    return meta
 
 
 class BlockSlot(nn.Module):

@@ -108,8 +108,8 @@ def _document(path, data: bytes) -> tuple[dict, dict[str, torch.Tensor]]:
     return _checked_document(path, meta, tensors), tensors
 
 
-def _checked_document(path, meta: dict[str, str], tensors: dict[str, torch.Tensor]) -> dict:
-    """The document in `meta` (model_parts' keys), checked against its checksum and against `tensors`."""
+def _parsed_document(path, meta: dict[str, str]) -> dict:
+    """The JSON document in `meta` (model_parts' keys), checked against its checksum."""
     text = meta.get(_DOC)
     if not isinstance(text, str) or hashlib.sha256(text.encode()).hexdigest() != meta.get(_DOC_SHA):
         raise ModelFileError(f"{path}: the model description does not match its checksum (the file was edited or "
@@ -120,6 +120,12 @@ def _checked_document(path, meta: dict[str, str], tensors: dict[str, torch.Tenso
         raise ModelFileError(f"{path}: the model description is not valid JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise ModelFileError(f"{path}: the model description is not a JSON object")
+    return doc
+
+
+def _checked_document(path, meta: dict[str, str], tensors: dict[str, torch.Tensor]) -> dict:
+    """The document in `meta` (model_parts' keys), checked against its checksum and against `tensors`."""
+    doc = _parsed_document(path, meta)
     version = doc.get("version")
     if type(version) is not int:
         raise ModelFileError(f"{path}: the format version must be an integer, the file has {version!r} "
@@ -146,14 +152,7 @@ def tensor_table(meta: dict[str, str], path) -> dict[str, tuple[torch.dtype, lis
     """{tensor name: (dtype, shape)} that the document in `meta` (model_parts' keys) describes, read
     before any tensor is (a loader's placeholders take these), the document checked against its
     checksum; ModelFileError where it is malformed."""
-    text = meta.get(_DOC)
-    if not isinstance(text, str) or hashlib.sha256(text.encode()).hexdigest() != meta.get(_DOC_SHA):
-        raise ModelFileError(f"{path}: the model description does not match its checksum (the file was edited or "
-                             "damaged)")
-    try:
-        info = json.loads(text).get("tensors")
-    except (ValueError, RecursionError, AttributeError) as exc:
-        raise ModelFileError(f"{path}: the model description is not a valid JSON object ({exc})") from None
+    info = _parsed_document(path, meta).get("tensors")
     table = {}
     for name, entry in (info.items() if isinstance(info, dict) else ()):
         dtype = getattr(torch, str(entry.get("dtype")), None) if isinstance(entry, dict) else None

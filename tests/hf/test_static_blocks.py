@@ -111,7 +111,7 @@ def test_saved_folder_reloads_the_same_model(saved):
     assert "calibration" not in config
     with safe_open(folder / "model.safetensors", "pt") as f:
         meta = f.metadata()
-        assert "qbackend_block:encoder.layer.0" in meta and "encoder.layer.0.t0" in f.keys()
+        assert "qbackend_block:encoder.layer.0:qbackend" in meta and "encoder.layer.0.t0" in f.keys()
         assert "embeddings.word_embeddings.weight" in f.keys()
     loaded = transformers.AutoModel.from_pretrained(folder)
     assert isinstance(loaded.encoder.layer[1], StaticBlock)
@@ -185,9 +185,9 @@ def _rewrite(folder, change_tensors=None, change_meta=None, change_config=None):
     (dict(change_tensors=lambda t: t.__setitem__("encoder.layer.0.t0", t["encoder.layer.0.t0"] + 1)),
      ModelFileError, "does not match its checksum"),
     (dict(change_tensors=lambda t: t.pop("encoder.layer.1.t3")), ModelFileError, "does not match its checksum"),
-    (dict(change_meta=lambda m: m.pop("qbackend_block:encoder.layer.1")), ModelFileError,
-     "no int8 graph for the static block encoder.layer.1"),
-    (dict(change_meta=lambda m: m.__setitem__("qbackend_block:encoder.layer.0", "{}")), ModelFileError,
+    (dict(change_meta=lambda m: [m.pop(k) for k in list(m) if k.startswith("qbackend_block:encoder.layer.1:")]),
+     ModelFileError, "no int8 graph for the static block encoder.layer.1"),
+    (dict(change_meta=lambda m: m.__setitem__("qbackend_block:encoder.layer.0:qbackend", "{}")), ModelFileError,
      "does not match its checksum"),
     (dict(change_config=lambda c: c["static_blocks"]["encoder.layer.0"].update(mask={"dtype": "int3"})),
      ValueError, "a mask form must be null or"),
