@@ -45,16 +45,10 @@ class CheckpointError(ValueError):
     """A checkpoint's spec or tensors do not describe a quantized module the model can hold."""
 
 
-def _member_rows(member: SharedInputLinear) -> tuple[nn.Module, int, int]:
-    group = member._group
-    start = sum(group.sizes[:member.index])
-    return group.fused, start, start + group.sizes[member.index]
-
-
 def _linear_tensors(module: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
     rows = None
     if isinstance(module, SharedInputLinear):
-        module, start, stop = _member_rows(module)
+        module, start, stop = module.fused_rows()
         rows = slice(start, stop)
     spec = {"in_features": module.in_features, "activations": module.activations}
     if type(module) is WeightOnlyLinear:

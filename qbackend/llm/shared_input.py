@@ -96,6 +96,11 @@ class SharedInputLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._group.output(self.index, x)
 
+    def fused_rows(self) -> tuple[nn.Module, int, int]:
+        """(the group's fused module, the first of this member's output rows in it, one past its last)."""
+        start = sum(self._group.sizes[:self.index])
+        return self._group.fused, start, start + self._group.sizes[self.index]
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, member {self.index} of "
                 f"{len(self._group.sizes)} sharing one {type(self._group.fused).__name__}")
