@@ -6,6 +6,7 @@ config.json and the tensors into safetensors; `from_pretrained(saved_dir)` reads
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 from transformers.utils.quantization_config import QuantizationConfigMixin
@@ -19,8 +20,10 @@ __all__ = ["QBackendConfig", "QUANT_METHOD", "FORMAT_VERSION"]
 
 QUANT_METHOD = "qbackend"
 FORMAT_VERSION = 1
-_FIELDS = ("mode", "weights", "activations", "group_size", "symmetric", "lm_head", "embedding", "native_norms",
-           "fuse_projections", "native_layers", "smoothquant", "weight_rounding", "attention")
+_DYNAMIC_FIELDS = ("weights", "activations", "group_size", "symmetric", "lm_head", "embedding", "native_norms",
+                   "fuse_projections", "native_layers")
+_STATIC_FIELDS = ("smoothquant", "weight_rounding", "attention")
+_FIELDS = ("mode",) + _DYNAMIC_FIELDS + _STATIC_FIELDS
 MODES = ("dynamic", "static")
 
 
@@ -77,14 +80,14 @@ class QBackendConfig(QuantizationConfigMixin):
         self.mode, self.smoothquant, self.weight_rounding, self.attention = mode, smoothquant, weight_rounding, attention
         if mode == "static":
             self.quant_config()  # checks the static fields
-            changed = [f for f in _FIELDS[1:10] if getattr(self, f) != getattr(_DYNAMIC_DEFAULTS, f)]
+            changed = [f for f in _DYNAMIC_FIELDS if getattr(self, f) != _DEFAULTS[f]]
             if changed:
                 raise ValueError(f"mode='static' quantizes int8 weights against int8 activations calibrated on data; "
                                  f"{', '.join(changed)} apply to mode='dynamic'")
         llm = self.llm_config()  # checks every field, naming the one that is wrong
         self.group_size, self.symmetric = llm.group_size, llm.symmetric
-        if mode != "static" and (smoothquant, weight_rounding, attention) != ("auto", "gptq", "auto"):
-            raise ValueError("smoothquant, weight_rounding and attention apply to mode='static'")
+        if mode != "static" and any(getattr(self, f) != _DEFAULTS[f] for f in _STATIC_FIELDS):
+            raise ValueError(f"{', '.join(_STATIC_FIELDS)} apply to mode='static'")
         if static_blocks is not None:
             if mode != "static" or not isinstance(static_blocks, dict) or not static_blocks:
                 raise CheckpointError(f"static_blocks must name at least one block of a mode='static' config, got "
@@ -140,4 +143,5 @@ class QBackendConfig(QuantizationConfigMixin):
         return clone
 
 
-_DYNAMIC_DEFAULTS = QBackendConfig()
+# The fields' defaults, which the other mode's fields must keep.
+_DEFAULTS = {name: p.default for name, p in inspect.signature(QBackendConfig.__init__).parameters.items()}
