@@ -45,35 +45,51 @@ class CheckpointError(ValueError):
     """A checkpoint's spec or tensors do not describe a quantized module the model can hold."""
 
 
-def _linear_tensors(module: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
-    rows = None
-    if isinstance(module, SharedInputLinear):
-        module, start, stop = module.fused_rows()
-        rows = slice(start, stop)
-    spec = {"in_features": module.in_features, "activations": module.activations}
-    if type(module) is WeightOnlyLinear:
+def _linear_spec(module: nn.Module) -> dict:
+    """A quantized Linear's spec, read off its attributes (no tensor is copied out of its tiles)."""
+    base = module.fused_rows()[0] if isinstance(module, SharedInputLinear) else module
+    spec = {"in_features": base.in_features, "out_features": module.out_features, "activations": base.activations,
+            "bias": base.bias is not None}
+    if type(base) is WeightOnlyLinear:
         spec["kind"] = "int8"
+    elif type(base) is Int4WeightOnlyLinear:
+        spec.update(kind="int4", group_size=base.group_size, symmetric=base.symmetric)
+    else:
+        raise TypeError(f"not a quantized Linear: {type(base).__name__}")
+    return spec
+
+
+def _row_major(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A quantized Linear's file tensors, all its rows."""
+    if type(module) is WeightOnlyLinear:
         tensors = {"weight_int8": module.weight_int8, "weight_scale": module.w_scales.reshape(-1)}
     elif type(module) is Int4WeightOnlyLinear:
-        spec.update(kind="int4", group_size=module.group_size, symmetric=module.symmetric)
         tensors = {"weight_int4": module.weight_packed, "weight_scale": module.scales, "weight_offset": module.offsets}
     else:
         raise TypeError(f"not a quantized Linear: {type(module).__name__}")
     if module.bias is not None:
         tensors["bias"] = module.bias
-    if rows is not None:
-        tensors = {k: v[rows] for k, v in tensors.items()}
-    spec["out_features"] = int(next(iter(tensors.values())).shape[0])
-    spec["bias"] = "bias" in tensors
-    return spec, {k: v.contiguous() for k, v in tensors.items()}
+    return tensors
 
 
-def _module_tensors(module: nn.Module) -> tuple[dict, dict[str, torch.Tensor]]:
+def _module_spec(module: nn.Module) -> dict:
     if isinstance(module, QuantizedEmbedding):
-        spec = {"kind": "embedding", "num_embeddings": module.num_embeddings, "embedding_dim": module.embedding_dim,
+        return {"kind": "embedding", "num_embeddings": module.num_embeddings, "embedding_dim": module.embedding_dim,
                 "bits": module.bits, "padding_idx": module.padding_idx}
-        return spec, {"table": module.packed.table().contiguous()}
-    return _linear_tensors(module)
+    return _linear_spec(module)
+
+
+def _module_tensors(module: nn.Module, untiled: dict) -> dict[str, torch.Tensor]:
+    """The module's file tensors; a same-input group's are its rows of the group's, which `untiled`
+    (fused module id -> its row-major tensors) holds once for all the group's members."""
+    if isinstance(module, QuantizedEmbedding):
+        return {"table": module.packed.table().contiguous()}
+    if not isinstance(module, SharedInputLinear):
+        return {k: v.contiguous() for k, v in _row_major(module).items()}
+    fused, start, stop = module.fused_rows()
+    if id(fused) not in untiled:
+        untiled[id(fused)] = _row_major(fused)
+    return {k: v[start:stop].contiguous() for k, v in untiled[id(fused)].items()}
 
 
 def _quantized_names(model: nn.Module) -> list[str]:
@@ -87,7 +103,7 @@ def module_specs(model: nn.Module) -> dict[str, dict]:
     """{module name: spec} of every module quantize_llm quantized in `model` (JSON-able); a Linear
     whose 4-bit weights took GPTQ's rounding has "rounding": "gptq"."""
     gptq = set(model.qbackend_llm["gptq"]) if isinstance(getattr(model, "qbackend_llm", None), dict) else set()
-    specs = {name: _module_tensors(model.get_submodule(name))[0] for name in _quantized_names(model)}
+    specs = {name: _module_spec(model.get_submodule(name)) for name in _quantized_names(model)}
     for name in gptq & set(specs):
         specs[name]["rounding"] = "gptq"
     return specs
@@ -99,9 +115,9 @@ def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:
     names = _quantized_names(model)
     prefixes = tuple(n + "." for n in names)
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(prefixes)}
+    untiled: dict = {}
     for name in names:
-        _, tensors = _module_tensors(model.get_submodule(name))
-        state.update({f"{name}.{k}": v for k, v in tensors.items()})
+        state.update({f"{name}.{k}": v for k, v in _module_tensors(model.get_submodule(name), untiled).items()})
     return state
 
 
