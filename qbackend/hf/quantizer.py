@@ -19,6 +19,7 @@ from ..llm.checkpoint import (CheckpointError, checkpoint_state, file_tensors, m
                               place_slots)
 from ..llm.config import LLMConfig
 from ..llm.quantize import finish_llm, on_quantized, quantize_llm
+from ..serialization.tensor_file import DTYPE_NAMES
 from .config import QBackendConfig
 from .static_blocks import blocks_from_slots, blocks_state, place_block_slots, quantize_blocks
 
@@ -47,9 +48,6 @@ def _untie(model: nn.Module, names) -> None:
                 del tied[target]
 
 
-_SAFETENSORS_DTYPES = {torch.int8: "I8", torch.uint8: "U8", torch.float32: "F32"}
-
-
 def check_files(specs: dict, files) -> None:
     """Every quantized module's tensors are in the safetensors `files` with the spec's dtype and shape
     (read from the headers, before anything loads): transformers' loader would otherwise cast a tensor
@@ -70,7 +68,7 @@ def check_files(specs: dict, files) -> None:
             if key not in held:
                 raise CheckpointError(f"the checkpoint has no tensor {key}, which its quantization_config's spec of "
                                       f"{name} needs")
-            if held[key] != (_SAFETENSORS_DTYPES[dtype], shape):
+            if held[key] != (DTYPE_NAMES[dtype], shape):
                 raise CheckpointError(f"{key} must be {dtype} {list(shape)} as its spec says; the file holds "
                                       f"{held[key][0]} {list(held[key][1])}")
 
