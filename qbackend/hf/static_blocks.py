@@ -21,6 +21,7 @@ from torch import nn
 
 from ..api import quantize
 from ..config import QuantConfig
+from ..core.batches import batches
 from ..lowering.convert import FP32FallbackWarning
 from ..nn.model import QuantizedModel
 from ..serialization import ModelFileError, model_from_parts, model_parts, tensor_table
@@ -52,30 +53,19 @@ def find_blocks(model: nn.Module) -> list[str]:
 
 def calibration_batches(calibration) -> list:
     """The calibration batches: a list (or other iterable) of batches, or one batch (a mapping such as a
-    tokenizer's BatchEncoding, or an input_ids tensor)."""
+    tokenizer's BatchEncoding, or an input_ids tensor); each mapping as a dict, as core.batches takes it."""
     if isinstance(calibration, (Mapping, torch.Tensor)):
-        return [calibration]
-    if isinstance(calibration, (str, bytes)) or not isinstance(calibration, Iterable):
+        calibration = [calibration]
+    elif isinstance(calibration, (str, bytes)) or not isinstance(calibration, Iterable):
         raise TypeError(f"calibration must be batches of the model's inputs (dicts, tuples or input_ids tensors), "
                         f"got {type(calibration).__name__}")
-    return list(calibration)
+    return [dict(b) if isinstance(b, Mapping) else b for b in calibration]
 
 
-def _call(model: nn.Module, batch) -> None:
-    if isinstance(batch, Mapping):
-        model(**batch)
-    elif isinstance(batch, (tuple, list)):
-        model(*batch)
-    elif isinstance(batch, torch.Tensor):
-        model(input_ids=batch)
-    else:
-        raise TypeError(f"calibration batches must be dicts of the model's inputs, tuples of its positional inputs "
-                        f"or input_ids tensors, got {type(batch).__name__}")
-
-
-def block_inputs(model: nn.Module, blocks: list[str], batches) -> dict[str, list[tuple]]:
+def block_inputs(model: nn.Module, blocks: list[str], calibration) -> dict[str, list[tuple]]:
     """{block: [(hidden_states, attention_mask), ...]}: each block's inputs while the float model runs
-    `batches`. A block called with anything else (cross-attention, a cache) is refused."""
+    the `calibration` batches (core.batches' forms). A block called with anything else (cross-attention,
+    a cache) is refused."""
     seen: dict[str, list[tuple]] = {b: [] for b in blocks}
     problems: list[str] = []
 
@@ -94,8 +84,8 @@ def block_inputs(model: nn.Module, blocks: list[str], batches) -> dict[str, list
     n = 0
     try:
         with torch.no_grad():
-            for batch in batches:
-                _call(model, batch)
+            for args, kwargs in batches(calibration, "calibration batches"):
+                model(*args, **kwargs)
                 n += 1
     finally:
         for h in handles:
@@ -180,7 +170,7 @@ def _skipped(block: str, skip) -> bool:
     return any(s == block or block.startswith(s + ".") or s.startswith(block + ".") for s in skip)
 
 
-def quantize_blocks(model: nn.Module, batches, config: QuantConfig, skip=()) -> dict[str, dict]:
+def quantize_blocks(model: nn.Module, calibration, config: QuantConfig, skip=()) -> dict[str, dict]:
     """Replace each block of `model` (find_blocks; but those `skip` names) by a StaticBlock quantized on
     its calibration inputs; {block: {"mask": its mask form}} (what a checkpoint records). ValueError
     where the model has no blocks to quantize or they are called otherwise than with (hidden_states,
@@ -192,7 +182,7 @@ def quantize_blocks(model: nn.Module, batches, config: QuantConfig, skip=()) -> 
                          "nn.ModuleList of layers with nn.Linear modules); this model has "
                          + ("none" if not found else "none left after modules_to_not_convert"))
     _install_output_hooks(model)
-    inputs = block_inputs(model, blocks, calibration_batches(batches))
+    inputs = block_inputs(model, blocks, calibration_batches(calibration))
     forms, fallbacks = {}, {}
     for path in blocks:
         calls = inputs[path]
