@@ -2,11 +2,17 @@
 the torch.ao peer (FX static on the x86 engine, or dynamic for dynamic cases and for models FX
 cannot trace; benchmarks/peers/torch_ao.py), PT2E with X86InductorQuantizer (static cases;
 benchmarks/peers/pt2e.py, the converted model run eagerly: the same quantize/dequantize numerics
-Inductor compiles) and qbackend (``qbackend.quantize(model, example_inputs, calibration)`` for
-static cases, ``qbackend.quantize_dynamic(model)`` for dynamic ones; the default config searches
-SmoothQuant for LayerNorm-fed Linears, so transformers are also run without it,
-``QuantConfig(smoothquant=None)``), all calibrated on the SAME batches, each on its own deep
-copy of the model.
+Inductor compiles), ONNX Runtime's quantize_static and OpenVINO's NNCF (static cases, where the
+``bench`` extra installed them; benchmarks/peers/onnxruntime_peer.py, openvino_peer.py; the model
+exported with its main output tensor as its output) and qbackend
+(``qbackend.quantize(model, example_inputs, calibration)`` for static cases,
+``qbackend.quantize_dynamic(model)`` for dynamic ones), all calibrated on the SAME batches, each on
+its own deep copy of the model.
+
+The qbackend rows include an ablation of its post-training methods (each a QuantConfig setting):
+on the CNNs, GPTQ rounding of the convs' and Linears' weights (``weight_rounding``) and bias
+correction (``bias_correction``), each alone and together; on the transformers, SmoothQuant
+(``smoothquant``) and GPTQ rounding, and bias correction.
 
 Reported per model and flow: the output SQNR against FP32 over the evaluation batches,
 10 * log10(sum(ref^2) / sum((ref - out)^2)) with ref and out the case's main output tensors of all
@@ -97,11 +103,44 @@ def is_transformer(case: ModelCase) -> bool:
     return case.name in ("bert_base", "transformer_outliers")
 
 
+def is_cnn(case: ModelCase) -> bool:
+    return case.name in ("resnet18", "resnet50", "mobilenet_v2", "digits_cnn")
+
+
+def is_static(case: ModelCase) -> bool:
+    return case.mode == "static"
+
+
+class MainOutput(torch.nn.Module):
+    """The model with its case's main output tensor as its only output (what the ONNX and OpenVINO
+    peers export); `returns_main_output` tells `outputs` not to apply case.output again."""
+
+    def __init__(self, model, output):
+        super().__init__()
+        self.model, self.output = model, output
+
+    def forward(self, *args):
+        return self.output(self.model(*args))
+
+
+class PeerRunner:
+    """A peer's compiled model as a callable of torch tensors returning the main output tensor."""
+
+    returns_main_output = True
+
+    def __init__(self, run):
+        self.run = run
+
+    def __call__(self, *inputs):
+        return self.run(*inputs)
+
+
 @torch.no_grad()
 def outputs(case: ModelCase, model) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the case's main output over all evaluation batches, flattened and concatenated; the
     sentence embeddings [sequences, hidden] for transformers, else None)."""
-    outs = [case.output(model(*batch)).detach().float() for batch in case.evaluation]
+    main = (lambda out: out) if getattr(model, "returns_main_output", False) else case.output
+    outs = [main(model(*batch)).detach().float() for batch in case.evaluation]
     emb = None
     if is_transformer(case):
         emb = torch.cat([sentence_embeddings(o, batch[1]) for o, batch in zip(outs, case.evaluation)])
@@ -142,6 +181,31 @@ def quantize_pt2e(case: ModelCase, model):
     return converted, f"torchao {_torchao_version()}; {info}; run eagerly (no Inductor)"
 
 
+def quantize_onnxruntime(case: ModelCase, model):
+    import tempfile
+
+    from peers import onnxruntime_peer as ortp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32_path, int8_path = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "model.int8.onnx")
+        ortp.export_onnx(MainOutput(model, case.output), case.example_inputs, fp32_path)
+        info = ortp.quantize_onnx(fp32_path, int8_path, case.calibration)
+        sess = ortp.session(int8_path, torch.get_num_threads())
+    return PeerRunner(ortp.runner(sess)), f"{ortp.version()}; {info}"
+
+
+def quantize_openvino(case: ModelCase, model):
+    import openvino as ov
+
+    from peers import openvino_peer as ovp
+
+    ov_model = ovp.convert(MainOutput(model, case.output), case.example_inputs)
+    q, info = ovp.quantize(ov_model, case.calibration, transformer=is_transformer(case))
+    compiled = ov.Core().compile_model(q, "CPU", {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
+    return PeerRunner(ovp.runner(compiled)), (f"{ovp.version()}; {info}; float ops in {ovp.precision(compiled)} "
+                                              "(OpenVINO's default)")
+
+
 def _torchao_version() -> str:
     try:
         import torchao
@@ -173,19 +237,29 @@ def quantize_qbackend_with(**settings):
 
 
 def gptq_summary(qmodel) -> str:
-    gains = [v.weight_rounding.get("gain_db") for v in qmodel.qbackend_layers.values()
-             if (v.weight_rounding or {}).get("method") == "gptq"]
+    records = [v.weight_rounding or {} for v in qmodel.qbackend_layers.values()]
+    gains = [r.get("gain_db") for r in records if r.get("method") == "gptq"]
     gains = [g for g in gains if g is not None]
-    if not gains:
-        return ""
-    return (f"; GPTQ rounding on {len(gains)} Linears (calibration output error {min(gains):.1f}-{max(gains):.1f} dB "
-            "below nearest rounding)")
+    corrected = sum(bool(r.get("bias_corrected")) for r in records)
+    text = ""
+    if gains:
+        text += (f"; GPTQ rounding on {len(gains)} of {len(records)} layers (calibration output error "
+                 f"{min(gains):.1f}-{max(gains):.1f} dB below nearest rounding)")
+    if corrected:
+        text += f"; bias corrected on {corrected} layers"
+    return text
 
 
 # flow -> (quantize function, which cases it runs on)
 FLOWS = {
     "torch.ao": (quantize_torch_ao, lambda case: True),
-    "PT2E (X86InductorQuantizer)": (quantize_pt2e, lambda case: case.mode == "static"),
+    "PT2E (X86InductorQuantizer)": (quantize_pt2e, is_static),
+    "ONNX Runtime (quantize_static)": (quantize_onnxruntime, is_static),
+    "OpenVINO (NNCF)": (quantize_openvino, is_static),
+    "qbackend, nearest rounding, no bias correction": (
+        quantize_qbackend_with(weight_rounding="nearest", bias_correction=False), is_cnn),
+    "qbackend, nearest rounding + bias correction": (quantize_qbackend_with(weight_rounding="nearest"), is_cnn),
+    "qbackend, GPTQ, no bias correction": (quantize_qbackend_with(bias_correction=False), is_static),
     "qbackend, nearest rounding, SmoothQuant off": (quantize_qbackend_with(weight_rounding="nearest", smoothquant=None),
                                                     is_transformer),
     "qbackend, nearest rounding (no GPTQ)": (quantize_qbackend_with(weight_rounding="nearest"), is_transformer),
@@ -281,7 +355,7 @@ def main(argv=None) -> int:
         case_rows = run_case(case, args.verbose)
         rows += case_rows
         print(table(case_rows).split("\n", 2)[2], f"  [{time.perf_counter() - t0:.1f} s]", flush=True)
-    report = "\n\n".join(["# INT8 accuracy vs FP32: qbackend, PT2E and torch.ao on the model zoo",
+    report = "\n\n".join(["# INT8 accuracy vs FP32: qbackend, PT2E, torch.ao, ONNX Runtime and OpenVINO on the model zoo",
                           header(args.quick, sizes, (load_before, os.getloadavg()[0])), table(rows)])
     write_report(report, args.out)
     return 0

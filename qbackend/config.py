@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .observers import (HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver, MSEObserver, Observer,
+from .observers import (BestRangeObserver, HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver, MSEObserver, Observer,
                         PercentileObserver, PerChannelMinMaxObserver)
 from .ops import registry
 
@@ -32,6 +32,7 @@ OBSERVERS: Mapping[str, type[Observer]] = MappingProxyType({
     "histogram": HistogramObserver,
     "percentile": PercentileObserver,
     "mse": MSEObserver,
+    "best_range": BestRangeObserver,
 })
 MODES = ("static", "dynamic", "weight_only")
 ATTENTION_MODES = ("auto", "fused", "sdpa")
@@ -117,7 +118,7 @@ class ObserverSpec:
 
 
 def _default_activation() -> ObserverSpec:
-    return ObserverSpec("histogram", {"dtype": torch.uint8})
+    return ObserverSpec("best_range", {"dtype": torch.uint8})
 
 
 def _default_weight() -> ObserverSpec:
@@ -132,7 +133,9 @@ class QuantConfig:
       quantized per call over their own range; Linear and LSTM) or "weight_only" (int8 weights,
       float compute).
     activation, weight: the observers choosing activation and weight ranges (ObserverSpec; weights
-      must be int8 and symmetric: the kernels take weight zero point 0).
+      must be int8 and symmetric: the kernels take weight zero point 0). Defaults: "best_range"
+      uint8 activations (the lower-L2 of the histogram's two range searches, per value:
+      observers/best_range.py) and per-channel symmetric int8 weights.
     by_type, by_name: per-module overrides (a QuantConfig, or None to keep the module in FP32);
       resolved by `for_module`.
     provider: force this kernel provider (a name of qbackend.ops.registry's kernel family), else the
@@ -150,9 +153,12 @@ class QuantConfig:
       qbackend::attention (one kernel per head, the quantize behind it folded in), "sdpa" keeps
       torch's SDPA, "auto" lets the rule table decide (op "attention" in qbackend.dispatch.rules:
       fused where the CPU's bf16 dot products pay).
-    weight_rounding: static Linears' int8 weights rounded by GPTQ ("gptq", algorithms/gptq.py: each
-      level chosen to minimise the layer's output error on the calibration data; same scales, same
-      kernels) or each to its nearest level ("nearest").
+    weight_rounding: static Linears' and convs' int8 weights rounded by GPTQ ("gptq",
+      algorithms/gptq.py: each level chosen to minimise the layer's output error on the calibration
+      data; same scales, same kernels) or each to its nearest level ("nearest").
+    bias_correction: each static Linear's and conv's bias takes off the mean output shift its weight
+      rounding leaves on the calibration data, (Q s - W) E[x] (algorithms/gptq.py); False: the
+      float bias as is.
     route_by_batch: a Linear / Conv2d whose best provider changes with the call size holds one
       packed weight per provider and picks per call (conv2d: batch; linear: rows); False: one
       provider per layer, routed at the example's size (less memory). Not with a forced provider or
@@ -183,6 +189,7 @@ class QuantConfig:
     bf16: bool = True
     attention: str = "auto"
     weight_rounding: str = "gptq"
+    bias_correction: bool = True
     route_by_batch: bool = True
     forward_plans: bool = True
     fusions: bool = True
@@ -195,6 +202,8 @@ class QuantConfig:
             raise TypeError(f"forward_plans must be True or False, got {self.forward_plans!r}")
         if not isinstance(self.fusions, bool):
             raise TypeError(f"fusions must be True or False, got {self.fusions!r}")
+        if not isinstance(self.bias_correction, bool):
+            raise TypeError(f"bias_correction must be True or False, got {self.bias_correction!r}")
         if not isinstance(self.bf16, bool):
             raise TypeError(f"bf16 must be True or False, got {self.bf16!r}")
         if self.dynamic_dims not in DYNAMIC_DIMS:

@@ -63,7 +63,9 @@ def static_case():
         return x, ids, offsets
 
     calibration = [batch(4) for _ in range(3)]
-    config = qbackend.QuantConfig(weight_rounding="nearest",
+    # the settings the fixture files were written with (defaults added since are turned off)
+    config = qbackend.QuantConfig(weight_rounding="nearest", bias_correction=False,
+                                  activation=qbackend.config.ObserverSpec("histogram", {"dtype": torch.uint8}),
                                   embedding=qbackend.EmbeddingConfig(min_weights=0))
     return model, calibration[0], calibration, batch(5), config
 

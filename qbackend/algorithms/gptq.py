@@ -1,61 +1,141 @@
-"""GPTQ weight rounding for static Linears: choose each int8 weight so that the layer's OUTPUT error
-on the calibration data is small, instead of rounding every weight to its nearest level.
+"""GPTQ weight rounding for static Linears and convs: choose each int8 weight so that the layer's
+OUTPUT error on the calibration data is small, instead of rounding every weight to its nearest
+level; and bias correction, which takes the mean output shift the rounding leaves off the bias.
 
 Rounding W [N, K] to Q on a fixed per-output-channel grid (the scales the config's weight observer
 chose; only which level each weight takes changes) changes the output on inputs X [rows, K] by
 X (W - Q)^T, whose squared norm is the trace of (W - Q) H (W - Q)^T with H = X^T X. GPTQ (Frantar
-et al., 2022) quantizes the columns one at a time, in order of decreasing H diagonal (the inputs
-with the most energy first), and spreads each column's rounding error over the columns not yet
-quantized through the upper Cholesky factor of H^-1, processed in blocks of 128 columns. On
-BERT-base it cuts the weight-induced output error by about 10 dB against nearest rounding
+et al., "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained Transformers", 2022)
+quantizes the columns one at a time, in order of decreasing H diagonal (the inputs with the most
+energy first), and spreads each column's rounding error over the columns not yet quantized through
+the upper Cholesky factor of H^-1, processed in blocks of 128 columns. On BERT-base it cuts the
+weight-induced output error by about 10 dB against nearest rounding
 (benchmarks/results/design_measurements.md, "GPTQ on BERT-base").
 
-* calibration: `HessianStats` beside each Linear input value accumulates H = sum of x x^T over its
-  rows (fp32, K x K per input value: 36 MB for BERT-base's 3072-wide FFN input; rows with NaN or
-  inf skipped);
-* convert: `gptq_round` returns the int8 weight for the layer's scales (the column loop in C++:
-  qbackend::gptq_round_columns, whose torch-op reference is `gptq_columns_ref`); it keeps nearest rounding
-  when its proxy error tr((W - Q) H (W - Q)^T) is not lower (measured on up to 256 output
-  channels, sampled) and when H is unusable (no rows).
+A conv is a Linear over its im2col rows: each output position's receptive field, K = C/groups x
+KH x KW columns in the order of weight.reshape(OC, -1) (channel, then kernel row, then column).
+A grouped conv has one H per group ([G, K, K]); a depthwise conv (one output channel per group)
+is rounded per channel by a batched torch loop over its few columns (`_rounded_per_channel`).
 
-Settings: QuantConfig.weight_rounding ("gptq", the default, or "nearest"), per layer; Linears with
-more than `MAX_FEATURES` input features keep nearest rounding (H is K x K).
+Bias correction (Nagel et al., "Data-Free Quantization Through Weight Equalization and Bias
+Correction", 2019, section 4.2, with the input mean measured on the calibration data rather than
+derived from BatchNorm statistics): the rounded layer's expected output on the calibration rows
+differs from the float one by (Q s - W) E[x]; `corrected_bias` takes it off the bias, so the
+layer's mean output is the float layer's.
+
+* calibration: `HessianStats` beside each Linear / conv input value accumulates H = sum of x x^T
+  over its rows (fp32, K x K per input value and conv geometry: 36 MB for BERT-base's 3072-wide FFN
+  input) and the column sums (fp64); rows with NaN or inf skipped (a conv skips the images with
+  any where it reads them); a conv takes its im2col rows into H on a sub-grid of its output positions where a
+  batch has more than SAMPLED_ROWS_PER_FEATURE per column, and records H only where
+  `conv_takes_gptq`;
+* convert: `round_weight` returns the int8 weight for the layer's scales (the column loop in
+  C++: qbackend::gptq_round_columns, whose torch-op reference is `gptq_columns_ref`); it keeps
+  nearest rounding when its proxy error tr((W - Q) H (W - Q)^T) is not lower (measured on up to
+  256 output channels, sampled; per channel for depthwise convs) and when H is unusable (no rows).
+
+Settings: QuantConfig.weight_rounding ("gptq", the default, or "nearest") and
+QuantConfig.bias_correction, per layer; layers with more than `MAX_FEATURES` input features (per
+group) keep nearest rounding (H is K x K).
 """
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..ops import gptq_ops  # noqa: F401  (registers qbackend::gptq_round_columns)
 
 MAX_FEATURES = 8192  # H in fp32: 256 MB at this size
+ROWS_PER_FEATURE = 2  # a conv takes GPTQ where one example batch gives this many im2col rows per column
+SAMPLED_ROWS_PER_FEATURE = 2  # H takes at most this many of a batch's im2col rows per column (every r-th)
+MIN_SAMPLED_ROWS = 1024
+
+
+def _output_size(h: int, w: int, conv: dict) -> tuple[int, int]:
+    """A conv's output height and width for an input of h x w."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = conv["kernel"], conv["stride"], conv["padding"], conv["dilation"]
+    return (max((h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, 0), max((w + 2 * pw - dw * (kw - 1) - 1) // sw + 1, 0))
+
+
+def conv_rows(x_shape, conv: dict) -> int:
+    """The im2col rows (output positions) a conv makes of an input of shape [N, C, H, W]."""
+    oh, ow = _output_size(x_shape[2], x_shape[3], conv)
+    return x_shape[0] * oh * ow
+
+
+def conv_takes_gptq(x_shape, conv: dict, features: int) -> bool:
+    """Whether a conv's H is worth recording: its example batch gives at least ROWS_PER_FEATURE
+    im2col rows per column (`features`, per group). Deep convs with few output positions and many
+    columns (ResNets' last stages) get an H that their calibration rows do not determine, and cost
+    the most to accumulate and factor (benchmarks/results/accuracy.md, "GPTQ for convs")."""
+    return conv_rows(x_shape, conv) >= ROWS_PER_FEATURE * features
 BLOCK = 128
 DAMP = 0.01  # times the mean of H's diagonal, added to the diagonal
 
 
 class HessianStats(nn.Module):
-    """A graph node accumulating H = sum x x^T over the rows of a value [..., K] (fp32)."""
+    """A graph node accumulating, over the rows of a value, H = sum x x^T (fp32; None without
+    `second_moment`: bias correction alone needs only the mean) and the column sums (fp64).
 
-    def __init__(self, name: str):
+    The rows: a Linear input [..., K] as is; a conv input [N, C, H, W] through the conv's im2col
+    (`conv`: its "kernel", "stride", "padding", "dilation" and "groups"), then H is [G, K, K] for a
+    conv of G > 1 groups (K = C / G x KH x KW)."""
+
+    def __init__(self, name: str, conv: dict | None = None, second_moment: bool = True):
         super().__init__()
         self.name = name
+        self.conv = None if conv is None else {k: (tuple(v) if isinstance(v, (list, tuple)) else v)
+                                               for k, v in conv.items()}
+        self.second_moment = second_moment
         self.hessian: torch.Tensor | None = None
+        self.column_sum: torch.Tensor | None = None
         self.rows = 0
 
     def forward(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0:
             return
-        rows = x.detach().reshape(-1, x.shape[-1])
-        finite = torch.isfinite(rows).all(dim=1)
-        if not bool(finite.all()):
-            rows = rows[finite]
-        if rows.shape[0] == 0:
+        x = x.detach()
+        if self.conv is None:
+            rows = x.reshape(-1, x.shape[-1])
+            finite = torch.isfinite(rows).all(dim=1)
+            rows = (rows if bool(finite.all()) else rows[finite]).float()
+            count, column_sum = rows.shape[0], rows.sum(0, dtype=torch.float64)
+        else:
+            if x.dim() != 4:
+                return
+            x = x.float()
+            sums = _im2col_column_sums(x, self.conv)  # an image with a NaN or inf that the conv reads has one here
+            finite = torch.isfinite(sums).all(dim=1)
+            if not bool(finite.all()):
+                x, sums = x[finite], sums[finite]
+            count, column_sum = conv_rows(x.shape, self.conv), sums.sum(0, dtype=torch.float64)
+            rows = _sampled_im2col(x, self.conv) if self.second_moment else None
+        if count == 0:
             return
-        rows = rows.float()
-        if self.hessian is None:
-            self.hessian = torch.zeros(rows.shape[1], rows.shape[1])
-        self.hessian.addmm_(rows.t(), rows)
-        self.rows += rows.shape[0]
+        self.column_sum = column_sum if self.column_sum is None else self.column_sum + column_sum
+        self.rows += count
+        if self.second_moment:
+            self._add_products(rows)
+
+    def _add_products(self, rows: torch.Tensor) -> None:
+        k = rows.shape[1]
+        groups = 1 if self.conv is None else self.conv["groups"]
+        if groups == 1:
+            if self.hessian is None:
+                self.hessian = torch.zeros(k, k)
+            self.hessian.addmm_(rows.t(), rows)
+        else:
+            per = rows.reshape(rows.shape[0], groups, k // groups).transpose(0, 1)  # [G, rows, K/G]
+            if self.hessian is None:
+                self.hessian = torch.zeros(groups, k // groups, k // groups)
+            self.hessian.baddbmm_(per.transpose(1, 2), per)
+
+    def mean(self) -> torch.Tensor | None:
+        """E[x] per column over the rows seen (fp64), None before any."""
+        return None if self.column_sum is None or self.rows == 0 else self.column_sum / self.rows
 
     def extra_repr(self) -> str:
         return f"{self.name}: {self.rows} rows"
@@ -72,6 +152,37 @@ def proxy_error(w: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, h: torch
         w, q, scales = w[rows], q[rows], scales[rows]
     e = w.float() - q.float() * scales.float()[:, None]
     return float(((e @ h.float()) * e).double().sum())
+
+
+def _im2col_column_sums(x: torch.Tensor, conv: dict) -> torch.Tensor:
+    """Per image, the sums of a conv's im2col columns over its output positions ([N, C x KH x KW]
+    float32, the order of weight.reshape(OC, -1)) without forming them: column (c, i, j) is
+    channel c of the zero-padded input at the output positions' offsets (i, j)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = conv["kernel"], conv["stride"], conv["padding"], conv["dilation"]
+    oh, ow = _output_size(x.shape[2], x.shape[3], conv)
+    padded = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+    sums = torch.empty(x.shape[0], x.shape[1], kh, kw)
+    for i in range(kh):
+        for j in range(kw):
+            window = padded[:, :, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
+            sums[:, :, i, j] = window.sum(dim=(2, 3))
+    return sums.reshape(x.shape[0], -1)
+
+
+def _sampled_im2col(x: torch.Tensor, conv: dict) -> torch.Tensor:
+    """A conv's im2col rows of x [rows, C x KH x KW] at every step-th output position in each
+    direction, step the smallest that leaves at most max(SAMPLED_ROWS_PER_FEATURE x K,
+    MIN_SAMPLED_ROWS) rows (K per group): the unfold at step times the conv's stride, so the rows
+    not taken are never formed."""
+    features = x.shape[1] // conv["groups"] * conv["kernel"][0] * conv["kernel"][1]
+    cap = max(SAMPLED_ROWS_PER_FEATURE * features, MIN_SAMPLED_ROWS)
+    oh, ow = _output_size(x.shape[2], x.shape[3], conv)
+    step = 1
+    while x.shape[0] * -(-oh // step) * -(-ow // step) > cap and step < max(oh, ow):
+        step += 1
+    stride = (conv["stride"][0] * step, conv["stride"][1] * step)
+    cols = F.unfold(x, conv["kernel"], dilation=conv["dilation"], padding=conv["padding"], stride=stride)
+    return cols.transpose(1, 2).reshape(-1, cols.shape[1])
 
 
 def inverse_cholesky(h: torch.Tensor) -> torch.Tensor | None:
@@ -160,3 +271,88 @@ def gptq_round(weight: torch.Tensor, scales: torch.Tensor, hessian: torch.Tensor
     if not after < before:
         return nearest, {**info, "method": "nearest", "why": "GPTQ did not lower the proxy error"}
     return q.contiguous(), info
+
+
+def _rounded_per_channel(w: torch.Tensor, scales: torch.Tensor, h: torch.Tensor, qmin: int, qmax: int,
+                         nearest: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """GPTQ for a depthwise conv: each output channel n has its own few columns and H [n] (h:
+    [N, K, K]); the column loop runs over all channels at once (fp64), in the columns' own order.
+    A channel keeps nearest rounding where GPTQ's proxy error is not lower on its own H."""
+    w, h = w.double(), h.double()
+    n, k = w.shape
+    s = scales.double()
+    diag = torch.diagonal(h, dim1=1, dim2=2)
+    damp = DAMP * diag.mean(1).clamp_min(1e-12)
+    hd = h + damp[:, None, None] * torch.eye(k, dtype=torch.float64)
+    lower, info = torch.linalg.cholesky_ex(hd)
+    usable = (info == 0) & (diag.sum(1) > 0)
+    lower = torch.where(usable[:, None, None], lower, torch.eye(k, dtype=torch.float64))
+    u = torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
+    wp, q = w.clone(), torch.empty_like(w)
+    for i in range(k):
+        qc = torch.clamp(torch.round(wp[:, i] / s), qmin, qmax)
+        q[:, i] = qc
+        e = (wp[:, i] - qc * s) / u[:, i, i]
+        wp[:, i:] -= e[:, None] * u[:, i, i:]
+
+    def err(levels):
+        e = w - levels.double() * s[:, None]
+        return torch.einsum("ni,nij,nj->n", e, h, e)
+
+    before, after = err(nearest), err(q)
+    better = usable & (after < before)
+    q = torch.where(better[:, None], q, nearest.double()).to(torch.int8)
+    total_before, total_after = float(before.sum()), float(torch.where(better, after, before).sum())
+    info = {"method": "gptq" if bool(better.any()) else "nearest", "proxy_error_nearest": total_before,
+            "proxy_error": total_after}
+    if not bool(better.any()):
+        info["why"] = "GPTQ did not lower the proxy error"
+    return q, info
+
+
+def round_weight(weight: torch.Tensor, scales: torch.Tensor, hessian: torch.Tensor, qmin: int, qmax: int,
+                 nearest: torch.Tensor, factored=None) -> tuple[torch.Tensor, dict]:
+    """(int8 Q of weight's shape, info) for a Linear's weight [N, K] and H [K, K] or a conv's
+    weight [OC, C/G, KH, KW] and H [K, K] (G = 1) or [G, K, K]; `nearest`: the nearest-rounding Q
+    (same shape), kept where GPTQ's proxy error is not lower; `factored`: factor(hessian), if
+    already computed (G = 1)."""
+    n = weight.shape[0]
+    w2, q0 = weight.detach().float().reshape(n, -1), nearest.reshape(n, -1)
+    if hessian.dim() == 2:
+        q, info = gptq_round(w2, scales, hessian, qmin, qmax, nearest=q0, factored=factored)
+        return q.reshape(weight.shape), info
+    groups = hessian.shape[0]
+    per = n // groups
+    if per == 1:
+        q, info = _rounded_per_channel(w2, scales.float(), hessian, qmin, qmax, q0)
+        return q.reshape(weight.shape), info
+    parts, before, after = [], 0.0, 0.0
+    for g in range(groups):
+        rows = slice(g * per, (g + 1) * per)
+        qg, ig = gptq_round(w2[rows], scales[rows], hessian[g], qmin, qmax, nearest=q0[rows])
+        parts.append(qg)
+        b = ig.get("proxy_error_nearest")
+        before += b if b is not None else 0.0
+        after += ig.get("proxy_error", b) if ig["method"] == "gptq" else (b or 0.0)
+    q = torch.cat(parts)
+    method = "gptq" if after < before else "nearest"
+    return q.reshape(weight.shape), {"method": method, "proxy_error_nearest": before, "proxy_error": after}
+
+
+def corrected_bias(weight: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                   mean: torch.Tensor) -> torch.Tensor:
+    """bias - (Q s - W) E[x] (fp64 arithmetic, float32 result): the bias that gives the rounded
+    layer the float layer's mean output on the calibration rows. weight and q [N, ...] (a conv's
+    [OC, C/G, KH, KW]), scales [N], mean E[x] over the layer's input rows [G x K] (im2col columns
+    for a conv; G = the conv's groups)."""
+    n = weight.shape[0]
+    delta = q.reshape(n, -1).double() * scales.double()[:, None] - weight.detach().reshape(n, -1).double()
+    k = delta.shape[1]
+    groups = mean.numel() // k
+    if groups * k != mean.numel() or n % groups:
+        raise ValueError(f"input mean of {mean.numel()} columns does not fit a weight of {k} columns per "
+                         f"output channel and {n} output channels")
+    m = mean.double().reshape(groups, k).repeat_interleave(n // groups, dim=0)  # [N, K]: each channel's group
+    shift = (delta * m).sum(1)
+    b0 = bias.detach().double() if bias is not None else torch.zeros(n, dtype=torch.float64)
+    return (b0 - shift).float()

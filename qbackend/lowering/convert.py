@@ -4,8 +4,9 @@ PreparedGraph into the int8 model. Each pass takes the ConvertState and hands it
 Works on a copy of the prepared GraphModule (parameters shared, not copied; the prepared model
 stays usable). In the order the fused chains end:
 
-* each static op becomes one call of its qbackend.nn module (static Linears' weights rounded by
-  GPTQ on their input's calibration Hessian unless the config says "nearest": algorithms/gptq.py),
+* each static op becomes one call of its qbackend.nn module (static Linears' and convs' weights
+  rounded by GPTQ on their input's calibration Hessian unless the config says "nearest", their bias
+  corrected for the rounding unless it says bias_correction=False: algorithms/gptq.py),
   placed where its chain ended, fed the int8 form of its input (and residual): the output of the
   producing int8 op, a transparent op (max pool, view, flatten) re-run on int8 data, or a quantize
   op right after the observed float value. Its output is int8 where the plan says some consumer reads int8; float consumers
@@ -88,7 +89,8 @@ class _Rewriter:
         self.placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         self.channel_smooth: dict[fx.Node, torch.Tensor] = {}  # value -> s, divided in its quantize op
         self.weight_smooth: dict[str, torch.Tensor] = {}       # layer name -> s, multiplied into its weight
-        self.hessians: dict[str, tuple[str, torch.Tensor]] = {}  # layer -> (its input's recorder, H unsmoothed)
+        self.hessians: dict[str, tuple[str, torch.Tensor | None, torch.Tensor | None]] = {}  # layer -> (its
+        # input's recorder, H and E[x] unsmoothed)
         self._factors: dict[tuple, tuple] = {}                  # (recorder, smoothing) -> (H, gptq.factor(H))
         self.nhwc: dict[fx.Node, tuple] = {}  # flatten read as NHWC -> (C, H*W) of the value it flattens
 
@@ -148,13 +150,13 @@ class _Rewriter:
         """(H, gptq.factor(H)) of the layer's input as the int8 layer reads it (smoothed by SmoothQuant:
         X / s has H' = diag(1/s) H diag(1/s)); factored once per input and smoothing (query, key and
         value share theirs)."""
-        stats, h = self.hessians[layer]
+        stats, h, _ = self.hessians[layer]
         key = (stats, None if smooth is None else id(smooth))
         if key not in self._factors:
             if smooth is not None:
                 inv = 1.0 / smooth.double()
                 h = h * inv[:, None] * inv[None, :]
-            self._factors[key] = (h, gptq.factor(h))
+            self._factors[key] = (h, gptq.factor(h) if h.dim() == 2 else None)
         return self._factors[key]
 
     def rewrite(self, op) -> None:
@@ -175,7 +177,11 @@ class _Rewriter:
         if smooth is not None:
             spec.weight = smoothing_search.smoothed_weight(spec.weight, smooth)
         if op.name in self.hessians:
-            spec.hessian, spec.hessian_factor = self._hessian(op.name, smooth)
+            _, h, mean = self.hessians[op.name]
+            if h is not None:
+                spec.hessian, spec.hessian_factor = self._hessian(op.name, smooth)
+            if mean is not None:
+                spec.input_mean = mean if smooth is None else mean / smooth.double()
         if op.accum is not None:
             spec.residual = "int8" if out_qp is not None else "float32"
         if static and op.x in self.nhwc:
@@ -324,11 +330,12 @@ def apply_smoothing(state: ConvertState) -> ConvertState:
 
 
 def attach_hessians(state: ConvertState) -> ConvertState:
-    """GPTQ's H of each static Linear's input, for its weight rounding."""
+    """Each static layer's input statistics: GPTQ's H for its weight rounding, E[x] for its bias
+    correction."""
     for layer, stats in state.prepared.hessians.items():
-        h = state.prepared.gm.get_submodule(stats).hessian
-        if h is not None:
-            state.rewriter.hessians[layer] = (stats, h)
+        rec = state.prepared.gm.get_submodule(stats)
+        if rec.hessian is not None or rec.mean() is not None:
+            state.rewriter.hessians[layer] = (stats, rec.hessian, rec.mean())
     return state
 
 

@@ -1,5 +1,6 @@
 """What one layer to quantize is (`LayerSpec`): its float weight and bias, example input shape,
-config, conv geometry, fused post-op and residual, and GPTQ's Hessian; and the shape its route is
+config, conv geometry, fused post-op and residual, and its input's calibration statistics (GPTQ's
+Hessian, the mean for bias correction); and the shape its route is
 read at (`shape_key`). Built by the graph lowering and by the module-swap fallback alike."""
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ class LayerSpec:
     geometry: dict = field(default_factory=dict)  # conv2d: stride, padding, dilation, groups (pairs / int)
     post_op: str = "none"
     residual: str | None = None       # conv2d with a fused residual add: its output, "int8" | "float32"
-    hessian: torch.Tensor | None = None  # linear: H = X^T X of its input, for GPTQ rounding (algorithms/gptq.py)
+    hessian: torch.Tensor | None = None  # H = X^T X of its input rows (a conv's im2col rows), for GPTQ (algorithms/gptq.py)
     hessian_factor: tuple | None = None  # gptq.factor(hessian), when already computed (shared inputs)
+    input_mean: torch.Tensor | None = None  # E[x] over the same rows, for bias correction
     rounding: dict | None = None      # set by build_layer: how the weight was rounded (GPTQ's report)
     column_order: torch.Tensor | None = None  # linear: the rounded int8 weight is packed as q[:, column_order]
 

@@ -1,5 +1,6 @@
 """Building the quantized module for one layer: quantize its weight (the config's weight
-observer's scales; GPTQ rounding where the spec carries its input's Hessian), route it
+observer's scales; GPTQ rounding where the spec carries its input's Hessian, the bias corrected
+for the rounding where it carries its input's mean), route it
 (qbackend.dispatch.route, from its example shape; tune mode through layer_tuning.py), and build
 its module on that provider (layer_modules.py). Used by the graph lowering and by the module-swap
 fallback alike (a `LayerSpec` says all it needs)."""
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..algorithms.gptq import gptq_round
+from ..algorithms.gptq import corrected_bias, round_weight
 from ..core.routes import Route
 from ..dispatch import TuneOptions, route
 from ..nn import WeightOnlyConv2d, WeightOnlyLinear
@@ -27,9 +28,12 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
     mode = spec.config.mode
     w_obs = spec.config.weight.create(f"{spec.name}.weight")
     q, scales = quantize_weight(spec.weight, w_obs, spec.name)
-    if spec.hessian is not None and spec.kind == "linear":
-        q, spec.rounding = gptq_round(spec.weight, scales, spec.hessian, w_obs.qmin, w_obs.qmax, nearest=q,
-                                      factored=spec.hessian_factor)
+    if spec.hessian is not None:
+        q, spec.rounding = round_weight(spec.weight, scales, spec.hessian, w_obs.qmin, w_obs.qmax, nearest=q,
+                                        factored=spec.hessian_factor)
+    if spec.input_mean is not None and spec.config.bias_correction and mode == "static":
+        spec.bias = corrected_bias(spec.weight, q, scales, spec.bias, spec.input_mean)
+        spec.rounding = {**(spec.rounding or {"method": "nearest"}), "bias_corrected": True}
     if spec.column_order is not None:  # its input's features come in another order (lowering/nhwc_flatten.py)
         q = q[:, spec.column_order].contiguous()
     if mode == "weight_only":

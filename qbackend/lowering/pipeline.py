@@ -25,7 +25,7 @@ PREPARE: tuple[Callable, ...] = (
     prepare.smoothing_groups,       # SmoothQuant's candidates (before observers: folds read users)
     prepare.insert_observers,       # an observer on every observed value
     prepare.insert_channel_stats,   # SmoothQuant's per-channel statistics
-    prepare.insert_hessian_stats,   # GPTQ's X^T X per static Linear input
+    prepare.insert_hessian_stats,   # X^T X and E[x] per static Linear / conv input (GPTQ, bias correction)
 )
 
 CONVERT: tuple[Callable, ...] = (
@@ -34,7 +34,7 @@ CONVERT: tuple[Callable, ...] = (
     convert.warn_calibration_outliers,  # one warning naming ranges a few outlying values dominate
     convert.copy_graph,              # rewrite a copy (parameters shared)
     convert.apply_smoothing,         # factors into LayerNorms, quantize ops and (later) weights
-    convert.attach_hessians,         # GPTQ's H per static Linear
+    convert.attach_hessians,         # GPTQ's H and E[x] per static Linear / conv
     convert.plan_nhwc_flattens,      # flattens of channels-last int8 read only by Linears: NHWC order
     convert.rewrite_layers,          # each matched op -> its qbackend.nn module, int8 between them
     convert.read_flattens_as_nhwc,   # those flattens read the NHWC memory (a view, no copy)

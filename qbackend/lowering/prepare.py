@@ -1,6 +1,6 @@
 """The passes of prepare (their order: lowering/pipeline.py PREPARE): capture the model, fold
 BatchNorm, match the quantizable ops and tables, make the plan, and put an observer on every value
-the plan observes, with SmoothQuant's and GPTQ's statistics beside them. Each pass takes the
+the plan observes, with SmoothQuant's, GPTQ's and bias correction's statistics beside them. Each pass takes the
 PrepareState and hands it on; the result (`PreparedGraph`) runs the model in FP32 and records
 activation ranges as calibration batches go through it."""
 from __future__ import annotations
@@ -18,12 +18,12 @@ from ..observers.outliers import TailHistogram, needs_tail_histogram
 from .calibration_graph import calibration_graph
 from .capture import capture
 from .embeddings import EmbeddingOp, match_embeddings
-from .graph_utils import record_example_shapes
+from .graph_utils import example_shape, record_example_shapes
 from .fold import fold_batchnorm, get_attr_value
 from .patterns import QuantizableOp, match
 from .plan import Plan, make_plan, root
 from ..dispatch.routing import exact_route_exists
-from ..algorithms.gptq import MAX_FEATURES, HessianStats
+from ..algorithms.gptq import MAX_FEATURES, HessianStats, conv_takes_gptq
 from ..algorithms.smoothquant import ChannelStats, resolve
 from .smoothquant import STATS_PREFIX, SmoothGroup, find_groups, fold_kind
 
@@ -58,7 +58,7 @@ class PreparedGraph:
                  embeddings: list[EmbeddingOp] | None = None, smooth_groups: list[SmoothGroup] | None = None,
                  config: QuantConfig | None = None, hessians: dict[str, str] | None = None):
         self.gm, self.ops, self.plan, self.skipped, self.folded = gm, ops, plan, skipped, folded
-        self.hessians = dict(hessians or {})  # layer name -> its input's HessianStats submodule (GPTQ)
+        self.hessians = dict(hessians or {})  # layer name -> its input's HessianStats submodule (GPTQ, bias correction)
         self.embeddings = list(embeddings or [])  # weight-only tables, rewritten at convert
         self.smooth_groups = list(smooth_groups or [])  # SmoothQuant candidates, searched at convert
         self.config = config
@@ -123,7 +123,8 @@ class PrepareState:
     """What the prepare passes read and write, in the order they fill it: the model and its
     example inputs and config; the captured graph (`repeated`: a batch of one captured as two);
     the BatchNorms folded; the matched layers and tables and what was skipped, with why; the
-    plan; SmoothQuant's candidate groups; GPTQ's Hessian recorder per layer."""
+    plan; SmoothQuant's candidate groups; the input statistics recorder per layer (GPTQ, bias
+    correction)."""
 
     model: nn.Module
     example_args: tuple
@@ -232,17 +233,31 @@ def insert_channel_stats(state: PrepareState) -> PrepareState:
 
 
 def insert_hessian_stats(state: PrepareState) -> PrepareState:
-    """GPTQ's H = X^T X recorder on the input of every static Linear it rounds (one per input
-    value, shared by the Linears reading it)."""
-    by_value = {}
+    """The input statistics recorder (HessianStats: GPTQ's H = X^T X, and the mean for bias
+    correction) on the input of every static Linear and conv whose config rounds by GPTQ or
+    corrects its bias: one per input value and conv geometry, shared by the layers reading it;
+    the mean alone where only the bias is corrected, H would be too large, or a conv's example
+    batch has too few output positions to determine it (gptq.conv_takes_gptq)."""
+    by_key = {}
     for op in state.ops:
-        if op.kind != "linear" or op.config.mode != "static" or op.config.weight_rounding != "gptq" \
-                or get_attr_value(state.gm, op.weight).shape[1] > MAX_FEATURES:
+        cfg = op.config
+        if op.kind not in ("linear", "conv2d") or cfg.mode != "static" \
+                or not (cfg.weight_rounding == "gptq" or cfg.bias_correction):
             continue
-        if op.x not in by_value:
-            by_value[op.x] = f"{HESSIAN_PREFIX}{len(by_value)}"
-            _record_after(state.gm, op.x, by_value[op.x], HessianStats(f"{op.name}.input"))
-        state.hessians[op.name] = by_value[op.x]
+        weight = get_attr_value(state.gm, op.weight)
+        features = weight[0].numel()
+        second = cfg.weight_rounding == "gptq" and features <= MAX_FEATURES
+        conv = None
+        if op.kind == "conv2d":
+            g = op.geometry
+            conv = {"kernel": tuple(weight.shape[2:]), "stride": tuple(g["stride"]), "padding": tuple(g["padding"]),
+                    "dilation": tuple(g["dilation"]), "groups": int(g["groups"])}
+            second = second and conv_takes_gptq(example_shape(op.x), conv, features)
+        key = (op.x, second, None if conv is None else tuple(sorted(conv.items())))
+        if key not in by_key:
+            by_key[key] = f"{HESSIAN_PREFIX}{len(by_key)}"
+            _record_after(state.gm, op.x, by_key[key], HessianStats(f"{op.name}.input", conv, second))
+        state.hessians[op.name] = by_key[key]
     return state
 
 

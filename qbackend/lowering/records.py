@@ -58,4 +58,6 @@ def _rounding(info: dict) -> dict:
         rec["gain_db"] = round(10 * math.log10(before / after), 2)
     if "why" in info:
         rec["why"] = info["why"]
+    if info.get("bias_corrected"):
+        rec["bias_corrected"] = True
     return rec

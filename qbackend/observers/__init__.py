@@ -10,6 +10,7 @@ qbackend.observers.qparams.
   HistogramObserver  L2-minimising range search, as torch.ao's            (histogram.py)
   PercentileObserver                                                      (percentile.py)
   MSEObserver        round-trip MSE over shrunk candidate ranges          (mse.py)
+  BestRangeObserver  the lower-L2 of the two searches above               (best_range.py)
 
 The hot loops (one-pass finite min/max, histogram accumulation, range search, error model) are
 C++ ops in torch.ops.qbackend (csrc/ops/observer_ops.cpp).
@@ -18,10 +19,11 @@ from .base import NONFINITE_POLICIES, OBSERVER_CLASSES, NonFiniteWarning, Observ
 from .histogram import HistogramObserver
 from .minmax import MinMaxObserver, MovingAverageMinMaxObserver, PerChannelMinMaxObserver
 from .mse import MSEObserver
+from .best_range import BestRangeObserver
 from .percentile import PercentileObserver
 from .qparams import QParams, choose_qparams, default_reduce_range, qrange
 
 __all__ = ["Observer", "ObserverError", "NonFiniteWarning", "NONFINITE_POLICIES", "QParams", "choose_qparams",
            "default_reduce_range", "qrange", "MinMaxObserver", "MovingAverageMinMaxObserver",
-           "PerChannelMinMaxObserver", "HistogramObserver", "PercentileObserver", "MSEObserver",
+           "PerChannelMinMaxObserver", "HistogramObserver", "PercentileObserver", "MSEObserver", "BestRangeObserver",
            "OBSERVER_CLASSES"]

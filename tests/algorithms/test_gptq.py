@@ -137,7 +137,8 @@ def test_gptq_model_is_closer_to_fp32_and_layers_stay_exact():
     ref = [model(*d) for d in data[4:]]
     out = {}
     for rounding in ("nearest", "gptq"):
-        q = qbackend.quantize(model, data[0], data[:4], config=qbackend.QuantConfig(weight_rounding=rounding))
+        q = qbackend.quantize(model, data[0], data[:4],
+                              config=qbackend.QuantConfig(weight_rounding=rounding, bias_correction=False))
         out[rounding] = min(sqnr(r, q(*d)) for r, d in zip(ref, data[4:]))
         records = [info.weight_rounding for info in q.qbackend_layers.values()]
         if rounding == "gptq":
@@ -151,10 +152,14 @@ def test_gptq_model_is_closer_to_fp32_and_layers_stay_exact():
 def test_nearest_records_no_hessians():
     model = Correlated().eval()
     x = torch.randn(8, 64)
-    p = qbackend.prepare(model, (x,), config=qbackend.QuantConfig(weight_rounding="nearest"))
+    p = qbackend.prepare(model, (x,), config=qbackend.QuantConfig(weight_rounding="nearest", bias_correction=False))
     assert not any(isinstance(m, HessianStats) for m in p.modules())
+    # bias correction alone records the inputs' means, not H
+    p = qbackend.prepare(model, (x,), config=qbackend.QuantConfig(weight_rounding="nearest"))
+    recorders = [m for m in p.modules() if isinstance(m, HessianStats)]
+    assert len(recorders) == 2 and not any(m.second_moment for m in recorders)
     p = qbackend.prepare(model, (x,))
-    assert sum(isinstance(m, HessianStats) for m in p.modules()) == 2
+    assert sum(isinstance(m, HessianStats) and m.second_moment for m in p.modules()) == 2
 
 
 def test_config_rejects_unknown_rounding():

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from qbackend.observers import (OBSERVER_CLASSES, HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver,
-                                MSEObserver, NonFiniteWarning, Observer, ObserverError, PercentileObserver,
-                                PerChannelMinMaxObserver, choose_qparams)
+from qbackend.observers import (OBSERVER_CLASSES, BestRangeObserver, HistogramObserver, MinMaxObserver,
+                                MovingAverageMinMaxObserver, MSEObserver, NonFiniteWarning, Observer, ObserverError,
+                                PercentileObserver, PerChannelMinMaxObserver, choose_qparams)
 from qbackend.observers.histogram import _bin, _k_floor, required_log2_width
 
 from .test_merge import state_equal
@@ -586,3 +586,22 @@ def test_minmax_qparams_vs_fp64(dtype, symmetric, scale):
     for c in (0, 7, 29):
         one = choose_qparams(float(x[:, c].min()), float(x[:, c].max()), dtype, symmetric)
         assert (float(pq.scale[c]), int(pq.zero_point[c])) == (one.scale, one.zero_point)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("kind", ["normal", "outliers", "relu", "uniform", "bimodal"])
+def test_best_range_is_the_lower_error_of_both_searches(symmetric, kind):
+    g = torch.Generator().manual_seed(7)
+    z = torch.randn(100000, generator=g)
+    x = {"normal": z, "outliers": torch.cat([z, torch.tensor([60.0, -45.0])]), "relu": torch.relu(z) ** 3,
+         "uniform": torch.rand(100000, generator=g), "bimodal": torch.cat([z * 0.1 - 3.0, z[:5000] + 4.0])}[kind]
+    best, hist, mse = (make(cls, symmetric=symmetric) for cls in (BestRangeObserver, HistogramObserver, MSEObserver))
+    for obs in (best, hist, mse):
+        obs.update(x)
+    errors = {name: best.quantization_error(o.compute_qparams()) for name, o in (("hist", hist), ("mse", mse))}
+    chosen = best.quantization_error(best.compute_qparams())
+    assert chosen == min(errors.values())
+    (glo, ghi, gerr), (mlo, mhi, merr) = best.candidate_ranges()
+    assert (glo, ghi) == hist.chosen_range() and (mlo, mhi) == mse.chosen_range()
+    assert (gerr, merr) == (errors["hist"], errors["mse"])
+    assert best.chosen_range() == ((mlo, mhi) if merr < gerr else (glo, ghi))
