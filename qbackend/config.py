@@ -159,6 +159,10 @@ class QuantConfig:
     bias_correction: each static Linear's and conv's bias takes off the mean output shift its weight
       rounding leaves on the calibration data, (Q s - W) E[x] (algorithms/gptq.py); False: the
       float bias as is.
+    equalization: cross-layer equalization (lowering/equalize.py) of conv / linear pairs joined by a
+      ReLU or nothing: each pair's channel ranges evened out by a per-channel rescaling that leaves
+      the FP32 function unchanged (model-wide, graph capture only; off by default: no gain on the
+      model zoo, benchmarks/results/epyc_zen4/accuracy.md).
     route_by_batch: a Linear / Conv2d whose best provider changes with the call size holds one
       packed weight per provider and picks per call (conv2d: batch; linear: rows); False: one
       provider per layer, routed at the example's size (less memory). Not with a forced provider or
@@ -190,6 +194,7 @@ class QuantConfig:
     attention: str = "auto"
     weight_rounding: str = "gptq"
     bias_correction: bool = True
+    equalization: bool = False
     route_by_batch: bool = True
     forward_plans: bool = True
     fusions: bool = True
@@ -202,6 +207,8 @@ class QuantConfig:
             raise TypeError(f"forward_plans must be True or False, got {self.forward_plans!r}")
         if not isinstance(self.fusions, bool):
             raise TypeError(f"fusions must be True or False, got {self.fusions!r}")
+        if not isinstance(self.equalization, bool):
+            raise TypeError(f"equalization must be True or False, got {self.equalization!r}")
         if not isinstance(self.bias_correction, bool):
             raise TypeError(f"bias_correction must be True or False, got {self.bias_correction!r}")
         if not isinstance(self.bf16, bool):

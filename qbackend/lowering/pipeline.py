@@ -19,6 +19,7 @@ PREPARE: tuple[Callable, ...] = (
     prepare.capture_graph,          # torch.export -> GraphModule (a batch of one captured as two)
     prepare.example_shapes,         # the user's example shapes on the nodes, for routing
     prepare.fold_batchnorms,        # BatchNorm into the conv / linear before it
+    prepare.equalize_layers,        # cross-layer equalization through ReLU (QuantConfig.equalization)
     prepare.match_layers,           # conv2d / linear -> int8 ops, with the add and activation they absorb
     prepare.match_tables,           # embedding lookups -> rowwise-quantized tables
     prepare.plan_values,            # which values are observed, which flow in int8

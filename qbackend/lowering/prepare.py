@@ -19,6 +19,7 @@ from .calibration_graph import calibration_graph
 from .capture import capture
 from .embeddings import EmbeddingOp, match_embeddings
 from .graph_utils import example_shape, record_example_shapes
+from .equalize import equalize
 from .fold import fold_batchnorm, get_attr_value
 from .patterns import QuantizableOp, match
 from .plan import Plan, make_plan, root
@@ -122,9 +123,9 @@ def _record_after(gm: fx.GraphModule, node: fx.Node, name: str, recorder: nn.Mod
 class PrepareState:
     """What the prepare passes read and write, in the order they fill it: the model and its
     example inputs and config; the captured graph (`repeated`: a batch of one captured as two);
-    the BatchNorms folded; the matched layers and tables and what was skipped, with why; the
-    plan; SmoothQuant's candidate groups; the input statistics recorder per layer (GPTQ, bias
-    correction)."""
+    the BatchNorms folded; the layer pairs equalized; the matched layers and tables and what was
+    skipped, with why; the plan; SmoothQuant's candidate groups; the input statistics recorder per
+    layer (GPTQ, bias correction)."""
 
     model: nn.Module
     example_args: tuple
@@ -133,6 +134,7 @@ class PrepareState:
     gm: fx.GraphModule | None = None
     repeated: bool = False
     folded: int = 0
+    equalized: int = 0
     ops: list[QuantizableOp] = field(default_factory=list)
     skipped: list = field(default_factory=list)
     embeddings: list[EmbeddingOp] = field(default_factory=list)
@@ -163,6 +165,14 @@ def example_shapes(state: PrepareState) -> PrepareState:
 def fold_batchnorms(state: PrepareState) -> PrepareState:
     """BatchNorm folded into the conv / linear before it (lowering/fold.py)."""
     state.folded = fold_batchnorm(state.gm)
+    return state
+
+
+def equalize_layers(state: PrepareState) -> PrepareState:
+    """Cross-layer equalization of conv / linear pairs through ReLU (lowering/equalize.py), where
+    the config asks for it (model-wide: the top-level config's setting)."""
+    if state.config.equalization:
+        state.equalized = equalize(state.gm)
     return state
 
 
