@@ -11,7 +11,8 @@ its own deep copy of the model.
 
 The qbackend rows include an ablation of its post-training methods (each a QuantConfig setting):
 on the CNNs, GPTQ rounding of the convs' and Linears' weights (``weight_rounding``) and bias
-correction (``bias_correction``), each alone and together, and cross-layer equalization
+correction (``bias_correction``: "auto", the default, skips the Linears GPTQ rounded; True corrects
+every layer), each alone and together, and cross-layer equalization
 (``equalization``, off by default); on the transformers, SmoothQuant (``smoothquant``), GPTQ
 rounding and bias correction; on every static model, the activation observer (the default
 BestRangeObserver against HistogramObserver, the default before it).
@@ -278,6 +279,7 @@ FLOWS = {
         quantize_qbackend_with(weight_rounding="nearest", bias_correction=False), is_cnn),
     "qbackend, nearest rounding + bias correction": (quantize_qbackend_with(weight_rounding="nearest"), is_cnn),
     "qbackend, GPTQ, no bias correction": (quantize_qbackend_with(bias_correction=False), is_static),
+    "qbackend, bias correction on every layer": (quantize_qbackend_with(bias_correction=True), is_static),
     "qbackend, HistogramObserver activations": (
         quantize_qbackend_with(activation=qbackend.config.ObserverSpec("histogram", {"dtype": torch.uint8})),
         is_static),

@@ -81,11 +81,13 @@ class SmoothQuantConfig:
     calibration data to minimise the Linears' quantized output error.
 
     alphas: the grid searched (no smoothing is always a candidate too); sample_rows: rows of each
-    smoothed activation kept from calibration (uniformly sampled) for the search; min_gain: the
+    smoothed activation kept from calibration (uniformly sampled) for the search; sample_outputs:
+    output channels of each Linear its error is measured on (uniformly sampled); min_gain: the
     relative error reduction a smoothing must bring over none to be used."""
 
     alphas: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
     sample_rows: int = 1024
+    sample_outputs: int = 256
     min_gain: float = 0.02
 
     def __post_init__(self):
@@ -96,6 +98,9 @@ class SmoothQuantConfig:
         object.__setattr__(self, "alphas", alphas)
         if isinstance(self.sample_rows, bool) or not isinstance(self.sample_rows, int) or self.sample_rows < 16:
             raise ValueError(f"SmoothQuantConfig.sample_rows must be an int >= 16, got {self.sample_rows!r}")
+        if isinstance(self.sample_outputs, bool) or not isinstance(self.sample_outputs, int) \
+                or self.sample_outputs < 16:
+            raise ValueError(f"SmoothQuantConfig.sample_outputs must be an int >= 16, got {self.sample_outputs!r}")
         if not 0.0 <= float(self.min_gain) < 1.0:
             raise ValueError(f"SmoothQuantConfig.min_gain must be in [0, 1), got {self.min_gain!r}")
 
@@ -156,9 +161,12 @@ class QuantConfig:
     weight_rounding: static Linears' and convs' int8 weights rounded by GPTQ ("gptq",
       algorithms/gptq.py: each level chosen to minimise the layer's output error on the calibration
       data; same scales, same kernels) or each to its nearest level ("nearest").
-    bias_correction: each static Linear's and conv's bias takes off the mean output shift its weight
-      rounding leaves on the calibration data, (Q s - W) E[x] (algorithms/gptq.py); False: the
-      float bias as is.
+    bias_correction: the bias takes off the mean output shift the weight rounding leaves on the
+      calibration data, (Q s - W) E[x] (algorithms/gptq.py). "auto": every static conv, and the
+      static Linears whose weights GPTQ did not round (GPTQ's objective already counts the mean
+      shift: correcting it again measured -0.1 dB on the transformers, while convs gain after GPTQ
+      too: benchmarks/results/epyc_zen4/accuracy.md); True: every static conv and Linear; False:
+      none.
     equalization: cross-layer equalization (lowering/equalize.py) of conv / linear pairs joined by a
       ReLU or nothing: each pair's channel ranges evened out by a per-channel rescaling that leaves
       the FP32 function unchanged (model-wide, graph capture only; off by default: no gain on the
@@ -193,7 +201,7 @@ class QuantConfig:
     bf16: bool = True
     attention: str = "auto"
     weight_rounding: str = "gptq"
-    bias_correction: bool = True
+    bias_correction: bool | str = "auto"
     equalization: bool = False
     route_by_batch: bool = True
     forward_plans: bool = True
@@ -209,8 +217,8 @@ class QuantConfig:
             raise TypeError(f"fusions must be True or False, got {self.fusions!r}")
         if not isinstance(self.equalization, bool):
             raise TypeError(f"equalization must be True or False, got {self.equalization!r}")
-        if not isinstance(self.bias_correction, bool):
-            raise TypeError(f"bias_correction must be True or False, got {self.bias_correction!r}")
+        if not (isinstance(self.bias_correction, bool) or self.bias_correction == "auto"):
+            raise ValueError(f"bias_correction must be 'auto', True or False, got {self.bias_correction!r}")
         if not isinstance(self.bf16, bool):
             raise TypeError(f"bf16 must be True or False, got {self.bf16!r}")
         if self.dynamic_dims not in DYNAMIC_DIMS:

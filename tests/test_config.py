@@ -3,14 +3,14 @@ import pytest
 import torch
 
 from qbackend.config import OBSERVERS, ObserverSpec, QuantConfig
-from qbackend.observers import HistogramObserver, PerChannelMinMaxObserver
+from qbackend.observers import BestRangeObserver, PerChannelMinMaxObserver
 
 
 def test_defaults_build_the_documented_observers():
     cfg = QuantConfig()
     assert cfg.mode == "static"
     act, w = cfg.activation.create("layer"), cfg.weight.create("layer.weight")
-    assert isinstance(act, HistogramObserver) and act.dtype == torch.uint8 and act.name == "layer"
+    assert isinstance(act, BestRangeObserver) and act.dtype == torch.uint8 and act.name == "layer"
     assert isinstance(w, PerChannelMinMaxObserver) and w.dtype == torch.int8 and w.symmetric
 
 
@@ -61,3 +61,19 @@ def test_configs_are_frozen():
         cfg.mode = "dynamic"
     with pytest.raises(TypeError):
         cfg.by_name["x"] = None
+
+
+def test_bias_correction_setting():
+    assert QuantConfig().bias_correction == "auto"
+    for ok in ("auto", True, False):
+        QuantConfig(bias_correction=ok)
+    with pytest.raises(ValueError, match="bias_correction must be 'auto', True or False"):
+        QuantConfig(bias_correction="yes")
+
+
+def test_smoothquant_sample_outputs_checked():
+    from qbackend.config import SmoothQuantConfig
+
+    assert SmoothQuantConfig().sample_outputs == 256
+    with pytest.raises(ValueError, match="sample_outputs must be an int >= 16"):
+        SmoothQuantConfig(sample_outputs=8)

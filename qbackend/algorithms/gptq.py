@@ -99,10 +99,12 @@ class HessianStats(nn.Module):
             return
         x = x.detach()
         if self.conv is None:
-            rows = x.reshape(-1, x.shape[-1])
-            finite = torch.isfinite(rows).all(dim=1)
-            rows = (rows if bool(finite.all()) else rows[finite]).float()
-            count, column_sum = rows.shape[0], rows.sum(0, dtype=torch.float64)
+            rows = x.reshape(-1, x.shape[-1]).float()
+            column_sum = rows.sum(0, dtype=torch.float64)  # finite exactly when every value is (fp64 cannot overflow)
+            if not bool(torch.isfinite(column_sum).all()):
+                rows = rows[torch.isfinite(rows).all(dim=1)]
+                column_sum = rows.sum(0, dtype=torch.float64)
+            count = rows.shape[0]
         else:
             if x.dim() != 4:
                 return

@@ -13,7 +13,8 @@ channel, which absorbs it better. s_c = max|X_c|^alpha / max_i max|W_i[:, c]|^(1
   Linears' output error on the sample, sum over the Linears of |Q(X/s) Q(W s)^T - X W^T|^2 /
   |X W^T|^2, where Q(X/s) uses qparams from the configured activation observer fed X / s (no
   smoothing: the value's own observer, over all calibration data) and Q(W s) quantizes the
-  weights as the int8 layers do. The best alpha wins if it beats no smoothing by `min_gain`
+  weights as the int8 layers do; the error is measured on a sample of each Linear's output
+  channels (SmoothQuantConfig.sample_outputs), the factors computed from all of them. The best alpha wins if it beats no smoothing by `min_gain`
   (settings: config.SmoothQuantConfig).
 
 Which values are smoothed and how the factors are folded into the graph (at no run-time cost) is
@@ -133,7 +134,8 @@ def choose(fold: str, stats: ChannelStats, observer: Observer, weights: list[tor
         return Smoothing(name, None, None, float("nan"), float("nan"), fold)
     x = stats.sample
     weights = [w.detach().float() for w in weights]
-    w_max = _column_max(weights)
+    w_max = _column_max(weights)  # the factors see every output channel; the error a sample of them
+    weights = [_sampled_rows(w, sq.sample_outputs) for w in weights]
     refs = [x @ w.t() for w in weights]
     norms = [float(r.pow(2).sum()) for r in refs]
 
@@ -160,6 +162,16 @@ def choose(fold: str, stats: ChannelStats, observer: Observer, weights: list[tor
     obs, qp = chosen
     lo, hi = obs.chosen_range()
     return Smoothing(name, s.contiguous(), alpha, err, base, fold, qp, (float(lo), float(hi)))
+
+
+def _sampled_rows(w: torch.Tensor, count: int) -> torch.Tensor:
+    """`count` of w's rows (output channels), uniformly sampled with a fixed seed, in their order;
+    all of them when there are no more. Weights are quantized per row, so the sample's quantized
+    rows are those of the whole weight."""
+    if w.shape[0] <= count:
+        return w
+    rows = torch.randperm(w.shape[0], generator=torch.Generator().manual_seed(0))[:count].sort().values
+    return w[rows]
 
 
 def _fresh_like(observer: Observer) -> Observer:

@@ -20,6 +20,15 @@ from .layer_spec import LayerSpec
 from .layer_tuning import tune_request
 
 
+def corrects_bias(spec: LayerSpec) -> bool:
+    """Whether the layer's bias is corrected for its rounding (QuantConfig.bias_correction; "auto":
+    convs, and Linears GPTQ did not round)."""
+    setting = spec.config.bias_correction
+    if setting == "auto":
+        return spec.kind == "conv2d" or (spec.rounding or {}).get("method") != "gptq"
+    return bool(setting)
+
+
 def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | None = None,
                 accum_qp: QParams | None = None, tune: TuneOptions | None = None) -> tuple[nn.Module, Route | None]:
     """(the quantized module, its route; None for weight-only layers, which compute in float).
@@ -31,7 +40,7 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
     if spec.hessian is not None:
         q, spec.rounding = round_weight(spec.weight, scales, spec.hessian, w_obs.qmin, w_obs.qmax, nearest=q,
                                         factored=spec.hessian_factor)
-    if spec.input_mean is not None and spec.config.bias_correction and mode == "static":
+    if spec.input_mean is not None and mode == "static" and corrects_bias(spec):
         spec.bias = corrected_bias(spec.weight, q, scales, spec.bias, spec.input_mean)
         spec.rounding = {**(spec.rounding or {"method": "nearest"}), "bias_corrected": True}
     if spec.column_order is not None:  # its input's features come in another order (lowering/nhwc_flatten.py)
