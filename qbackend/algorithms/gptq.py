@@ -70,7 +70,7 @@ def conv_takes_gptq(x_shape, conv: dict, features: int) -> bool:
     """Whether a conv's H is worth recording: its example batch gives at least ROWS_PER_FEATURE
     im2col rows per column (`features`, per group). Deep convs with few output positions and many
     columns (ResNets' last stages) get an H that their calibration rows do not determine, and cost
-    the most to accumulate and factor (benchmarks/results/accuracy.md, "GPTQ for convs")."""
+    the most to accumulate and factor (benchmarks/results/epyc_zen4/accuracy_sources.md, section 3)."""
     return conv_rows(x_shape, conv) >= ROWS_PER_FEATURE * features
 BLOCK = 128
 DAMP = 0.01  # times the mean of H's diagonal, added to the diagonal

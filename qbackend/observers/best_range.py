@@ -4,13 +4,13 @@ least L2 error over the calibration data.
 The greedy L2 shrink of HistogramObserver (torch.ao's search) stops at the first step that does
 not lower its error, which is often a local minimum; the proportional grid of MSEObserver tries
 every shrink factor of the min/max range, but only ranges that shrink both ends together. Each
-wins on some values (on ResNet-50's activations the grid finds the lower error for most of them:
-benchmarks/results/accuracy.md). This observer computes both on the same exactly mergeable
-power-of-two histogram and keeps the range whose actual qparams (qparams.choose_qparams: float32
-scale, integer zero point) have the least error by the same objective,
-torch.ops.qbackend.histogram_quant_error; a tie goes to the greedy search's range. The grid
-includes min/max, so the choice is never worse than min/max, the greedy search or the grid alone
-by that objective. It merges exactly, as its histogram does.
+wins on some values (on ResNet-50's activations the grid finds the lower error for most of them;
+the whole flow's SQNR per observer: benchmarks/results/epyc_zen4/accuracy_sources.md, section 2).
+This observer computes both on the same exactly mergeable power-of-two histogram and keeps the
+range whose actual qparams (qparams.choose_qparams: float32 scale, integer zero point) have the
+least error by the same objective, torch.ops.qbackend.histogram_quant_error; a tie goes to the
+greedy search's range. The grid includes min/max, so the choice is never worse than min/max, the
+greedy search or the grid alone by that objective. It merges exactly, as its histogram does.
 """
 from __future__ import annotations
 
