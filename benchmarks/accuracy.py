@@ -15,7 +15,9 @@ correction (``bias_correction``: "auto", the default, skips the Linears GPTQ rou
 every layer), each alone and together, and cross-layer equalization
 (``equalization``, off by default); on the transformers, SmoothQuant (``smoothquant``), GPTQ
 rounding and bias correction; on every static model, the activation observer (the default
-BestRangeObserver against HistogramObserver, the default before it).
+BestRangeObserver against HistogramObserver, the default before it). The transformers also get
+qbackend's W8A8 scheme with per-token dynamic activations (``qbackend.quantize_llm``, the decoder
+path's, which takes any model of Linears), the alternative to static per-tensor activations.
 
 Reported per model and flow: the output SQNR against FP32 over the evaluation batches,
 10 * log10(sum(ref^2) / sum((ref - out)^2)) with ref and out the case's main output tensors of all
@@ -190,6 +192,15 @@ def quantize_qbackend(case: ModelCase, model):
         smoothquant_summary(qmodel) + gptq_summary(qmodel)
 
 
+def quantize_qbackend_per_token(case: ModelCase, model):
+    """qbackend's W8A8 with dynamic per-token activations (quantize_llm's scheme: every Linear's
+    input quantized per row at run time, int8 per-channel weights), the transformers' alternative
+    to static per-tensor activations."""
+    config = qbackend.LLMConfig(weights="int8", activations="int8")
+    return qbackend.quantize_llm(model, config), ("qbackend.quantize_llm(model, LLMConfig(weights='int8', "
+                                                  "activations='int8')): per-token dynamic activations, no calibration")
+
+
 def quantize_pt2e(case: ModelCase, model):
     from peers.pt2e import export_model, quantize_exported
 
@@ -289,6 +300,7 @@ FLOWS = {
     "qbackend, nearest rounding (no GPTQ)": (quantize_qbackend_with(weight_rounding="nearest"), is_transformer),
     "qbackend, SmoothQuant off": (quantize_qbackend_with(smoothquant=None), is_transformer),
     "qbackend": (quantize_qbackend, lambda case: True),
+    "qbackend W8A8, per-token dynamic activations": (quantize_qbackend_per_token, is_transformer),
 }
 
 

@@ -74,12 +74,13 @@ def test_fallback_model_round_trip(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         q = qbackend.quantize(model, (x[:64],), [x[i:i + 64] for i in range(0, 256, 64)], eval_fn=agree, max_drop=1.0)
-        assert q.qbackend_fallback.kept_fp32 == ["fc2"]
+        kept = q.qbackend_fallback.kept_fp32
+        assert kept[0] == "fc2"  # the layer that quantizes worst goes first (more may follow, by the budget)
         qbackend.save(q, tmp_path / "f.qb")
         loaded = qbackend.load(tmp_path / "f.qb")
     with torch.no_grad():
         assert torch.equal(loaded(x), q(x))
-    assert loaded.qbackend_fallback.kept_fp32 == ["fc2"] and "fc2" not in loaded.qbackend_layers
+    assert loaded.qbackend_fallback.kept_fp32 == kept and not any(k in loaded.qbackend_layers for k in kept)
 
 
 _FRESH_LOAD = """

