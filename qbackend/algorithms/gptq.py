@@ -286,10 +286,13 @@ def _rounded_per_channel(w: torch.Tensor, scales: torch.Tensor, h: torch.Tensor,
     diag = torch.diagonal(h, dim1=1, dim2=2)
     damp = DAMP * diag.mean(1).clamp_min(1e-12)
     hd = h + damp[:, None, None] * torch.eye(k, dtype=torch.float64)
+    eye = torch.eye(k, dtype=torch.float64)
     lower, info = torch.linalg.cholesky_ex(hd)
-    usable = (info == 0) & (diag.sum(1) > 0)
-    lower = torch.where(usable[:, None, None], lower, torch.eye(k, dtype=torch.float64))
-    u = torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
+    usable = (info == 0) & (diag.sum(1) > 0) & torch.isfinite(hd).flatten(1).all(1)
+    lower = torch.where(usable[:, None, None], lower, eye)
+    u, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
+    usable &= (info == 0) & torch.isfinite(u).flatten(1).all(1)
+    u = torch.where(usable[:, None, None], u, eye)  # the identity: nearest rounding, kept below
     wp, q = w.clone(), torch.empty_like(w)
     for i in range(k):
         qc = torch.clamp(torch.round(wp[:, i] / s), qmin, qmax)
@@ -304,7 +307,9 @@ def _rounded_per_channel(w: torch.Tensor, scales: torch.Tensor, h: torch.Tensor,
     before, after = err(nearest), err(q)
     better = usable & (after < before)
     q = torch.where(better[:, None], q, nearest.double()).to(torch.int8)
-    total_before, total_after = float(before.sum()), float(torch.where(better, after, before).sum())
+    # the proxy totals over the channels with a usable H (the others' errors may not be finite)
+    total_before = float(before[usable].sum())
+    total_after = float(torch.where(better, after, before)[usable].sum())
     info = {"method": "gptq" if bool(better.any()) else "nearest", "proxy_error_nearest": total_before,
             "proxy_error": total_after}
     if not bool(better.any()):

@@ -6,7 +6,7 @@ stays usable). In the order the fused chains end:
 
 * each static op becomes one call of its qbackend.nn module (static Linears' and convs' weights
   rounded by GPTQ on their input's calibration Hessian unless the config says "nearest", their bias
-  corrected for the rounding unless it says bias_correction=False: algorithms/gptq.py),
+  corrected for the rounding as its bias_correction setting says: algorithms/gptq.py),
   placed where its chain ended, fed the int8 form of its input (and residual): the output of the
   producing int8 op, a transparent op (max pool, view, flatten) re-run on int8 data, or a quantize
   op right after the observed float value. Its output is int8 where the plan says some consumer reads int8; float consumers

@@ -193,3 +193,21 @@ def test_cnn_is_closer_to_fp32_with_gptq_and_bias_correction_and_layers_stay_exa
         else:
             assert all(r is None for r in records.values())
     assert out["default"] > out["nearest"] + 0.5, out
+
+
+def test_depthwise_channels_with_unusable_hessians_keep_nearest_rounding():
+    """A channel whose H is not finite or not positive definite keeps nearest rounding; the others
+    are still rounded by GPTQ."""
+    g = torch.Generator().manual_seed(9)
+    conv = _conv(groups=4)
+    w = torch.randn(4, 1, 3, 3, generator=g) * 0.1
+    rec = HessianStats("x", conv)
+    rec(smooth_images(4, 4, 12, g))
+    h = rec.hessian.clone()
+    h[1] = float("inf")
+    h[2] = -torch.eye(9)
+    q0, scales = quantize_weight(w)
+    q, info = round_weight(w, scales, h, -128, 127, nearest=q0)
+    assert torch.equal(q[1], q0[1]) and torch.equal(q[2], q0[2])
+    assert q.dtype == torch.int8 and q.shape == w.shape
+    assert math.isfinite(info["proxy_error"]) and math.isfinite(info["proxy_error_nearest"])
