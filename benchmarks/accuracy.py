@@ -27,7 +27,7 @@ error, not a crash. Transformers (bert_base, transformer_outliers, minilm) also 
 last_hidden_state over the real tokens, L2-normalised, cosine to FP32's per sequence (mean and
 minimum over the evaluation sequences).
 
-    python benchmarks/accuracy.py [--models resnet18,digits_cnn] [--quick] [--out benchmarks/results/accuracy.md]
+    python benchmarks/accuracy.py [--models resnet18,digits_cnn] [--quick] [--out benchmarks/results/epyc_zen4/accuracy.md]
 
 Sizes (batches of batch_size; calibration / evaluation batches), full | --quick:
 ResNet-18/50, MobileNetV2: images 224, batch 8, 4 / 2 | images 64, batch 2, 2 / 2.
