@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import math
 import os
 import platform
 import sys
@@ -38,6 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import qbackend  # noqa: E402
 from _machine import git_commit, write_report  # noqa: E402
+from accuracy import sqnr_db  # noqa: E402
 from qbackend.algorithms import gptq  # noqa: E402
 from qbackend.config import ObserverSpec  # noqa: E402
 from qbackend.lowering.fold import get_attr_value  # noqa: E402
@@ -50,11 +50,6 @@ OBSERVERS = {"histogram": ObserverSpec("histogram", {"dtype": torch.uint8}),
              "percentile 99.999": ObserverSpec("percentile", {"dtype": torch.uint8, "percentile": 99.999}),
              "best_range (default)": ObserverSpec("best_range", {"dtype": torch.uint8})}
 GPTQ_SETTINGS = ((2, 2), (2, 4), (1, 2), (0.5, 2))  # (ROWS_PER_FEATURE, SAMPLED_ROWS_PER_FEATURE)
-
-
-def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    return 10.0 * math.log10(float(ref.pow(2).sum()) / float((ref - out).pow(2).sum()))
 
 
 @torch.no_grad()

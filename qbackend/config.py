@@ -20,8 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
-from .observers import (BestRangeObserver, HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver, MSEObserver, Observer,
-                        PercentileObserver, PerChannelMinMaxObserver)
+from .observers import (BestRangeObserver, HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver, MSEObserver,
+                        Observer, PercentileObserver, PerChannelMinMaxObserver)
 from .ops import registry
 
 # The observers a config can name.

@@ -26,9 +26,9 @@ layer's mean output is the float layer's.
 * calibration: `HessianStats` beside each Linear / conv input value accumulates H = sum of x x^T
   over its rows (fp32, K x K per input value and conv geometry: 36 MB for BERT-base's 3072-wide FFN
   input) and the column sums (fp64); rows with NaN or inf skipped (a conv skips the images with
-  any where it reads them); a conv takes its im2col rows into H on a sub-grid of its output positions where a
-  batch has more than SAMPLED_ROWS_PER_FEATURE per column, and records H only where
-  `conv_takes_gptq`;
+  any where it reads them); a conv records H only where `conv_takes_gptq`, and takes its im2col
+  rows into H on a sub-grid of its output positions where a batch has more than
+  SAMPLED_ROWS_PER_FEATURE per column;
 * convert: `round_weight` returns the int8 weight for the layer's scales (the column loop in
   C++: qbackend::gptq_round_columns, whose torch-op reference is `gptq_columns_ref`); it keeps
   nearest rounding when its proxy error tr((W - Q) H (W - Q)^T) is not lower (measured on up to
@@ -52,6 +52,8 @@ MAX_FEATURES = 8192  # H in fp32: 256 MB at this size
 ROWS_PER_FEATURE = 2  # a conv takes GPTQ where one example batch gives this many im2col rows per column
 SAMPLED_ROWS_PER_FEATURE = 2  # H takes at most this many of a batch's im2col rows per column (every r-th)
 MIN_SAMPLED_ROWS = 1024
+BLOCK = 128
+DAMP = 0.01  # times the mean of H's diagonal, added to the diagonal
 
 
 def _output_size(h: int, w: int, conv: dict) -> tuple[int, int]:
@@ -72,8 +74,6 @@ def conv_takes_gptq(x_shape, conv: dict, features: int) -> bool:
     columns (ResNets' last stages) get an H that their calibration rows do not determine, and cost
     the most to accumulate and factor (benchmarks/results/epyc_zen4/accuracy_sources.md, section 3)."""
     return conv_rows(x_shape, conv) >= ROWS_PER_FEATURE * features
-BLOCK = 128
-DAMP = 0.01  # times the mean of H's diagonal, added to the diagonal
 
 
 class HessianStats(nn.Module):
@@ -284,9 +284,8 @@ def _rounded_per_channel(w: torch.Tensor, scales: torch.Tensor, h: torch.Tensor,
     n, k = w.shape
     s = scales.double()
     diag = torch.diagonal(h, dim1=1, dim2=2)
-    damp = DAMP * diag.mean(1).clamp_min(1e-12)
-    hd = h + damp[:, None, None] * torch.eye(k, dtype=torch.float64)
     eye = torch.eye(k, dtype=torch.float64)
+    hd = h + (DAMP * diag.mean(1).clamp_min(1e-12))[:, None, None] * eye
     lower, info = torch.linalg.cholesky_ex(hd)
     usable = (info == 0) & (diag.sum(1) > 0) & torch.isfinite(hd).flatten(1).all(1)
     lower = torch.where(usable[:, None, None], lower, eye)
@@ -338,9 +337,9 @@ def round_weight(weight: torch.Tensor, scales: torch.Tensor, hessian: torch.Tens
         rows = slice(g * per, (g + 1) * per)
         qg, ig = gptq_round(w2[rows], scales[rows], hessian[g], qmin, qmax, nearest=q0[rows])
         parts.append(qg)
-        b = ig.get("proxy_error_nearest")
-        before += b if b is not None else 0.0
-        after += ig.get("proxy_error", b) if ig["method"] == "gptq" else (b or 0.0)
+        b = ig.get("proxy_error_nearest", 0.0)  # absent where the group's H was unusable
+        before += b
+        after += ig["proxy_error"] if ig["method"] == "gptq" else b
     q = torch.cat(parts)
     method = "gptq" if after < before else "nearest"
     return q.reshape(weight.shape), {"method": method, "proxy_error_nearest": before, "proxy_error": after}

@@ -14,7 +14,8 @@ channel, which absorbs it better. s_c = max|X_c|^alpha / max_i max|W_i[:, c]|^(1
   |X W^T|^2, where Q(X/s) uses qparams from the configured activation observer fed X / s (no
   smoothing: the value's own observer, over all calibration data) and Q(W s) quantizes the
   weights as the int8 layers do; the error is measured on a sample of each Linear's output
-  channels (SmoothQuantConfig.sample_outputs), the factors computed from all of them. The best alpha wins if it beats no smoothing by `min_gain`
+  channels (SmoothQuantConfig.sample_outputs), the factors computed from all of them. The best
+  alpha wins if it beats no smoothing by `min_gain`
   (settings: config.SmoothQuantConfig).
 
 Which values are smoothed and how the factors are folded into the graph (at no run-time cost) is

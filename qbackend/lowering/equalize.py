@@ -92,7 +92,8 @@ def equalize(gm: fx.GraphModule) -> int:
         for first, readers in pairs:
             w1 = weights[first]
             r1 = w1.reshape(w1.shape[0], -1).abs().amax(1)
-            r2 = torch.stack([weights[r].transpose(0, 1).reshape(w1.shape[0], -1).abs().amax(1) for r in readers]).amax(0)
+            r2 = torch.stack([weights[r].transpose(0, 1).reshape(w1.shape[0], -1).abs().amax(1)
+                              for r in readers]).amax(0)
             s = torch.where((r1 > 0) & (r2 > 0), torch.sqrt(r1 / r2.clamp_min(1e-300)), torch.ones_like(r1))
             s = s.clamp(*_S_RANGE)
             weights[first] = w1 / s.view(-1, *([1] * (w1.dim() - 1)))

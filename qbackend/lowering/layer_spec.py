@@ -24,7 +24,7 @@ class LayerSpec:
     geometry: dict = field(default_factory=dict)  # conv2d: stride, padding, dilation, groups (pairs / int)
     post_op: str = "none"
     residual: str | None = None       # conv2d with a fused residual add: its output, "int8" | "float32"
-    hessian: torch.Tensor | None = None  # H = X^T X of its input rows (a conv's im2col rows), for GPTQ (algorithms/gptq.py)
+    hessian: torch.Tensor | None = None  # H = X^T X of its input rows (a conv's: im2col), for GPTQ (algorithms/gptq.py)
     hessian_factor: tuple | None = None  # gptq.factor(hessian), when already computed (shared inputs)
     input_mean: torch.Tensor | None = None  # E[x] over the same rows, for bias correction
     rounding: dict | None = None      # set by build_layer: how the weight was rounded (GPTQ's report)

@@ -1,6 +1,7 @@
 """The passes of prepare (their order: lowering/pipeline.py PREPARE): capture the model, fold
 BatchNorm, match the quantizable ops and tables, make the plan, and put an observer on every value
-the plan observes, with SmoothQuant's, GPTQ's and bias correction's statistics beside them. Each pass takes the
+the plan observes, with SmoothQuant's, GPTQ's and bias correction's statistics beside them. Each
+pass takes the
 PrepareState and hands it on; the result (`PreparedGraph`) runs the model in FP32 and records
 activation ranges as calibration batches go through it."""
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _record_after(gm: fx.GraphModule, node: fx.Node, name: str, recorder: nn.Mod
 class PrepareState:
     """What the prepare passes read and write, in the order they fill it: the model and its
     example inputs and config; the captured graph (`repeated`: a batch of one captured as two);
-    the BatchNorms folded; the layer pairs equalized; the matched layers and tables and what was
+    the BatchNorms folded; the matched layers and tables and what was
     skipped, with why; the plan; SmoothQuant's candidate groups; the input statistics recorder per
     layer (GPTQ, bias correction)."""
 
@@ -134,7 +135,6 @@ class PrepareState:
     gm: fx.GraphModule | None = None
     repeated: bool = False
     folded: int = 0
-    equalized: int = 0
     ops: list[QuantizableOp] = field(default_factory=list)
     skipped: list = field(default_factory=list)
     embeddings: list[EmbeddingOp] = field(default_factory=list)
@@ -172,7 +172,7 @@ def equalize_layers(state: PrepareState) -> PrepareState:
     """Cross-layer equalization of conv / linear pairs through ReLU (lowering/equalize.py), where
     the config asks for it (model-wide: the top-level config's setting)."""
     if state.config.equalization:
-        state.equalized = equalize(state.gm)
+        equalize(state.gm)
     return state
 
 

@@ -13,8 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qbackend.observers import (BestRangeObserver, HistogramObserver, MinMaxObserver, MSEObserver, ObserverError, PercentileObserver,
-                                PerChannelMinMaxObserver)
+from qbackend.observers import (BestRangeObserver, HistogramObserver, MinMaxObserver, MSEObserver, ObserverError,
+                                PercentileObserver, PerChannelMinMaxObserver)
 
 pytestmark = pytest.mark.filterwarnings("ignore::qbackend.observers.base.NonFiniteWarning")
 HSET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -121,7 +121,8 @@ def test_minmax_merge_exact(c, dtype, symmetric):
 
 @HSET
 @given(c=calibration(), bins=st.sampled_from([16, 17, 64, 2048]),
-       cls=st.sampled_from([HistogramObserver, PercentileObserver, MSEObserver, BestRangeObserver]), symmetric=st.booleans())
+       cls=st.sampled_from([HistogramObserver, PercentileObserver, MSEObserver, BestRangeObserver]),
+       symmetric=st.booleans())
 def test_histogram_merge_exact(c, bins, cls, symmetric):
     x, parts, seed = c
     one = check_split_merge(lambda: cls(symmetric=symmetric, bins=bins, reduce_range=False),
