@@ -7,10 +7,19 @@ chose; only which level each weight takes changes) changes the output on inputs 
 X (W - Q)^T, whose squared norm is the trace of (W - Q) H (W - Q)^T with H = X^T X. GPTQ (Frantar
 et al., "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained Transformers", 2022)
 quantizes the columns one at a time, in order of decreasing H diagonal (the inputs with the most
-energy first), and spreads each column's rounding error over the columns not yet quantized through
-the upper Cholesky factor of H^-1, processed in blocks of 128 columns. On BERT-base it cuts the
-weight-induced output error by about 10 dB against nearest rounding
-(benchmarks/results/design_measurements.md, "GPTQ on BERT-base").
+energy first), and spreads each column's rounding error over the columns not yet quantized, in
+blocks of 128 columns. On BERT-base it cuts the weight-induced output error by about 10 dB against
+nearest rounding (benchmarks/results/design_measurements.md, "GPTQ on BERT-base").
+
+The error spreading needs no inverse of H. GPTQ's update through the upper Cholesky factor U of
+H^-1 (U^T U = H^-1) is, written with M = U^-1 (upper triangular, M M^T = H: one Cholesky of H in
+reversed order), column j rounded from
+
+    y_j = w_j + sum_{i < j} (w_i - q_i s) M_ij / M_jj
+
+(Chen et al., "The Geometry of LLM Quantization: GPTQ as Babai's Nearest Plane Algorithm", 2025,
+show the same equivalence): the same levels as the H^-1 form in exact arithmetic, for one K^3/3
+factorization instead of a factorization and a triangular inverse.
 
 A conv is a Linear over its im2col rows: each output position's receptive field, K = C/groups x
 KH x KW columns in the order of weight.reshape(OC, -1) (channel, then kernel row, then column).
@@ -30,7 +39,8 @@ layer's mean output is the float layer's.
   rows into H on a sub-grid of its output positions where a batch has more than
   SAMPLED_ROWS_PER_FEATURE per column;
 * convert: `round_weight` returns the int8 weight for the layer's scales (the column loop in
-  C++: qbackend::gptq_round_columns, whose torch-op reference is `gptq_columns_ref`); it keeps
+  C++: qbackend::gptq_round_columns, whose torch-op reference is `gptq_columns_ref`; the factor M
+  from `factor`, shared by the layers reading one input); it keeps
   nearest rounding when its proxy error tr((W - Q) H (W - Q)^T) is not lower (measured on up to
   256 output channels, sampled; per channel for depthwise convs) and when H is unusable (no rows).
 
@@ -90,9 +100,22 @@ class HessianStats(nn.Module):
         self.conv = None if conv is None else {k: (tuple(v) if isinstance(v, (list, tuple)) else v)
                                                for k, v in conv.items()}
         self.second_moment = second_moment
-        self.hessian: torch.Tensor | None = None
+        self._products: torch.Tensor | None = None  # H, its upper blocks stale after an add (see `hessian`)
+        self._symmetric = True
         self.column_sum: torch.Tensor | None = None
         self.rows = 0
+
+    @property
+    def hessian(self) -> torch.Tensor | None:
+        """H (None before any rows): the block upper triangle copied from the lower one, which is
+        all that `_add_products` accumulates for a wide 2-D H."""
+        h = self._products
+        if h is not None and not self._symmetric:
+            b = _triangle_block(h.shape[0])
+            for i in range(b, h.shape[0], b):
+                h[:i, i:i + b] = h[i:i + b, :i].t()
+            self._symmetric = True
+        return h
 
     def forward(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0:
@@ -126,14 +149,19 @@ class HessianStats(nn.Module):
         k = rows.shape[1]
         groups = 1 if self.conv is None else self.conv["groups"]
         if groups == 1:
-            if self.hessian is None:
-                self.hessian = torch.zeros(k, k)
-            self.hessian.addmm_(rows.t(), rows)
+            if self._products is None:
+                self._products = torch.zeros(k, k)
+            h, b = self._products, _triangle_block(k)
+            # the lower block triangle only (half the products of a wide H): column block
+            # [i, i + b) from row i down
+            for i in range(0, k, b):
+                h[i:, i:i + b].addmm_(rows[:, i:].t(), rows[:, i:i + b])
+            self._symmetric = b >= k
         else:
             per = rows.reshape(rows.shape[0], groups, k // groups).transpose(0, 1)  # [G, rows, K/G]
-            if self.hessian is None:
-                self.hessian = torch.zeros(groups, k // groups, k // groups)
-            self.hessian.baddbmm_(per.transpose(1, 2), per)
+            if self._products is None:
+                self._products = torch.zeros(groups, k // groups, k // groups)
+            self._products.baddbmm_(per.transpose(1, 2), per)
 
     def mean(self) -> torch.Tensor | None:
         """E[x] per column over the rows seen (fp64), None before any."""
@@ -143,17 +171,27 @@ class HessianStats(nn.Module):
         return f"{self.name}: {self.rows} rows"
 
 
+def _triangle_block(k: int) -> int:
+    """The column blocks a 2-D H of K columns accumulates in: the whole H below 512 columns (one
+    product), else at most 8 blocks of at least 192 columns: fp32 products of 1024 rows measured
+    1.2x (K = 768) to 1.9x (K = 3072) faster than the full product on Zen 4, 2 threads."""
+    return k if k < 512 else max(192, -(-k // 8))
+
+
 PROXY_ROWS = 256  # output channels the proxy error is measured on (all of them up to this many)
 
 
-def proxy_error(w: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, h: torch.Tensor,
-                rows: torch.Tensor | None = None) -> float:
-    """tr((W - Q s) H (W - Q s)^T): the output error power of the rounding on the calibration rows
-    (fp32 products, summed in fp64), over the output channels `rows` (all if None)."""
+def proxy_errors(w: torch.Tensor, levels: list[torch.Tensor], scales: torch.Tensor, h: torch.Tensor,
+                 rows: torch.Tensor | None = None) -> list[float]:
+    """tr((W - Q s) H (W - Q s)^T) for each Q of `levels`: the output error power of each rounding
+    on the calibration rows (fp32 products in one matmul, summed in fp64), over the output
+    channels `rows` (all if None)."""
     if rows is not None:
-        w, q, scales = w[rows], q[rows], scales[rows]
-    e = w.float() - q.float() * scales.float()[:, None]
-    return float(((e @ h.float()) * e).double().sum())
+        w, scales = w[rows], scales[rows]
+        levels = [q[rows] for q in levels]
+    e = torch.cat([w.float() - q.float() * scales.float()[:, None] for q in levels])
+    per_row = ((e @ h.float()) * e).double().sum(1)
+    return [float(part.sum()) for part in per_row.split(w.shape[0])]
 
 
 def _im2col_column_sums(x: torch.Tensor, conv: dict) -> torch.Tensor:
@@ -187,65 +225,67 @@ def _sampled_im2col(x: torch.Tensor, conv: dict) -> torch.Tensor:
     return cols.transpose(1, 2).reshape(-1, cols.shape[1])
 
 
-def inverse_cholesky(h: torch.Tensor) -> torch.Tensor | None:
-    """The upper Cholesky factor U of (H + damping)^-1 (U^T U = (H + damping)^-1) in fp32 (fp64 if
-    fp32 is not enough), the damping raised until H is positive definite; None if it never is.
-
-    One Cholesky and one triangular inverse: with J the order reversal and J H J = L L^T,
-    H^-1 = (J L^-1 J)^T (J L^-1 J) and J L^-1 J is upper triangular."""
+def upper_cholesky(h: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The upper triangular M with M M^T = H' + damping, H' = H with its columns and rows in
+    `order` (as they are if None) and columns never seen (H_cc <= 0) given H_cc = 1 (no coupling:
+    nearest rounding for them); in fp32 (fp64 if fp32 is not enough), the damping raised until H'
+    is positive definite; None if it never is. With J the order reversal and J H' J = L L^T,
+    M = J L J: one gather of H in the reversed order, one Cholesky."""
     k = h.shape[0]
-    mean = max(float(torch.diagonal(h).mean()), 1e-12)
-    flipped = h.flip(0, 1)
+    reverse = torch.arange(k - 1, -1, -1) if order is None else order.flip(0)
+    base = h.float()[reverse[:, None], reverse[None, :]]  # J H' J, a new tensor
+    diag = torch.diagonal(base)
+    diag.masked_fill_(diag <= 0, 1.0)
+    mean = max(float(diag.mean()), 1e-12)
     for dtype in (torch.float32, torch.float64):
         for damp in (DAMP, 0.1, 1.0):
-            hd = (flipped + damp * mean * torch.eye(k, dtype=h.dtype)).to(dtype)
+            hd = base.to(dtype, copy=True)
+            torch.diagonal(hd).add_(damp * mean)
             lower, info = torch.linalg.cholesky_ex(hd)
-            if int(info) == 0:
-                eye = torch.eye(k, dtype=dtype)
-                upper = torch.linalg.solve_triangular(lower, eye, upper=False).flip(0, 1)
-                if bool(torch.isfinite(upper).all()):
-                    return upper.float()
+            if int(info) == 0 and bool(torch.isfinite(torch.diagonal(lower)).all()):
+                return lower.flip(0, 1).float()
     return None
 
 
 def factor(hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(column order, upper Cholesky factor of the reordered (H + damping)^-1): what GPTQ needs of
-    H, shared by every Linear reading the same input; None when H has no energy or no factor."""
-    h = hessian.float().clone()
-    diag = torch.diagonal(h)
+    """(column order, upper triangular M with M M^T = the reordered H + damping): what GPTQ needs
+    of H, shared by every Linear reading the same input; None when H has no energy or no factor.
+    The order: decreasing H diagonal, columns never seen (H_cc <= 0) ranked as H_cc = 1."""
+    diag = torch.diagonal(hessian).float()
     dead = diag <= 0
     if bool(dead.all()):
         return None
-    diag[dead] = 1.0  # inputs never seen: no coupling, nearest rounding for those columns
-    perm = torch.argsort(torch.diagonal(h), descending=True)
-    u = inverse_cholesky(h[perm][:, perm])
-    return None if u is None else (perm, u)
+    perm = torch.argsort(torch.where(dead, 1.0, diag), descending=True)
+    m = upper_cholesky(hessian, perm)
+    return None if m is None else (perm, m)
 
 
-def gptq_columns_ref(w: torch.Tensor, u: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int,
+def gptq_columns_ref(w: torch.Tensor, m: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int,
                      block: int = BLOCK) -> torch.Tensor:
     """GPTQ's column loop in torch ops, the reference of the C++ op qbackend::gptq_round_columns
     (csrc/ops/gptq_ops.cpp, which agrees with it bit for bit): float levels [N, K] for the weight w
-    [N, K] in GPTQ's column order, u the upper Cholesky factor of that order's (H + damping)^-1,
-    scales [N]."""
+    [N, K] in GPTQ's column order, m the upper triangular factor of that order's H + damping
+    (M M^T), scales [N]. Column j is rounded from w_j + acc_j / M_jj, acc_j = sum over the columns
+    i < j of (w_i - q_i s) M_ij: within a block as each column is rounded, into the later blocks
+    once per block (ACC[:, later] += D @ M[block, later], one addmm_)."""
     n, k = w.shape
-    wp = w.float().clone()
-    sp = scales.float().reshape(n, 1)
-    q = torch.empty_like(wp)
+    w = w.float()
+    s = scales.float().reshape(n)
+    acc = torch.zeros(n, k)
+    q = torch.empty(n, k)
     for i1 in range(0, k, block):
         i2 = min(i1 + block, k)
-        w1 = wp[:, i1:i2].clone()
-        err = torch.empty_like(w1)
-        u1 = u[i1:i2, i1:i2]
+        d = torch.empty(n, i2 - i1)
         for i in range(i2 - i1):
-            col = w1[:, i]
-            qc = torch.clamp(torch.round(col / sp[:, 0]), qmin, qmax)
-            q[:, i1 + i] = qc
-            e = (col - qc * sp[:, 0]) / u1[i, i]
-            w1[:, i:].sub_(e[:, None] * u1[i, i:][None, :])
-            err[:, i] = e
+            c = i1 + i
+            y = w[:, c] + acc[:, c] / m[c, c]
+            qc = torch.clamp(torch.round(y / s), qmin, qmax)
+            q[:, c] = qc
+            dc = w[:, c] - qc * s
+            d[:, i] = dc
+            acc[:, c + 1:i2] += dc[:, None] * m[c, c + 1:i2][None, :]
         if i2 < k:
-            wp[:, i2:].sub_(err @ u[i1:i2, i2:])
+            acc[:, i2:].addmm_(d, m[i1:i2, i2:])
     return q
 
 
@@ -262,13 +302,12 @@ def gptq_round(weight: torch.Tensor, scales: torch.Tensor, hessian: torch.Tensor
     f = factored if factored is not None else factor(hessian)
     if f is None:
         return nearest, {"method": "nearest", "why": "no usable calibration Hessian"}
-    perm, u = f
-    q = torch.ops.qbackend.gptq_round_columns(w[:, perm].contiguous(), u.contiguous(), s.reshape(-1).contiguous(),
+    perm, m = f
+    q = torch.ops.qbackend.gptq_round_columns(w[:, perm].contiguous(), m.contiguous(), s.reshape(-1).contiguous(),
                                               qmin, qmax, BLOCK)
     q = q[:, torch.argsort(perm)].to(torch.int8)
     rows = None if n <= PROXY_ROWS else torch.randperm(n, generator=torch.Generator().manual_seed(0))[:PROXY_ROWS]
-    before = proxy_error(w, nearest, scales, hessian, rows)
-    after = proxy_error(w, q, scales, hessian, rows)
+    before, after = proxy_errors(w, [nearest, q], scales, hessian, rows)
     info = {"method": "gptq", "proxy_error_nearest": before, "proxy_error": after}
     if not after < before:
         return nearest, {**info, "method": "nearest", "why": "GPTQ did not lower the proxy error"}
@@ -286,18 +325,15 @@ def _rounded_per_channel(w: torch.Tensor, scales: torch.Tensor, h: torch.Tensor,
     diag = torch.diagonal(h, dim1=1, dim2=2)
     eye = torch.eye(k, dtype=torch.float64)
     hd = h + (DAMP * diag.mean(1).clamp_min(1e-12))[:, None, None] * eye
-    lower, info = torch.linalg.cholesky_ex(hd)
+    lower, info = torch.linalg.cholesky_ex(hd.flip(1, 2))
     usable = (info == 0) & (diag.sum(1) > 0) & torch.isfinite(hd).flatten(1).all(1)
-    lower = torch.where(usable[:, None, None], lower, eye)
-    u, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
-    usable &= (info == 0) & torch.isfinite(u).flatten(1).all(1)
-    u = torch.where(usable[:, None, None], u, eye)  # the identity: nearest rounding, kept below
-    wp, q = w.clone(), torch.empty_like(w)
+    usable &= torch.isfinite(lower).flatten(1).all(1)
+    m = torch.where(usable[:, None, None], lower.flip(1, 2), eye)  # the identity: nearest rounding, kept below
+    acc, q = torch.zeros_like(w), torch.empty_like(w)
     for i in range(k):
-        qc = torch.clamp(torch.round(wp[:, i] / s), qmin, qmax)
+        qc = torch.clamp(torch.round((w[:, i] + acc[:, i] / m[:, i, i]) / s), qmin, qmax)
         q[:, i] = qc
-        e = (wp[:, i] - qc * s) / u[:, i, i]
-        wp[:, i:] -= e[:, None] * u[:, i, i:]
+        acc[:, i + 1:] += (w[:, i] - qc * s)[:, None] * m[:, i, i + 1:]
 
     def err(levels):
         e = w - levels.double() * s[:, None]

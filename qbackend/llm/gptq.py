@@ -3,8 +3,9 @@
 Rounding W [N, K] to Q changes a Linear's output on inputs X [rows, K] by X (W - Q)^T, whose squared
 norm is tr((W - Q) H (W - Q)^T) with H = X^T X. GPTQ (Frantar et al., "GPTQ: Accurate Post-Training
 Quantization for Generative Pre-trained Transformers", 2022) takes the columns in order, rounds each
-to its group's grid and spreads the rounding error over the columns not yet rounded through the upper
-Cholesky factor U of (H + damping)^-1, in blocks of columns (lazy batch updates). Each group's grid
+to its group's grid and spreads the rounding error over the columns not yet rounded, in blocks of
+columns (lazy batch updates), through M with M M^T = H + damping (qbackend.algorithms.gptq states
+the update and its equivalence to the (H + damping)^-1 form). Each group's grid
 (scale and offset, as `quantize_int4` defines them for the symmetric and asymmetric forms) is set
 from the group's weights as they stand when its first column comes up, so it covers the errors
 already spread into it (the reference implementation's "groupsize" mode; no activation order).
@@ -30,7 +31,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..algorithms.gptq import HessianStats, inverse_cholesky
+from ..algorithms.gptq import HessianStats, upper_cholesky
 from ..nn.int4_linear import dequantize_int4, quantize_int4
 
 __all__ = ["collect_hessians", "gptq_int4", "calibration_batches"]
@@ -107,38 +108,35 @@ def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symm
     nearest = quantize_int4(weight, group_size, symmetric)
     w0 = weight.detach().float()
     n, k = w0.shape
-    h = hessian.float().clone()
-    diag = torch.diagonal(h)
-    dead = diag <= 0
+    dead = torch.diagonal(hessian) <= 0  # inputs never seen: no coupling (upper_cholesky)
     if bool(dead.all()):
         return nearest, False
-    diag[dead] = 1.0  # inputs never seen: no coupling
-    u = inverse_cholesky(h)
-    if u is None:
+    m = upper_cholesky(hessian)
+    if m is None:
         return nearest, False
     w = w0.clone()
     w[:, dead] = 0.0
     groups = -(-k // group_size)
     scales, offsets = torch.empty(n, groups), torch.empty(n, groups)
     levels = torch.empty(n, k)
+    diag = torch.diagonal(m)
+    acc = torch.zeros(n, k)  # column j is rounded from w_j + acc_j / M_jj
     block = max(BLOCK, group_size)  # a multiple of every group size: a group never spans two blocks
     for b0 in range(0, k, block):
         b1 = min(b0 + block, k)
-        w1, err = w[:, b0:b1].clone(), torch.empty(n, b1 - b0)
-        u1 = u[b0:b1, b0:b1]
+        d = torch.empty(n, b1 - b0)
         for i in range(b1 - b0):
             col = b0 + i
-            if col % group_size == 0:
-                g = col // group_size
-                scales[:, g], offsets[:, g] = _grid(w1[:, i:i + group_size], symmetric)
             g = col // group_size
-            q = _levels(w1[:, i], scales[:, g], offsets[:, g])
+            if col % group_size == 0:
+                end = min(col + group_size, k)
+                scales[:, g], offsets[:, g] = _grid(w[:, col:end] + acc[:, col:end] / diag[col:end], symmetric)
+            q = _levels(w[:, col] + acc[:, col] / diag[col], scales[:, g], offsets[:, g])
             levels[:, col] = q
-            e = (w1[:, i] - (q * scales[:, g] + offsets[:, g])) / u1[i, i]
-            w1[:, i:].sub_(e[:, None] * u1[i, i:][None, :])
-            err[:, i] = e
+            d[:, i] = w[:, col] - (q * scales[:, g] + offsets[:, g])
+            acc[:, col + 1:b1] += d[:, i:i + 1] * m[col, col + 1:b1][None, :]
         if b1 < k:
-            w[:, b1:].sub_(err @ u[b0:b1, b1:])
+            acc[:, b1:] += d @ m[b0:b1, b1:]
     packed = _pack(levels)
     h_used = hessian.float()
     gptq_error = _proxy(w0, dequantize_int4(packed, scales, offsets, group_size, k), h_used)

@@ -44,6 +44,23 @@ def test_hessian_stats_is_xtx_and_skips_nonfinite_rows():
     torch.testing.assert_close(rec.hessian.double(), rows.t() @ rows, rtol=1e-5, atol=1e-4)
 
 
+def test_wide_hessian_from_its_lower_blocks_is_xtx():
+    """A wide H accumulates its lower block triangle only; read between and after adds, it is the
+    whole symmetric X^T X."""
+    g = torch.Generator().manual_seed(4)
+    rec = HessianStats("x")
+    batches = [torch.randn(2, 70, 1100, generator=g) for _ in range(3)]
+    rec(batches[0])
+    first = batches[0].reshape(-1, 1100).double()
+    torch.testing.assert_close(rec.hessian.double(), first.t() @ first, rtol=1e-5, atol=1e-3)
+    for b in batches[1:]:
+        rec(b)
+    rows = torch.cat([b.reshape(-1, 1100) for b in batches]).double()
+    h = rec.hessian
+    assert torch.equal(h, h.t())
+    torch.testing.assert_close(h.double(), rows.t() @ rows, rtol=1e-5, atol=1e-3)
+
+
 @pytest.mark.parametrize("n,k", [(48, 64), (130, 200), (7, 300)])
 def test_gptq_lowers_the_output_error_on_the_calibration_rows(n, k):
     g = torch.Generator().manual_seed(n + k)
@@ -72,11 +89,11 @@ def test_native_column_loop_is_its_reference_bit_for_bit(n, k, block, qmin, qmax
     (also where levels saturate at qmin / qmax: scales too small for the weights)."""
     g = torch.Generator().manual_seed(n * k)
     x = correlated_rows(2 * k + 4, k, g)
-    perm, u = factor(x.t() @ x)
+    perm, m = factor(x.t() @ x)
     w = (torch.randn(n, k, generator=g) * 0.05)[:, perm].contiguous()
     scales = w.abs().amax(1) / (qmax - qmin) * (0.5 if qmin < 0 else 4.0) + 1e-6
-    got = torch.ops.qbackend.gptq_round_columns(w, u, scales, qmin, qmax, block)
-    want = gptq_columns_ref(w, u, scales, qmin, qmax, block)
+    got = torch.ops.qbackend.gptq_round_columns(w, m, scales, qmin, qmax, block)
+    want = gptq_columns_ref(w, m, scales, qmin, qmax, block)
     assert torch.equal(got, want)
     assert float(got.min()) >= qmin and float(got.max()) <= qmax and torch.equal(got, got.round())
     assert got.min() == qmin or got.max() == qmax  # the clamp was exercised
@@ -84,7 +101,7 @@ def test_native_column_loop_is_its_reference_bit_for_bit(n, k, block, qmin, qmax
 
 def test_native_column_loop_names_bad_arguments():
     w, u, s = torch.zeros(3, 4), torch.eye(4), torch.ones(3)
-    with pytest.raises(ValueError, match="u must be"):
+    with pytest.raises(ValueError, match="m must be"):
         torch.ops.qbackend.gptq_round_columns(w, torch.eye(5), s, -128, 127, 128)
     with pytest.raises(ValueError, match="scales must"):
         torch.ops.qbackend.gptq_round_columns(w, u, torch.ones(2), -128, 127, 128)
@@ -167,14 +184,53 @@ def test_config_rejects_unknown_rounding():
         qbackend.QuantConfig(weight_rounding="adaround")
 
 
-def test_inverse_cholesky_is_the_upper_factor_of_the_damped_inverse():
-    from qbackend.algorithms.gptq import DAMP, inverse_cholesky
+def test_upper_cholesky_factors_the_damped_hessian():
+    from qbackend.algorithms.gptq import DAMP, upper_cholesky
 
     g = torch.Generator().manual_seed(9)
     x = correlated_rows(300, 48, g, rank=6)
     h = x.t().double() @ x.double()
-    u = inverse_cholesky(h.float())
-    assert u.dtype == torch.float32 and torch.equal(u, u.triu())
+    m = upper_cholesky(h.float())
+    assert m.dtype == torch.float32 and torch.equal(m, m.triu())
     damped = h + DAMP * float(torch.diagonal(h).mean()) * torch.eye(48, dtype=torch.float64)
-    want = torch.linalg.inv(damped)
-    assert float((u.double().t() @ u.double() - want).abs().max()) <= 1e-4 * float(want.abs().max())
+    assert float((m.double() @ m.double().t() - damped).abs().max()) <= 1e-5 * float(damped.abs().max())
+
+
+def _textbook_gptq(w: torch.Tensor, h: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """GPTQ as its paper states it, in fp64, one column at a time: U the upper Cholesky factor of
+    (H + damping)^-1, column i rounded, its error (w_i - q_i s) / U_ii taken off the later columns
+    through row i of U."""
+    from qbackend.algorithms.gptq import DAMP
+
+    k = h.shape[0]
+    damped = h + DAMP * float(torch.diagonal(h).mean()) * torch.eye(k, dtype=torch.float64)
+    u = torch.linalg.cholesky(torch.linalg.inv(damped), upper=True)
+    w, s = w.double().clone(), scales.double()
+    q = torch.empty_like(w)
+    for i in range(k):
+        q[:, i] = torch.clamp(torch.round(w[:, i] / s), qmin, qmax)
+        e = (w[:, i] - q[:, i] * s) / u[i, i]
+        w[:, i:] -= e[:, None] * u[i, i:][None, :]
+    return q
+
+
+@pytest.mark.parametrize("n,k", [(40, 64), (24, 200)])
+def test_column_loop_gives_the_textbook_levels(n, k):
+    """The loop on M (M M^T = H + damping) against GPTQ's H^-1 form in fp64 (the paper's update):
+    the same levels up to float rounding at ties, and the same proxy error."""
+    g = torch.Generator().manual_seed(k)
+    x = correlated_rows(3 * k, k, g)
+    h = x.t().double() @ x.double()
+    w = torch.randn(n, k, generator=g) * 0.05
+    q0, scales = quantize_weight(w)
+    perm, m = factor(h.float())
+    got = torch.ops.qbackend.gptq_round_columns(w[:, perm].contiguous(), m, scales, -128, 127, 32)
+    want = _textbook_gptq(w[:, perm], h[perm][:, perm], scales, -128, 127)
+    assert float((got.double() != want).double().mean()) <= 0.002
+    levels = got[:, torch.argsort(perm)]
+
+    def err(q):
+        return float(output_error(x, w, q, scales))
+
+    assert err(levels) == pytest.approx(err(want[:, torch.argsort(perm)]), rel=1e-3)
+    assert err(levels) < err(q0)
