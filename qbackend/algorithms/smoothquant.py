@@ -9,7 +9,8 @@ channel, which absorbs it better. s_c = max|X_c|^alpha / max_i max|W_i[:, c]|^(1
 
 * calibration: `ChannelStats` beside the value's ordinary observer records per-channel absolute
   maxima and a uniform sample of rows;
-* the search (`choose`, at convert): for no smoothing and for each alpha of the grid, the
+* the search (`choose`, at convert): for no smoothing and for the alphas of the grid (every
+  other one, then the best one's neighbours; all with SmoothQuantConfig.exhaustive), the
   Linears' output error on the sample, sum over the Linears of |Q(X/s) Q(W s)^T - X W^T|^2 /
   |X W^T|^2, where Q(X/s) uses qparams from the configured activation observer fed X / s (no
   smoothing: the value's own observer, over all calibration data) and Q(W s) quantizes the
@@ -147,22 +148,34 @@ def choose(fold: str, stats: ChannelStats, observer: Observer, weights: list[tor
             total += float((xq @ wq.t() - ref).pow(2).sum()) / max(norm, 1e-30)
         return total / len(weights)
 
-    base = error(_fake_quant_act(x, observer.compute_qparams()), None)
-    best = (base, None, None, None)
-    for alpha in sq.alphas:
+    def smoothed(alpha: float) -> tuple:
         s = _factors(stats.absmax, w_max, alpha)
         obs = _fresh_like(observer)
         obs.update(x / s)
         qp = obs.compute_qparams()
-        e = error(_fake_quant_act(x / s, qp), s)
-        if e < best[0]:
-            best = (e, alpha, s, (obs, qp))
+        return error(_fake_quant_act(x / s, qp), s), alpha, s, (obs, qp)
+
+    base = error(_fake_quant_act(x, observer.compute_qparams()), None)
+    tried = {i: smoothed(sq.alphas[i]) for i in _first_alphas(len(sq.alphas), sq.exhaustive)}
+    near = min(tried, key=lambda i: tried[i][0])
+    for i in (near - 1, near + 1):
+        if 0 <= i < len(sq.alphas) and i not in tried:
+            tried[i] = smoothed(sq.alphas[i])
+    best = min([(base, None, None, None)] + [tried[i] for i in sorted(tried)], key=lambda t: t[0])
     err, alpha, s, chosen = best
     if s is None or err > base * (1.0 - sq.min_gain):
         return Smoothing(name, None, None, base, base, fold)
     obs, qp = chosen
     lo, hi = obs.chosen_range()
     return Smoothing(name, s.contiguous(), alpha, err, base, fold, qp, (float(lo), float(hi)))
+
+
+def _first_alphas(count: int, exhaustive: bool) -> list[int]:
+    """The grid indices the search tries first: all of them, or every other one and the last (the
+    search then tries the best one's neighbours)."""
+    if exhaustive or count <= 3:
+        return list(range(count))
+    return sorted(set(range(0, count, 2)) | {count - 1})
 
 
 def _sampled_rows(w: torch.Tensor, count: int) -> torch.Tensor:

@@ -193,8 +193,45 @@ def test_auto_smooths_layer_norm_outputs_only():
     assert _calibrated(model, cal, OFF).smooth_groups == []
 
 
+def _search(prepared, sq, monkeypatch):
+    """(Smoothing, the alphas whose error the search measured) for the prepared graph's one value."""
+    from qbackend.algorithms import smoothquant as search
+    from qbackend.lowering.fold import get_attr_value
+
+    tried, factors = [], search._factors
+    monkeypatch.setattr(search, "_factors", lambda a, w, alpha: tried.append(alpha) or factors(a, w, alpha))
+    (group,) = prepared.smooth_groups
+    name = prepared.plan.observed[group.value]
+    sm = search.choose(group.fold, prepared.gm.get_submodule(group.stats), prepared.observers()[name],
+                       [get_attr_value(prepared.gm, op.weight) for op in group.ops], [op.config for op in group.ops],
+                       [op.name for op in group.ops], sq)
+    monkeypatch.undo()
+    return sm, tried
+
+
+def test_alpha_search_tries_every_other_alpha_then_the_best_ones_neighbours(monkeypatch):
+    torch.manual_seed(3)
+    prepared = _calibrated(LNBlock(False).eval(), _batches(2))
+    grid = qbackend.SmoothQuantConfig().alphas
+    full, tried_all = _search(prepared, qbackend.SmoothQuantConfig(exhaustive=True), monkeypatch)
+    assert tried_all == list(grid)
+    errors = {}
+    for alpha in grid:  # each alpha's error alone: a one-point grid
+        one, _ = _search(prepared, qbackend.SmoothQuantConfig(alphas=(alpha,), min_gain=0.0), monkeypatch)
+        assert one.alpha == alpha  # every alpha beats no smoothing here: its error is measured
+        errors[alpha] = one.error
+    assert full.alpha == min(grid, key=errors.get) and full.error == errors[full.alpha]
+    coarse, tried = _search(prepared, qbackend.SmoothQuantConfig(), monkeypatch)
+    first = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert tried[:6] == first
+    best = min(first, key=errors.get)
+    assert sorted(tried[6:]) == [a for a in grid if abs(a - best) - 0.1 < 1e-9 and a not in first]
+    assert coarse.alpha == min(tried, key=errors.get) and coarse.error == errors[coarse.alpha]
+
+
 def test_config_validation():
-    for bad in ({"alphas": ()}, {"alphas": (0.5, 1.5)}, {"sample_rows": 4}, {"min_gain": 1.0}):
+    for bad in ({"alphas": ()}, {"alphas": (0.5, 1.5)}, {"sample_rows": 4}, {"min_gain": 1.0},
+                {"exhaustive": "yes"}):
         with pytest.raises(ValueError):
             qbackend.SmoothQuantConfig(**bad)
     for bad in (0.5, "on", True):
