@@ -218,8 +218,7 @@ def test_alpha_search_tries_every_other_alpha_then_the_best_ones_neighbours(monk
     errors = {}
     for alpha in grid:  # each alpha's error alone: a one-point grid
         one, _ = _search(prepared, qbackend.SmoothQuantConfig(alphas=(alpha,), min_gain=0.0), monkeypatch)
-        assert one.alpha == alpha  # every alpha beats no smoothing here: its error is measured
-        errors[alpha] = one.error
+        errors[alpha] = one.error if one.alpha == alpha else float("inf")  # inf: no better than none
     assert full.alpha == min(grid, key=errors.get) and full.error == errors[full.alpha]
     coarse, tried = _search(prepared, qbackend.SmoothQuantConfig(), monkeypatch)
     first = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
