@@ -13,8 +13,9 @@ The qbackend rows include an ablation of its post-training methods (each a Quant
 on the CNNs, GPTQ rounding of the convs' and Linears' weights (``weight_rounding``) and bias
 correction (``bias_correction``: "auto", the default, skips the Linears GPTQ rounded; True corrects
 every layer), each alone and together, and cross-layer equalization
-(``equalization``, off by default); on the transformers, SmoothQuant (``smoothquant``), GPTQ
-rounding and bias correction; on every static model, the activation observer (the default
+(``equalization``, off by default); on the transformers, SmoothQuant (``smoothquant``; and its
+alpha search over the whole grid, ``SmoothQuantConfig(exhaustive=True)``), GPTQ rounding and bias
+correction; on every static model, the activation observer (the default
 BestRangeObserver against HistogramObserver, the default before it). The transformers also get
 qbackend's W8A8 scheme with per-token dynamic activations (``qbackend.quantize_llm``, the decoder
 path's, which takes any model of Linears), the alternative to static per-tensor activations.
@@ -299,6 +300,8 @@ FLOWS = {
                                                     is_transformer),
     "qbackend, nearest rounding (no GPTQ)": (quantize_qbackend_with(weight_rounding="nearest"), is_transformer),
     "qbackend, SmoothQuant off": (quantize_qbackend_with(smoothquant=None), is_transformer),
+    "qbackend, SmoothQuant's whole alpha grid searched": (
+        quantize_qbackend_with(smoothquant=qbackend.SmoothQuantConfig(exhaustive=True)), is_transformer),
     "qbackend": (quantize_qbackend, lambda case: True),
     "qbackend W8A8, per-token dynamic activations": (quantize_qbackend_per_token, is_transformer),
 }
