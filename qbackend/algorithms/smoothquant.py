@@ -189,8 +189,9 @@ def _sampled_rows(w: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def _fresh_like(observer: Observer) -> Observer:
-    """A new observer of the same class and configuration (qmin/qmax as resolved), no data."""
-    fresh = copy.deepcopy(observer)
+    """A new observer of the same class and configuration (qmin/qmax as resolved), no data: a
+    shallow copy, reset (reset assigns new statistics, never changing the copied ones)."""
+    fresh = copy.copy(observer)
     fresh.reset()
     return fresh
 

@@ -199,7 +199,8 @@ class Observer(abc.ABC):
         return self
 
     def reset(self) -> None:
-        """Forget all statistics."""
+        """Forget all statistics: new statistics objects are assigned (`_reset_stats` never changes
+        the old ones in place), so a shallow copy of an observer can be reset without touching it."""
         self.count = 0
         self.nonfinite_count = 0
         self._reset_stats()

@@ -85,6 +85,23 @@ def test_requires_grad_and_channels_last():
 # ----------------------------------------------------------------------------- NaN / inf
 
 @pytest.mark.parametrize("cls", ALL)
+def test_reset_of_a_shallow_copy_leaves_the_original(cls):
+    """reset assigns new statistics: a shallow copy, reset and fed other data, leaves the
+    observer it was copied from as it was (SmoothQuant's search makes its fresh observers so)."""
+    import copy
+
+    obs = make(cls)
+    obs.update(data(0))
+    before = obs.state_dict()
+    fresh = copy.copy(obs)
+    fresh.reset()
+    assert not fresh.has_data
+    fresh.update(data(1, scale=7.0))
+    assert state_equal(obs.state_dict(), before)
+    assert not state_equal(fresh.state_dict(), before)
+
+
+@pytest.mark.parametrize("cls", ALL)
 def test_nonfinite_skipped_counted_warned_once(cls):
     obs = make(cls)
     clean = make(cls)
