@@ -42,7 +42,7 @@ layer's mean output is the float layer's.
   C++: qbackend::gptq_round_columns, whose torch-op reference is `gptq_columns_ref`; the factor M
   from `factor`, shared by the layers reading one input); it keeps
   nearest rounding when its proxy error tr((W - Q) H (W - Q)^T) is not lower (measured on up to
-  256 output channels, sampled; per channel for depthwise convs) and when H is unusable (no rows).
+  PROXY_ROWS output channels, sampled; per channel for depthwise convs) and when H is unusable (no rows).
 
 Settings: QuantConfig.weight_rounding ("gptq", the default, or "nearest") and
 QuantConfig.bias_correction, per layer; layers with more than `MAX_FEATURES` input features (per
@@ -178,7 +178,7 @@ def _triangle_block(k: int) -> int:
     return k if k < 512 else max(192, -(-k // 8))
 
 
-PROXY_ROWS = 256  # output channels the proxy error is measured on (all of them up to this many)
+PROXY_ROWS = 128  # output channels the proxy errors are measured on (all of them up to this many)
 
 
 def proxy_errors(w: torch.Tensor, levels: list[torch.Tensor], scales: torch.Tensor, h: torch.Tensor,
@@ -303,9 +303,9 @@ def gptq_round(weight: torch.Tensor, scales: torch.Tensor, hessian: torch.Tensor
     if f is None:
         return nearest, {"method": "nearest", "why": "no usable calibration Hessian"}
     perm, m = f
-    q = torch.ops.qbackend.gptq_round_columns(w[:, perm].contiguous(), m.contiguous(), s.reshape(-1).contiguous(),
+    q = torch.ops.qbackend.gptq_round_columns(w.index_select(1, perm), m.contiguous(), s.reshape(-1).contiguous(),
                                               qmin, qmax, BLOCK)
-    q = q[:, torch.argsort(perm)].to(torch.int8)
+    q = q.index_select(1, torch.argsort(perm)).to(torch.int8)
     rows = None if n <= PROXY_ROWS else torch.randperm(n, generator=torch.Generator().manual_seed(0))[:PROXY_ROWS]
     before, after = proxy_errors(w, [nearest, q], scales, hessian, rows)
     info = {"method": "gptq", "proxy_error_nearest": before, "proxy_error": after}

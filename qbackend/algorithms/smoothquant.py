@@ -138,15 +138,15 @@ def choose(fold: str, stats: ChannelStats, observer: Observer, weights: list[tor
     weights = [w.detach().float() for w in weights]
     w_max = _column_max(weights)  # the factors see every output channel; the error a sample of them
     weights = [_sampled_rows(w, sq.sample_outputs) for w in weights]
-    refs = [x @ w.t() for w in weights]
-    norms = [float(r.pow(2).sum()) for r in refs]
+    ref = x @ torch.cat(weights).t()  # every Linear's sampled outputs side by side
+    widths = [w.shape[0] for w in weights]
+    norms = torch.stack([part.pow(2).sum() for part in ref.split(widths, dim=1)]).double().clamp_min(1e-30)
 
     def error(xq: torch.Tensor, s: torch.Tensor | None) -> float:
-        total = 0.0
-        for w, c, n, ref, norm in zip(weights, configs, names, refs, norms):
-            wq = _fake_quant_weight(w if s is None else w * s, c, n)
-            total += float((xq @ wq.t() - ref).pow(2).sum()) / max(norm, 1e-30)
-        return total / len(weights)
+        wq = torch.cat([_fake_quant_weight(w if s is None else w * s, c, n) for w, c, n in zip(weights, configs, names)])
+        diff = torch.addmm(ref, xq, wq.t(), beta=-1)  # Q(X/s) Q(W s)^T - X W^T
+        per_linear = torch.stack([part.pow(2).sum() for part in diff.split(widths, dim=1)]).double()
+        return float((per_linear / norms).mean())
 
     def smoothed(alpha: float) -> tuple:
         s = _factors(stats.absmax, w_max, alpha)
