@@ -83,9 +83,8 @@ class SmoothQuantConfig:
     alphas: the grid searched (no smoothing is always a candidate too); exhaustive: every alpha of
     the grid is tried, else (the default) every other one (the first and last included), then the
     two grid neighbours of the best: 8 of the 11 default alphas, a third less search time, the
-    exhaustive alpha for 45 of the 48 values of BERT-base, all-MiniLM-L6-v2 and the outlier
-    encoder and within 3% of its error for the other 3 (benchmarks/results/epyc_zen4/
-    transformer_quantize_time.md);
+    whole grid's SQNR on BERT-base, all-MiniLM-L6-v2 and the outlier encoder
+    (benchmarks/results/epyc_zen4/accuracy.md, the row "SmoothQuant's whole alpha grid searched");
     sample_rows: rows of each smoothed activation kept from calibration (uniformly sampled) for the
     search; sample_outputs: output channels of each Linear its error is measured on (uniformly
     sampled); min_gain: the relative error reduction a smoothing must bring over none to be used."""
