@@ -27,14 +27,6 @@ namespace {
 
 using at::Tensor;
 
-// x rounded to the nearest integer, ties to even (std::nearbyint under the default rounding mode)
-// for |x| <= 2^22, which every clamped level is: adding and taking off 1.5 x 2^23 leaves no
-// fraction bits. Inline, where nearbyint is a libm call on the SSE2 baseline.
-inline float round_even(float x) {
-  constexpr float kShift = 12582912.0f;  // 1.5 x 2^23
-  return (x + kShift) - kShift;
-}
-
 // One block of columns [c0, c0 + b) for rows [r0, r1): w, acc and q at column c0 with row stride
 // ld, m pointing at m[c0, c0] with row stride ldm, d [rows, b] with row stride ldd.
 void round_block_rows(const float* w, float* acc, int64_t ld, const float* m, int64_t ldm, const float* scales,
@@ -49,8 +41,7 @@ void round_block_rows(const float* w, float* acc, int64_t ld, const float* m, in
       const float* mi = m + i * ldm;
       const float shift = ar[i] / mi[i];
       const float y = wr[i] + shift;
-      // clamping before rounding gives clamp(round(.)): the bounds are integers
-      const float level = round_even(std::min(std::max(y / s, qmin), qmax));
+      const float level = std::min(std::max(std::nearbyint(y / s), qmin), qmax);
       qr[i] = level;
       const float prod = level * s;
       const float di = wr[i] - prod;
@@ -74,8 +65,6 @@ Tensor gptq_round_columns(const Tensor& w_in, const Tensor& m_in, const Tensor& 
                     k, "], got ", m_in.sizes());
   TORCH_CHECK_VALUE(scales_in.numel() == n, "scales must hold N = ", n, " values, got ", scales_in.numel());
   TORCH_CHECK_VALUE(qmin <= qmax, "qmin must be <= qmax, got ", qmin, " > ", qmax);
-  TORCH_CHECK_VALUE(qmin >= -(int64_t(1) << 22) && qmax <= (int64_t(1) << 22),
-                    "qmin and qmax must lie in [-2^22, 2^22], got ", qmin, " and ", qmax);
   TORCH_CHECK_VALUE(block >= 1, "block must be >= 1, got ", block);
   const Tensor w = w_in.contiguous();
   const Tensor m = m_in.contiguous();

@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import gptq_ops  # noqa: F401  (registers qbackend::gptq_round_columns)
+from .sampling import sampled_rows
 
 MAX_FEATURES = 8192  # H in fp32: 256 MB at this size
 ROWS_PER_FEATURE = 2  # a conv takes GPTQ where one example batch gives this many im2col rows per column
@@ -181,15 +182,11 @@ def _triangle_block(k: int) -> int:
 PROXY_ROWS = 128  # output channels the proxy errors are measured on (all of them up to this many)
 
 
-def proxy_errors(w: torch.Tensor, levels: list[torch.Tensor], scales: torch.Tensor, h: torch.Tensor,
-                 rows: torch.Tensor | None = None) -> list[float]:
-    """tr((W - Q s) H (W - Q s)^T) for each Q of `levels`: the output error power of each rounding
-    on the calibration rows (fp32 products in one matmul, summed in fp64), over the output
-    channels `rows` (all if None)."""
-    if rows is not None:
-        w, scales = w[rows], scales[rows]
-        levels = [q[rows] for q in levels]
-    e = torch.cat([w.float() - q.float() * scales.float()[:, None] for q in levels])
+def proxy_errors(w: torch.Tensor, approximations: list[torch.Tensor], h: torch.Tensor) -> list[float]:
+    """tr((W - A) H (W - A)^T) for each float approximation A of the weight W [N, K] (a rounding
+    on its grid, dequantized): the output error power of each on the calibration rows (fp32
+    products in one matmul, summed in fp64)."""
+    e = torch.cat([w.float() - a.float() for a in approximations])
     per_row = ((e @ h.float()) * e).double().sum(1)
     return [float(part.sum()) for part in per_row.split(w.shape[0])]
 
@@ -306,8 +303,9 @@ def gptq_round(weight: torch.Tensor, scales: torch.Tensor, hessian: torch.Tensor
     q = torch.ops.qbackend.gptq_round_columns(w.index_select(1, perm), m.contiguous(), s.reshape(-1).contiguous(),
                                               qmin, qmax, BLOCK)
     q = q.index_select(1, torch.argsort(perm)).to(torch.int8)
-    rows = None if n <= PROXY_ROWS else torch.randperm(n, generator=torch.Generator().manual_seed(0))[:PROXY_ROWS]
-    before, after = proxy_errors(w, [nearest, q], scales, hessian, rows)
+    rows = sampled_rows(n, PROXY_ROWS)
+    ws, q0, q1, ss = (w, nearest, q, s) if rows is None else (w[rows], nearest[rows], q[rows], s[rows])
+    before, after = proxy_errors(ws, [q0.float() * ss, q1.float() * ss], hessian)
     info = {"method": "gptq", "proxy_error_nearest": before, "proxy_error": after}
     if not after < before:
         return nearest, {**info, "method": "nearest", "why": "GPTQ did not lower the proxy error"}

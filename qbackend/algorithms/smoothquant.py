@@ -33,6 +33,7 @@ from torch import nn
 from ..config import QuantConfig, SmoothQuantConfig
 from ..nn.weights import quantize_weight
 from ..observers import Observer, QParams
+from .sampling import sampled_rows
 
 _S_MIN, _S_MAX = 1e-5, 1e5  # smoothing factors are clamped to this range
 
@@ -179,13 +180,11 @@ def _first_alphas(count: int, exhaustive: bool) -> list[int]:
 
 
 def _sampled_rows(w: torch.Tensor, count: int) -> torch.Tensor:
-    """`count` of w's rows (output channels), uniformly sampled with a fixed seed, in their order;
-    all of them when there are no more. Weights are quantized per row, so the sample's quantized
-    rows are those of the whole weight."""
-    if w.shape[0] <= count:
-        return w
-    rows = torch.randperm(w.shape[0], generator=torch.Generator().manual_seed(0))[:count].sort().values
-    return w[rows]
+    """`count` of w's rows (output channels, `sampled_rows`), in their order; all of them when
+    there are no more. Weights are quantized per row, so the sample's quantized rows are those of
+    the whole weight."""
+    rows = sampled_rows(w.shape[0], count)
+    return w if rows is None else w[rows]
 
 
 def _fresh_like(observer: Observer) -> Observer:

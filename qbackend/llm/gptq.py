@@ -31,7 +31,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..algorithms.gptq import HessianStats, upper_cholesky
+from ..algorithms.gptq import HessianStats, proxy_errors, upper_cholesky
 from ..nn.int4_linear import dequantize_int4, quantize_int4
 
 __all__ = ["collect_hessians", "gptq_int4", "calibration_batches"]
@@ -96,11 +96,6 @@ def _pack(levels: torch.Tensor) -> torch.Tensor:
     return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
 
 
-def _proxy(weight: torch.Tensor, dequantized: torch.Tensor, h: torch.Tensor) -> float:
-    e = weight - dequantized
-    return float(((e @ h) * e).double().sum())
-
-
 def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool):
     """((packed uint8 [N, ceil(K / 2)], scales [N, G], offsets [N, G]), whether GPTQ's rounding was
     kept) for the float weight [N, K]: GPTQ's rounding for the input statistics H [K, K] (see the
@@ -139,8 +134,8 @@ def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symm
             acc[:, b1:] += d @ m[b0:b1, b1:]
     packed = _pack(levels)
     h_used = hessian.float()
-    gptq_error = _proxy(w0, dequantize_int4(packed, scales, offsets, group_size, k), h_used)
-    nearest_error = _proxy(w0, dequantize_int4(*nearest, group_size, k), h_used)
+    gptq_error, nearest_error = proxy_errors(w0, [dequantize_int4(packed, scales, offsets, group_size, k),
+                                                  dequantize_int4(*nearest, group_size, k)], h_used)
     if not gptq_error < nearest_error:
         return nearest, False
     return (packed, scales.contiguous(), offsets.contiguous()), True

@@ -1,9 +1,8 @@
 """The passes of prepare (their order: lowering/pipeline.py PREPARE): capture the model, fold
 BatchNorm, match the quantizable ops and tables, make the plan, and put an observer on every value
 the plan observes, with SmoothQuant's, GPTQ's and bias correction's statistics beside them. Each
-pass takes the
-PrepareState and hands it on; the result (`PreparedGraph`) runs the model in FP32 and records
-activation ranges as calibration batches go through it."""
+pass takes the PrepareState and hands it on; the result (`PreparedGraph`) runs the model in FP32
+and records activation ranges as calibration batches go through it."""
 from __future__ import annotations
 
 import dataclasses
@@ -124,9 +123,9 @@ def _record_after(gm: fx.GraphModule, node: fx.Node, name: str, recorder: nn.Mod
 class PrepareState:
     """What the prepare passes read and write, in the order they fill it: the model and its
     example inputs and config; the captured graph (`repeated`: a batch of one captured as two);
-    the BatchNorms folded; the matched layers and tables and what was
-    skipped, with why; the plan; SmoothQuant's candidate groups; the input statistics recorder per
-    layer (GPTQ, bias correction)."""
+    the BatchNorms folded; the matched layers and tables and what was skipped, with why; the plan;
+    SmoothQuant's candidate groups; the input statistics recorder per layer (GPTQ, bias
+    correction)."""
 
     model: nn.Module
     example_args: tuple
