@@ -33,8 +33,9 @@ differs from the float one by (Q s - W) E[x]; `corrected_bias` takes it off the 
 layer's mean output is the float layer's.
 
 * calibration: `HessianStats` beside each Linear / conv input value accumulates H = sum of x x^T
-  over its rows (fp32, K x K per input value and conv geometry: 36 MB for BERT-base's 3072-wide FFN
-  input) and the column sums (fp64); rows with NaN or inf skipped (a conv skips the images with
+  over its rows (each batch's products in fp32, summed over batches in fp64 and read as fp32; K x K
+  per input value and conv geometry: 72 MB for BERT-base's 3072-wide FFN input) and the column sums
+  (fp64); rows with NaN or inf skipped (a conv skips the images with
   any where it reads them); a conv records H only where `conv_takes_gptq`, and takes its im2col
   rows into H on a sub-grid of its output positions where a batch has more than
   SAMPLED_ROWS_PER_FEATURE per column;
@@ -88,12 +89,18 @@ def conv_takes_gptq(x_shape, conv: dict, features: int) -> bool:
 
 
 class HessianStats(nn.Module):
-    """A graph node accumulating, over the rows of a value, H = sum x x^T (fp32; None without
+    """A graph node accumulating, over the rows of a value, H = sum x x^T (None without
     `second_moment`: bias correction alone needs only the mean) and the column sums (fp64).
 
     The rows: a Linear input [..., K] as is; a conv input [N, C, H, W] through the conv's im2col
     (`conv`: its "kernel", "stride", "padding", "dilation" and "groups"), then H is [G, K, K] for a
-    conv of G > 1 groups (K = C / G x KH x KW)."""
+    conv of G > 1 groups (K = C / G x KH x KW).
+
+    Each call's products are formed in fp32 and added into an fp64 sum (`products`), which
+    `hessian` reads as fp32. A batch's products depend on that batch alone, and fp64 adds the
+    batches' fp32 products exactly unless one entry's addends span more than about 2^29 in
+    magnitude, so H is the same whatever the order or the split of the batches (the property
+    the distributed reduction relies on: qbackend.distributed)."""
 
     def __init__(self, name: str, conv: dict | None = None, second_moment: bool = True):
         super().__init__()
@@ -101,22 +108,33 @@ class HessianStats(nn.Module):
         self.conv = None if conv is None else {k: (tuple(v) if isinstance(v, (list, tuple)) else v)
                                                for k, v in conv.items()}
         self.second_moment = second_moment
-        self._products: torch.Tensor | None = None  # H, its upper blocks stale after an add (see `hessian`)
+        self.products: torch.Tensor | None = None  # the fp64 sum; its upper blocks stale after an add (`hessian`)
         self._symmetric = True
+        self._read: torch.Tensor | None = None  # `hessian` as last read, until the next add
         self.column_sum: torch.Tensor | None = None
         self.rows = 0
 
     @property
     def hessian(self) -> torch.Tensor | None:
-        """H (None before any rows): the block upper triangle copied from the lower one, which is
-        all that `_add_products` accumulates for a wide 2-D H."""
-        h = self._products
-        if h is not None and not self._symmetric:
+        """H in fp32 (None before any rows): the block upper triangle copied from the lower one,
+        which is all that `_add_products` accumulates for a wide 2-D H."""
+        h = self.products
+        if h is None:
+            return None
+        if not self._symmetric:
             b = _triangle_block(h.shape[0])
             for i in range(b, h.shape[0], b):
                 h[:i, i:i + b] = h[i:i + b, :i].t()
             self._symmetric = True
-        return h
+        if self._read is None:
+            self._read = h.float()
+        return self._read
+
+    def set_sums(self, rows: int, column_sum: torch.Tensor | None, products: torch.Tensor | None) -> None:
+        """Replace the statistics (the distributed reduction's result): `products` the fp64 sum
+        in full (both triangles)."""
+        self.rows, self.column_sum, self.products = int(rows), column_sum, products
+        self._symmetric, self._read = True, None
 
     def forward(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0:
@@ -149,20 +167,24 @@ class HessianStats(nn.Module):
     def _add_products(self, rows: torch.Tensor) -> None:
         k = rows.shape[1]
         groups = 1 if self.conv is None else self.conv["groups"]
+        self._read = None
         if groups == 1:
-            if self._products is None:
-                self._products = torch.zeros(k, k)
-            h, b = self._products, _triangle_block(k)
+            if self.products is None:
+                self.products = torch.zeros(k, k, dtype=torch.float64)
+            h, b = self.products, _triangle_block(k)
+            scratch = torch.empty(k, min(b, k))
             # the lower block triangle only (half the products of a wide H): column block
             # [i, i + b) from row i down
             for i in range(0, k, b):
-                h[i:, i:i + b].addmm_(rows[:, i:].t(), rows[:, i:i + b])
+                part = scratch[:k - i, :min(b, k - i)]
+                torch.mm(rows[:, i:].t(), rows[:, i:i + b], out=part)
+                h[i:, i:i + b] += part
             self._symmetric = b >= k
         else:
             per = rows.reshape(rows.shape[0], groups, k // groups).transpose(0, 1)  # [G, rows, K/G]
-            if self._products is None:
-                self._products = torch.zeros(groups, k // groups, k // groups)
-            self._products.baddbmm_(per.transpose(1, 2), per)
+            if self.products is None:
+                self.products = torch.zeros(groups, k // groups, k // groups, dtype=torch.float64)
+            self.products += torch.bmm(per.transpose(1, 2), per)
 
     def mean(self) -> torch.Tensor | None:
         """E[x] per column over the rows seen (fp64), None before any."""

@@ -40,14 +40,15 @@ _S_MIN, _S_MAX = 1e-5, 1e5  # smoothing factors are clamped to this range
 
 class ChannelStats(nn.Module):
     """A graph node recording, for a value [..., C], each channel's largest |x| and a uniform sample
-    of up to `sample_rows` rows (priority sampling: every row gets a random key, the smallest keys
-    are kept, so the sample is uniform over all rows seen whatever the batch sizes). Rows with NaN
-    or inf are skipped (the value's observer reports them)."""
+    of up to `sample_rows` rows (priority sampling: every row gets a key, the smallest keys are
+    kept, so the sample is uniform over all rows seen whatever the batch sizes). A row's key is a
+    hash of its bits (`row_keys`), not a draw from a generator, so the sample is a function of the
+    set of rows seen: the same whatever the order or split of the batches, and samples kept apart
+    merge exactly (`merge`). Rows with NaN or inf are skipped (the value's observer reports them)."""
 
     def __init__(self, name: str, sample_rows: int, seed: int = 0):
         super().__init__()
-        self.name, self.sample_rows = name, int(sample_rows)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.name, self.sample_rows, self.seed = name, int(sample_rows), int(seed)
         self.absmax: torch.Tensor | None = None
         self.sample: torch.Tensor | None = None
         self.keys: torch.Tensor | None = None
@@ -62,19 +63,62 @@ class ChannelStats(nn.Module):
             rows = rows[finite]
         if rows.shape[0] == 0:
             return
-        amax = rows.abs().amax(dim=0)
-        self.absmax = amax if self.absmax is None else torch.maximum(self.absmax, amax)
-        self.rows_seen += rows.shape[0]
-        keys = torch.rand(rows.shape[0], generator=self.generator)
+        self._add(rows.abs().amax(dim=0), rows.shape[0], rows, row_keys(rows, self.seed))
+
+    def merge(self, other: ChannelStats) -> ChannelStats:
+        """Fold another recorder's statistics of the same value in (in place); returns self. The
+        result is what one recorder would hold after seeing both recorders' rows."""
+        if other.sample_rows != self.sample_rows or other.seed != self.seed:
+            raise ValueError(f"cannot merge ChannelStats {other.name!r} (sample_rows {other.sample_rows}, seed "
+                             f"{other.seed}) into {self.name!r} (sample_rows {self.sample_rows}, seed {self.seed})")
+        if other.absmax is not None:
+            self._add(other.absmax, other.rows_seen, other.sample, other.keys)
+        return self
+
+    def _add(self, absmax: torch.Tensor, count: int, rows: torch.Tensor, keys: torch.Tensor) -> None:
+        if self.absmax is not None and absmax.shape != self.absmax.shape:
+            raise ValueError(f"ChannelStats {self.name!r}: {absmax.shape[0]} channels, but "
+                             f"{self.absmax.shape[0]} before")
+        self.absmax = absmax.clone() if self.absmax is None else torch.maximum(self.absmax, absmax)
+        self.rows_seen += int(count)
         if self.sample is not None:
             rows, keys = torch.cat([self.sample, rows]), torch.cat([self.keys, keys])
         if rows.shape[0] > self.sample_rows:
             keep = keys.topk(self.sample_rows, largest=False).indices
             rows, keys = rows[keep], keys[keep]
-        self.sample, self.keys = rows.clone(), keys.clone()
+        order = keys.argsort(stable=True)  # rows in key order, however they arrived
+        self.sample, self.keys = rows[order].contiguous(), keys[order].contiguous()
 
     def extra_repr(self) -> str:
         return f"{self.name}: rows seen {self.rows_seen}, sampled {0 if self.sample is None else len(self.sample)}"
+
+
+_MULTIPLIERS: dict[tuple[int, int], torch.Tensor] = {}
+_MIX = (-49064778989728563, -4265267296055464877)  # MurmurHash3's fmix64 constants as int64
+
+
+def _shr(h: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch's >> is arithmetic)."""
+    return (h >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def row_keys(rows: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """A 64-bit key per row of a float32 [R, C] tensor, a function of the row's bits alone: the sum
+    over columns of the bits times a fixed odd multiplier per column (mod 2^64), then MurmurHash3's
+    64-bit finalizer. Equal rows get equal keys (and are sampled together); different ones keys
+    that look independent and uniform."""
+    c = rows.shape[1]
+    mult = _MULTIPLIERS.get((c, seed))
+    if mult is None:
+        g = torch.Generator().manual_seed(0x5EED + seed)
+        mult = torch.randint(-(1 << 62), 1 << 62, (c,), generator=g, dtype=torch.int64) * 2 + 1
+        _MULTIPLIERS[(c, seed)] = mult
+    h = (rows.contiguous().view(torch.int32).to(torch.int64) * mult).sum(1)
+    h = h ^ _shr(h, 33)
+    h = h * _MIX[0]
+    h = h ^ _shr(h, 33)
+    h = h * _MIX[1]
+    return h ^ _shr(h, 33)
 
 
 @dataclass
