@@ -22,7 +22,8 @@ level (tests/test_layers.py checks both):
   4 observers      observers               calibration statistics -> qparams
   5 config         config                  QuantConfig and its parts
   6 nn             nn                      quantized modules, QuantizedModel
-  7 algorithms     algorithms              calibration-time methods on tensors: GPTQ, SmoothQuant
+  7 algorithms     algorithms, distributed  calibration-time methods on tensors: GPTQ, SmoothQuant;
+                                          calibration statistics reduced across processes
   8 lowering       lowering, llm           capture, graph passes, convert, module swap; LLM Linears
   9 report         report                  explain, accuracy against FP32, the budgeted fallback
   10 serialization serialization           save / load, rebinding a loaded model to this CPU
@@ -31,7 +32,8 @@ level (tests/test_layers.py checks both):
                                           the model zoo, the Hugging Face quantization method
 """
 from .core.extension import _C  # noqa: F401  (loads the extension, applies QBACKEND_ISA)
-from .api import PreparedModel, calibrate, convert, prepare, quantize, quantize_dynamic
+from .api import PreparedModel, calibrate, convert, prepare, quantize, quantize_dynamic, reduce_calibration
+from .distributed import DistributedCalibrationError, RankWithoutDataWarning, ReductionReport
 from .core.version import VERSION
 from .config import EmbeddingConfig, ObserverSpec, QuantConfig, SmoothQuantConfig
 from .observers.outliers import CalibrationOutlierWarning
@@ -47,6 +49,7 @@ transformers_hook.install()  # qbackend.hf registers with transformers once tran
 
 
 __version__ = VERSION
-__all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "PreparedModel", "QuantizedModel",
+__all__ = ["prepare", "convert", "calibrate", "quantize", "quantize_dynamic", "reduce_calibration",
+           "DistributedCalibrationError", "RankWithoutDataWarning", "ReductionReport", "PreparedModel", "QuantizedModel",
            "QuantConfig", "ObserverSpec", "EmbeddingConfig", "SmoothQuantConfig", "save", "load", "explain", "compare",
            "cpu_features", "CalibrationOutlierWarning", "LLMConfig", "quantize_llm", "__version__"]

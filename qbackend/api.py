@@ -11,6 +11,7 @@ capture error. The user's model is never modified.
 """
 from __future__ import annotations
 
+import datetime
 import warnings
 from typing import Iterable
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from .core.batches import batches, bind_by_name
 from .config import QuantConfig
+from .distributed import ReductionReport, config_digest, reduce_statistics, structure_digest, weights_digest
 from .dispatch import TuneOptions
 from .lowering.capture import CaptureError
 from .lowering.pipeline import convert_graph, prepare_graph
@@ -45,6 +47,7 @@ class PreparedModel(nn.Module):
         self._prepared = prepared
         self.config = config
         self.backend = backend
+        self.reduction: ReductionReport | None = None  # set by reduce_calibration
 
     @property
     def method(self) -> str:
@@ -183,6 +186,34 @@ def calibrate(prepared: PreparedModel, calibration_data: Iterable) -> int:
             prepared(*args, **kwargs)
             n += 1
     return n
+
+
+def reduce_calibration(prepared: PreparedModel, group=None,
+                       timeout: datetime.timedelta | None = None) -> ReductionReport:
+    """Distributed calibration: after every rank of `group` (a torch.distributed gloo group; None:
+    the default group) prepared the same model with the same config and calibrated on its own
+    shard of the data, merge every calibration statistic across the ranks. Afterwards each
+    rank's `prepared` holds the statistics one process would hold after calibrating on all the
+    shards (in rank order), so `qbackend.convert(prepared)` gives the same model, bit for bit, on
+    every rank and as that one process would (given the same float results per batch: the same
+    torch build and thread count on every rank).
+
+    Collective: every rank of the group must call it. A rank that ended or does not arrive
+    within `timeout` (default 30 minutes) is named in a DistributedCalibrationError on the
+    others; so is a rank whose model, weights or config differ (checked before any statistic
+    moves). A rank that calibrated on no data is allowed (RankWithoutDataWarning). Returns
+    this rank's ReductionReport (bytes moved, seconds), also kept as `prepared.reduction`."""
+    if not isinstance(prepared, PreparedModel):
+        raise TypeError(f"reduce_calibration takes the model qbackend.prepare returned, got {type(prepared).__name__}")
+    if prepared.reduction is not None:
+        raise ValueError("this prepared model's statistics were already reduced across ranks; reducing again would "
+                         "count every rank's batches twice")
+    inner = prepared._prepared
+    code = inner.gm.code if isinstance(inner, PreparedGraph) else repr(inner.model)
+    identity = {"structure": structure_digest(prepared.inner, code), "weights": weights_digest(prepared.inner),
+                "config": config_digest((prepared.config, prepared.backend, prepared.method))}
+    prepared.reduction = reduce_statistics(inner.statistics(), identity, group, timeout)
+    return prepared.reduction
 
 
 def quantize(model: nn.Module, example_inputs, calibration_data: Iterable, config: QuantConfig | None = None,

@@ -10,14 +10,16 @@ the update and its equivalence to the (H + damping)^-1 form). Each group's grid
 from the group's weights as they stand when its first column comes up, so it covers the errors
 already spread into it (the reference implementation's "groupsize" mode; no activation order).
 
-* `collect_hessians(model, names, calibration)`: H for the inputs of the named Linears, from a
-  forward of the float model on every calibration batch (rows with NaN or inf skipped).
+* `record_hessians(model, names, calibration)`: H for the inputs of the named Linears, from a
+  forward of the float model on every calibration batch (rows with NaN or inf skipped), read by
+  `hessians_of`.
 * `gptq_int4(weight, hessian, group_size, symmetric)`: (packed, scales, offsets) as `quantize_int4`
   returns them; nearest rounding (quantize_int4) where its proxy error tr((W - Q) H (W - Q)^T) is not
   higher, or where H is unusable.
 
-One shot: every H comes from the float model (no layer sees its predecessors' rounding). H is fp32
-K x K per Linear input: 1.3 MB at K = 576, 9.4 MB at K = 1536, 64 MB at K = 4096.
+One shot: every H comes from the float model (no layer sees its predecessors' rounding). H is fp64
+K x K per Linear input while recorded (qbackend.algorithms.gptq.HessianStats), read as fp32:
+2.7 MB at K = 576, 19 MB at K = 1536, 134 MB at K = 4096.
 
 The rounding fits the calibration text's statistics: on SmolLM2-135M with 4-bit groups of 128 and
 1536 tokens of Python's pydoc topics, perplexity on held-out pydoc text went 33.5 -> 31.6 (FP32 23.4)
@@ -34,16 +36,17 @@ from torch import nn
 from ..algorithms.gptq import HessianStats, proxy_errors, upper_cholesky
 from ..nn.int4_linear import dequantize_int4, quantize_int4
 
-__all__ = ["collect_hessians", "gptq_int4", "calibration_batches"]
+__all__ = ["record_hessians", "hessians_of", "gptq_int4", "calibration_batches"]
 
 BLOCK = 128
 
 
-def calibration_batches(calibration) -> list[torch.Tensor]:
+def calibration_batches(calibration, allow_empty: bool = False) -> list[torch.Tensor]:
     """The calibration token ids as a list of int64 [batch, length] tensors: one tensor [B, L] or
-    [L], or an iterable of them."""
+    [L], or an iterable of them (empty only with `allow_empty`: a rank of a distributed
+    calibration with no shard)."""
     items = [calibration] if isinstance(calibration, torch.Tensor) else list(calibration)
-    if not items:
+    if not items and not allow_empty:
         raise ValueError("calibration must hold at least one batch of token ids")
     out = []
     for i, ids in enumerate(items):
@@ -56,9 +59,9 @@ def calibration_batches(calibration) -> list[torch.Tensor]:
     return out
 
 
-def collect_hessians(model: nn.Module, names: Iterable[str], calibration: list[torch.Tensor]) -> dict:
-    """{name: (H [K, K] fp32, rows)} for the inputs of the named Linears of `model`, summed over a
-    forward of every calibration batch (the model as it is: call before any Linear is replaced)."""
+def record_hessians(model: nn.Module, names: Iterable[str], calibration: list[torch.Tensor]) -> dict:
+    """{name: HessianStats} recording the inputs of the named Linears of `model` over a forward of
+    every calibration batch (the model as it is: call before any Linear is replaced)."""
     stats = {name: HessianStats(name) for name in names}
     handles = [model.get_submodule(name).register_forward_pre_hook(
         lambda m, args, stat=stat: stat(args[0]) if args else None) for name, stat in stats.items()]
@@ -69,6 +72,11 @@ def collect_hessians(model: nn.Module, names: Iterable[str], calibration: list[t
     finally:
         for h in handles:
             h.remove()
+    return stats
+
+
+def hessians_of(stats: dict) -> dict:
+    """{name: (H fp32, rows)} of recorded HessianStats, those that saw rows."""
     return {name: (stat.hessian, stat.rows) for name, stat in stats.items() if stat.hessian is not None}
 
 

@@ -17,19 +17,25 @@ gate, up) one fused product (llm/shared_input.py), found and checked on a probe 
 The input embedding's rows can be stored in int8 or int4 (LLMConfig.embedding; QuantizedEmbedding).
 Decoder layers of Llama's form then run as two native calls each (llm/decoder_layers.py), checked on
 the same probe. With calibration token ids, the 4-bit weights take GPTQ's rounding (llm/gptq.py)
-instead of the nearest level.
+instead of the nearest level; with `distributed=True` the ranks of a torch.distributed gloo group
+each pass their own shard of the token ids, and GPTQ's statistics are reduced across them
+(qbackend.distributed) before any weight is rounded, so every rank quantizes the same model.
 """
 from __future__ import annotations
 
+import datetime
+
 import torch
 from torch import nn
+
+from ..distributed import ReductionReport, config_digest, reduce_statistics, structure_digest, weights_digest
 
 from ..nn.embedding import QuantizedEmbedding
 from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from .config import LLMConfig
 from .decoder_layers import swap_decoder_layers
-from .gptq import calibration_batches, collect_hessians, gptq_int4
+from .gptq import calibration_batches, gptq_int4, hessians_of, record_hessians
 from .norms import swap_rms_norms
 from .shared_input import fuse_shared_inputs
 
@@ -95,14 +101,22 @@ def _quantized(linear: nn.Linear, name: str, config: LLMConfig, weights: str, he
     return WeightOnlyLinear.from_float(linear, name=name, activations=config.activations), False
 
 
-def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=None) -> nn.Module:
+def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=None, *, distributed: bool = False,
+                 group=None, timeout: datetime.timedelta | None = None) -> nn.Module:
     """Replace `model`'s Linears (and RMSNorms) in place (see the module docstring); returns `model`
     itself, with `model.qbackend_llm` listing what was quantized, what stayed float, which norms run
     natively and which Linears took GPTQ's rounding.
 
     calibration: token ids (an int64 tensor [batch, length] or [length], or an iterable of them; a
     few thousand tokens of text like the model's use) for GPTQ's rounding of the 4-bit weights; the
-    float model runs on each batch once, before any Linear is replaced. None: nearest rounding."""
+    float model runs on each batch once, before any Linear is replaced. None: nearest rounding.
+
+    distributed=True: a collective over `group` (a torch.distributed gloo group; None: the
+    default group), every rank calling it on the same model and config with its own shard of
+    the calibration ids (an empty list for a rank with none). GPTQ's statistics are reduced
+    across the ranks (qbackend.reduce_calibration's steps, failures naming the rank, `timeout`
+    default 30 minutes), so every rank's model is the one a single process would quantize
+    from all the shards; `model.qbackend_llm["reduction"]` holds this rank's ReductionReport."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     config = config if config is not None else LLMConfig()
@@ -126,12 +140,18 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=
     schemes = {name: config.lm_head_weights if model.get_submodule(name) is head else config.weights
                for name in chosen}
     int4 = [name for name in chosen if schemes[name] == "int4"]
-    hessians = {}
+    hessians, reduction = {}, None
+    if distributed and calibration is None:
+        raise ValueError("distributed=True reduces GPTQ's calibration statistics: give this rank's calibration "
+                         "token ids (an empty list for a rank with none)")
     if calibration is not None:
         if not int4:
             raise ValueError("calibration sets GPTQ's rounding of 4-bit weights: use it with "
                              "LLMConfig(weights='int4')")
-        hessians = collect_hessians(model, int4, calibration_batches(calibration))
+        stats = record_hessians(model, int4, calibration_batches(calibration, allow_empty=distributed))
+        if distributed:
+            reduction = _reduced(model, config, stats, group, timeout)
+        hessians = hessians_of(stats)
     gptq = []
     for name in chosen:
         new, rounded = _quantized(model.get_submodule(name), name, config, schemes[name],
@@ -139,7 +159,17 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=
         if rounded:
             gptq.append(name)
         model.set_submodule(name, new)
-    return finish_llm(model, config, chosen, kept, gptq, _quantize_embedding(model, config))
+    model = finish_llm(model, config, chosen, kept, gptq, _quantize_embedding(model, config))
+    if reduction is not None:
+        model.qbackend_llm["reduction"] = reduction
+    return model
+
+
+def _reduced(model: nn.Module, config: LLMConfig, stats: dict, group, timeout) -> ReductionReport:
+    """GPTQ's statistics reduced across the ranks, after checking they hold the same float model and config."""
+    identity = {"structure": structure_digest(model, repr(model)), "weights": weights_digest(model),
+                "config": config_digest(config)}
+    return reduce_statistics(list(stats.items()), identity, group, timeout)
 
 
 def finish_llm(model: nn.Module, config: LLMConfig, quantized: list[str], kept: list[str], gptq: list[str],

@@ -71,6 +71,10 @@ class SwappedModel:
     def observers(self) -> dict[str, Observer]:
         return {w.observer.name: w.observer for w in self.layers.values() if w.observer is not None}
 
+    def statistics(self) -> list[tuple[str, Observer]]:
+        """Every calibration statistic convert reads, as (layer name, observer) in module order."""
+        return [(name, w.observer) for name, w in self.layers.items() if w.observer is not None]
+
 
 def _supported(module: nn.Module, cfg: QuantConfig) -> str | None:
     """Why the module cannot be swapped in this mode (None if it can)."""

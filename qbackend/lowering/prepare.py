@@ -77,6 +77,20 @@ class PreparedGraph:
         return {m.observer.name: m.observer for name, m in self.gm.named_children()
                 if isinstance(m, ActivationObserver)}
 
+    def statistics(self) -> list[tuple[str, object]]:
+        """Every calibration statistic convert reads, as (submodule name, recorder) in the graph's
+        order: the observers (and the TailHistogram beside a min/max one), SmoothQuant's
+        ChannelStats and the HessianStats recorders."""
+        out = []
+        for name, m in self.gm.named_children():
+            if isinstance(m, ActivationObserver):
+                out.append((name, m.observer))
+                if m.tails is not None:
+                    out.append((f"{name}.tails", m.tails))
+            elif isinstance(m, (ChannelStats, HessianStats)):
+                out.append((name, m))
+        return out
+
     def tail_histograms(self) -> dict[str, TailHistogram]:
         """Observer name -> the TailHistogram beside it, for observers without a histogram."""
         return {m.observer.name: m.tails for name, m in self.gm.named_children()

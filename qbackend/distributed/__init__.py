@@ -1,0 +1,18 @@
+"""Calibration across processes and machines: each rank calibrates its own shard of the data, and
+`reduce_statistics` (reduce.py) leaves every rank holding the statistics one process would have
+after calibrating on all the shards, so that converting on any rank gives the same model, bit for
+bit. The public entry points are `qbackend.reduce_calibration` (a prepared model) and
+`qbackend.quantize_llm(..., group=...)` (a decoder LLM's GPTQ statistics).
+
+  collectives.py   the gloo collectives, bounded in time, failures naming the rank
+  fingerprint.py   digests of model, weights and configuration, compared before anything moves
+  statistics.py    per kind of statistic: what is sent, what is summed, how states merge
+  wire.py          states as bytes (JSON and raw tensors; no pickle)
+  reduce.py        the reduction's steps
+"""
+from .collectives import DistributedCalibrationError
+from .fingerprint import config_digest, structure_digest, text_digest, weights_digest
+from .reduce import DEFAULT_TIMEOUT, RankWithoutDataWarning, ReductionReport, reduce_statistics
+
+__all__ = ["DistributedCalibrationError", "RankWithoutDataWarning", "ReductionReport", "reduce_statistics", "DEFAULT_TIMEOUT",
+           "config_digest", "structure_digest", "text_digest", "weights_digest"]
