@@ -1,5 +1,7 @@
-"""The README's example script (CI also runs it), in a child process as a user would."""
+"""The README's example scripts (CI also runs them), in child processes as a user would."""
 import os
+import subprocess
+import sys
 
 from tests.subprocess_utils import REPO, run_example
 
@@ -23,3 +25,19 @@ def test_readme_shows_the_script_as_it_is():
     body = code.split('"""', 2)[2].strip("\n")
     readme = open(os.path.join(REPO, "README.md")).read()
     assert f"```python\n{body}\n```" in readme, "README's Example section differs from examples/quantize_and_compare.py"
+
+
+def test_distributed_calibration_example_on_two_ranks():
+    """examples/distributed_calibration.py under torchrun, 2 ranks on loopback, as the docs say."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           os.path.join(REPO, "examples", "distributed_calibration.py")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert any(l.startswith("2 ranks, 6 calibration batches (3 on rank 0); reduced ") for l in lines), proc.stdout
+    top1 = [l for l in lines if l.startswith("test top-1: FP32 ")]
+    assert len(top1) == 1, proc.stdout  # printed by rank 0 only
+    fp32, int8 = (float(x.split()[-1].rstrip("%,")) for x in top1[0].split(", "))
+    assert fp32 > 95 and int8 >= fp32 - 1.0, top1
