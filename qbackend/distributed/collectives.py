@@ -91,8 +91,10 @@ def all_gather_bytes(data: torch.Tensor, group, timeout: datetime.timedelta, ste
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     _wait(dist.all_gather(sizes, size, group=group, async_op=True), f"{step} (sizes)", group, timeout)
     longest = int(max(int(s) for s in sizes))
-    padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[:data.numel()] = data
+    padded = data
+    if data.numel() < longest:
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[:data.numel()] = data
     out = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
     _wait(dist.all_gather(out, padded, group=group, async_op=True), step, group, timeout)
     return [o[:int(s)] for o, s in zip(out, sizes)]

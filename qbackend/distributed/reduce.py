@@ -6,15 +6,17 @@ in the order the ranks check and exchange:
    and compared with rank 0's, so a rank that prepared something else is named before any
    statistic moves;
 3. refusals: statistics that cannot be reduced exactly (statistics.refusal) stop every rank alike;
-4. states: each rank's small states (observers, SmoothQuant's channel statistics, the Hessian
-   recorders' row counts and column sums) to every rank (wire.py, no pickle);
-5. sums: the Hessians' fp64 sums all-reduced;
+4. states: each rank's small states (observers, SmoothQuant's channel maxima and sample keys, the
+   Hessian recorders' row counts and column sums) to every rank (wire.py, no pickle); then the
+   sampled rows the merged samples keep, each from the rank holding it;
+5. sums: the Hessians' fp64 sums all-reduced, each as its packed lower triangle, one at a time
+   through one buffer;
 6. every rank merges the states in rank order, so all ranks hold the same bits, equal to what
    one process would hold after calibrating on all ranks' batches.
 
-Memory per rank: its own statistics, plus every rank's small states during step 4 (the
-SmoothQuant samples dominate them: sample_rows x C x 4 bytes per smoothed value and rank), plus
-nothing for the sums (reduced in place)."""
+Memory per rank: its own statistics, plus every rank's small states during step 4 (8 bytes per
+sampled row's key per rank), the merged samples' rows (sample_rows x C x 4 bytes per smoothed
+value, whatever the number of ranks) and one buffer the size of the largest H's lower triangle."""
 from __future__ import annotations
 
 import datetime
@@ -22,6 +24,8 @@ import json
 import time
 import warnings
 from dataclasses import dataclass, field
+
+import torch
 
 from . import statistics as stats
 from .collectives import DistributedCalibrationError, all_gather_bytes, all_reduce_sum, check_group, roll_call
@@ -42,14 +46,16 @@ class RankWithoutDataWarning(UserWarning):
 @dataclass
 class ReductionReport:
     """What one rank's reduction did: the group's size, the statistics reduced, the ranks that
-    had seen no calibration data, the bytes this rank received in the gathers and the bytes of
-    the fp64 sums all-reduced (a ring all-reduce sends and receives about twice that per rank),
-    and the seconds spent (in all, waiting at the roll call, gathering, summing)."""
+    had seen no calibration data, the bytes this rank received in the gathers (padding included;
+    `bytes_sampled_rows` of them in the gather of SmoothQuant's sampled rows, about one sample per
+    smoothed value whatever the number of ranks) and the bytes of the fp64 sums all-reduced (a ring all-reduce sends and receives about twice that per rank),
+    and the seconds spent (in all, waiting at the roll call, gathering, summing the Hessians)."""
 
     ranks: int
     statistics: int
     ranks_without_data: list[int] = field(default_factory=list)
     bytes_gathered: int = 0
+    bytes_sampled_rows: int = 0
     bytes_summed: int = 0
     seconds: float = 0.0
     seconds_roll_call: float = 0.0
@@ -98,27 +104,53 @@ def reduce_statistics(statistics: list[tuple[str, object]], identity: dict[str, 
 
     gathered = all_gather_bytes(encode([stats.local_state(h) for _, h in statistics]), group, timeout,
                                 "gather of the statistics")
-    report.bytes_gathered = sum(g.numel() for g in gathered)
+    report.bytes_gathered = world * max(g.numel() for g in gathered)
     states = [decode(g) for g in gathered]
-    if any(not isinstance(s, list) or len(s) != len(statistics) for s in states):
-        raise DistributedCalibrationError(f"rank {rank}: a rank sent {len(statistics)} statistics' states malformed")
+    for r, s in enumerate(states):
+        if not isinstance(s, list) or len(s) != len(statistics) or not all(isinstance(st, dict) for st in s):
+            raise DistributedCalibrationError(f"rank {rank}: rank {r}'s statistics are malformed (expected "
+                                              f"{len(statistics)} states)")
     report.ranks_without_data = [r for r in range(world) if not any(_state_has_data(s) for s in states[r])]
-    report.seconds_gather = time.perf_counter() - t
     if report.ranks_without_data and len(report.ranks_without_data) < world:
         warnings.warn(f"rank(s) {', '.join(map(str, report.ranks_without_data))} calibrated on no data; the reduced "
                       "statistics are those of the other ranks", RankWithoutDataWarning, stacklevel=3)
 
-    t = time.perf_counter()
     per_stat = [[states[r][i] for r in range(world)] for i in range(len(statistics))]
-    sums = [stats.summed(h, per_stat[i]) for i, (_, h) in enumerate(statistics)]
-    to_sum = [s for s in sums if s is not None]
-    report.bytes_summed = sum(s.numel() * s.element_size() for s in to_sum)
-    all_reduce_sum(to_sum, group, timeout, "sum of the Hessians")
+    sent = [stats.sent_rows(h, per_stat[i], rank) for i, (_, h) in enumerate(statistics)]
+    rows = [None] * len(statistics)
+    if any(_state_has_sample(st) for s in states for st in s):  # the same decision on every rank
+        gathered = all_gather_bytes(encode(sent), group, timeout, "gather of the sampled rows")
+        report.bytes_sampled_rows = world * max(g.numel() for g in gathered)  # what the padded gather moved
+        report.bytes_gathered += report.bytes_sampled_rows
+        by_rank = [decode(g) for g in gathered]
+        rows = [[by_rank[r][i] for r in range(world)] for i in range(len(statistics))]
+    report.seconds_gather = time.perf_counter() - t
+
+    t = time.perf_counter()
+    sizes = [stats.summed_size(h, per_stat[i]) for i, (_, h) in enumerate(statistics)]
+    report.bytes_summed = 8 * sum(sizes)
+    buffer = torch.empty(max(sizes, default=0), dtype=torch.float64)  # one H at a time: no copy of them all
+    for i, (_, h) in enumerate(statistics):
+        if sizes[i]:
+            part = buffer[:sizes[i]]
+            stats.pack(h, per_stat[i], part)
+            all_reduce_sum([part], group, timeout, "sum of the Hessians")
+            stats.apply(h, per_stat[i], part, _rows(rows[i], world))
     report.seconds_sum = time.perf_counter() - t
     for i, (_, h) in enumerate(statistics):
-        stats.apply(h, per_stat[i], sums[i])
+        if not sizes[i]:
+            stats.apply(h, per_stat[i], None, _rows(rows[i], world))
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _rows(rows, world: int) -> list:
+    return rows if rows is not None else [None] * world
+
+
+def _state_has_sample(state: dict) -> bool:
+    """A ChannelStats state with sampled rows."""
+    return "keys" in state
 
 
 def _state_has_data(state: dict) -> bool:

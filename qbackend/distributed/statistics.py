@@ -7,10 +7,13 @@ would hold after seeing every rank's batches.
   and best-range observers, and the TailHistogram beside min/max ones): its state_dict, merged
   by `Observer.merge`. MovingAverageMinMaxObserver is refused: its state depends on the order of
   the batches, so no split of them reproduces one process.
-* ChannelStats (SmoothQuant): channel maxima, rows seen, the keyed sample; merged by
-  `ChannelStats.merge` (the keys are hashes of the rows, so the merged sample is one process's).
+* ChannelStats (SmoothQuant): channel maxima, rows seen and the sample's keys gathered; then each
+  rank sends only its sampled rows that the merged sample keeps (`sent_rows`, a second gather);
+  merged by `ChannelStats.merge` (the keys are hashes of the rows, so the merged sample is one
+  process's).
 * HessianStats (GPTQ, bias correction): rows and column sums gathered, summed in rank order; H's
-  fp64 sum all-reduced (every rank holds it afterwards: convert reads it on every rank)."""
+  fp64 sum all-reduced as its packed lower triangle, one H at a time through one buffer (every
+  rank holds H afterwards: convert reads it on every rank)."""
 from __future__ import annotations
 
 import copy
@@ -21,7 +24,7 @@ from ..algorithms.gptq import HessianStats
 from ..algorithms.smoothquant import ChannelStats
 from ..observers import MovingAverageMinMaxObserver, Observer
 
-__all__ = ["describe", "refusal", "local_state", "summed", "apply", "has_data"]
+__all__ = ["describe", "refusal", "local_state", "sent_rows", "summed_size", "pack", "apply", "has_data"]
 
 
 def _kind(holder) -> str:
@@ -63,36 +66,83 @@ def has_data(holder) -> bool:
 
 
 def local_state(holder) -> dict:
-    """The small state this rank sends to every rank."""
+    """The small state this rank sends to every rank (a ChannelStats' sample keys, not its rows)."""
     kind = _kind(holder)
     if kind == "observer":
         return holder.state_dict()
     if kind == "channel_stats":
         if holder.absmax is None:
             return {"rows_seen": 0}
-        return {"rows_seen": holder.rows_seen, "absmax": holder.absmax, "sample": holder.sample, "keys": holder.keys}
+        return {"rows_seen": holder.rows_seen, "absmax": holder.absmax, "keys": holder.keys}
     h = holder.products
     return {"rows": holder.rows, "column_sum": holder.column_sum, "shape": None if h is None else list(h.shape)}
 
 
-def summed(holder, states: list[dict]) -> torch.Tensor | None:
-    """The fp64 tensor this rank adds into the all-reduce for the statistic (zeros where it saw no
-    rows but another rank did), or None where nothing is summed."""
-    if _kind(holder) != "hessian":
+def _winners(states: list[dict], sample_rows: int) -> list[torch.Tensor]:
+    """Per rank, the positions (increasing) of its sampled rows that are among the `sample_rows`
+    smallest keys of all ranks: the rows of the merged sample."""
+    keys = [s["keys"] if s["rows_seen"] else torch.empty(0, dtype=torch.int64) for s in states]
+    allkeys = torch.cat(keys)
+    keep = allkeys.topk(min(sample_rows, allkeys.numel()), largest=False).indices.sort().values
+    out, start = [], 0
+    for k in keys:
+        mine = keep[(keep >= start) & (keep < start + k.numel())] - start
+        out.append(mine)
+        start += k.numel()
+    return out
+
+
+def sent_rows(holder, states: list[dict], rank: int) -> torch.Tensor | None:
+    """The rows this rank sends in the second gather: its ChannelStats sample's rows that the
+    merged sample keeps (so each rank receives about one sample's worth, not one per rank);
+    None for other statistics."""
+    if _kind(holder) != "channel_stats" or not states[rank]["rows_seen"]:
         return None
+    return holder.sample[_winners(states, holder.sample_rows)[rank]]
+
+
+_TRIANGLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _triangle(shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat positions in a contiguous [K, K] (or [G, K, K]) tensor of the lower triangle (diagonal
+    included), row by row, and of the same entries mirrored into the upper triangle."""
+    got = _TRIANGLES.get(shape)
+    if got is None:
+        k = shape[-1]
+        rows, cols = torch.tril_indices(k, k)
+        groups = torch.arange(shape[0] if len(shape) == 3 else 1, dtype=torch.int64)[:, None] * (k * k)
+        got = _TRIANGLES[shape] = ((groups + rows * k + cols).reshape(-1), (groups + cols * k + rows).reshape(-1))
+    return got
+
+
+def summed_size(holder, states: list[dict]) -> int:
+    """How many fp64 values this statistic adds into the all-reduce (0: none): H's lower
+    triangle, diagonal included (H is symmetric)."""
+    if _kind(holder) != "hessian":
+        return 0
     shapes = {tuple(s["shape"]) for s in states if s["shape"] is not None}
     if not shapes:
-        return None
+        return 0
     if len(shapes) > 1:
         raise ValueError(f"{holder.name}: the ranks' H have different shapes {sorted(shapes)}")
+    return _triangle(shapes.pop())[0].numel()
+
+
+def pack(holder, states: list[dict], out: torch.Tensor) -> None:
+    """This rank's addend to the all-reduce into `out` (summed_size values): H's lower triangle,
+    row by row; zeros where this rank saw no rows but another rank did."""
     if holder.products is None:
-        return torch.zeros(shapes.pop(), dtype=torch.float64)
-    holder.hessian  # noqa: B018  (mirrors the block triangle into the upper half of the fp64 sum)
-    return holder.products
+        out.zero_()
+        return
+    lower, _ = _triangle(tuple(holder.products.shape))
+    torch.index_select(holder.products.reshape(-1), 0, lower, out=out)  # the block triangle holds it all
 
 
-def apply(holder, states: list[dict], total: torch.Tensor | None) -> None:
-    """Replace the holder's statistics by the merge of every rank's, in rank order."""
+def apply(holder, states: list[dict], total: torch.Tensor | None, rows: list) -> None:
+    """Replace the holder's statistics by the merge of every rank's, in rank order: `states` every
+    rank's local_state, `total` the all-reduced `pack` (None where summed_size is 0), `rows` every
+    rank's `sent_rows`."""
     kind = _kind(holder)
     if kind == "observer":
         parts = []
@@ -106,18 +156,30 @@ def apply(holder, states: list[dict], total: torch.Tensor | None) -> None:
         return
     if kind == "channel_stats":
         merged = ChannelStats(holder.name, holder.sample_rows, holder.seed)
-        for state in states:
+        winners = _winners(states, holder.sample_rows)
+        for state, sent, picked in zip(states, rows, winners):
             if state["rows_seen"]:
+                if sent is None or sent.shape[0] != picked.numel():
+                    raise ValueError(f"{holder.name}: a rank sent {None if sent is None else sent.shape[0]} sample "
+                                     f"rows, {picked.numel()} expected")
                 part = ChannelStats(holder.name, holder.sample_rows, holder.seed)
-                part.rows_seen, part.absmax, part.sample, part.keys = (state["rows_seen"], state["absmax"],
-                                                                       state["sample"], state["keys"])
+                part.rows_seen, part.absmax, part.sample, part.keys = (state["rows_seen"], state["absmax"], sent,
+                                                                       state["keys"][picked])
                 merged.merge(part)
         holder.absmax, holder.sample, holder.keys, holder.rows_seen = (merged.absmax, merged.sample, merged.keys,
                                                                        merged.rows_seen)
         return
-    rows, column_sum = 0, None
+    count, column_sum = 0, None
     for state in states:
         if state["rows"]:
-            rows += state["rows"]
+            count += state["rows"]
             column_sum = state["column_sum"] if column_sum is None else column_sum + state["column_sum"]
-    holder.set_sums(rows, column_sum, total)
+    h = None
+    if total is not None:
+        shape = next(tuple(s["shape"]) for s in states if s["shape"] is not None)
+        h = holder.products if holder.products is not None else torch.empty(shape, dtype=torch.float64)
+        lower, upper = _triangle(shape)
+        flat = h.view(-1)
+        flat.index_copy_(0, lower, total)
+        flat.index_copy_(0, upper, total)
+    holder.set_sums(count, column_sum, h)

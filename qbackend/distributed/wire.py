@@ -16,6 +16,7 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.in
            "float16": torch.float16}
 _NAMES = {v: k for k, v in _DTYPES.items()}
 _HEADER = 8  # bytes: the JSON document's length, little-endian
+_ALIGN = 8
 
 
 class WireError(ValueError):
@@ -49,19 +50,27 @@ def encode(value) -> torch.Tensor:
 
     doc = json.dumps(plain(value, "value"), separators=(",", ":")).encode()
     sizes = [t.numel() * t.element_size() for t in tensors]
-    out = torch.empty(_HEADER + len(doc) + sum(sizes), dtype=torch.uint8)
+    starts, at = [], _aligned(_HEADER + len(doc))
+    for n in sizes:
+        starts.append(at)
+        at = _aligned(at + n)
+    out = torch.zeros(at, dtype=torch.uint8)
     out[:_HEADER] = torch.tensor(list(len(doc).to_bytes(_HEADER, "little")), dtype=torch.uint8)
     out[_HEADER:_HEADER + len(doc)] = torch.frombuffer(bytearray(doc), dtype=torch.uint8)
-    at = _HEADER + len(doc)
-    for t, n in zip(tensors, sizes):
+    for t, n, start in zip(tensors, sizes, starts):
         if n:
-            out[at:at + n] = t.reshape(-1).view(torch.uint8)
-        at += n
+            out[start:start + n] = t.reshape(-1).view(torch.uint8)
     return out
 
 
+def _aligned(at: int) -> int:
+    """Tensors start at multiples of 8 bytes, so decoding can view them in place."""
+    return -(-at // _ALIGN) * _ALIGN
+
+
 def decode(data: torch.Tensor):
-    """The value `encode` gave `data` (a uint8 tensor; trailing padding ignored)."""
+    """The value `encode` gave `data` (a uint8 tensor; trailing padding ignored). Its tensors are
+    views into `data` where it is aligned (writing to them writes to `data`)."""
     if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.dim() != 1:
         raise WireError("wire data must be a 1-D uint8 tensor")
     if data.numel() < _HEADER:
@@ -95,14 +104,18 @@ def decode(data: torch.Tensor):
                 collect(x, f"{where}[{i}]")
 
     collect(doc, "value")
-    tensors, at = [], _HEADER + length
+    tensors, at = [], _aligned(_HEADER + length)
     for ref in refs:
         dtype = _DTYPES[ref["dtype"]]
-        n = math.prod(ref["shape"]) * torch.empty((), dtype=dtype).element_size()
+        size = torch.empty((), dtype=dtype).element_size()
+        n = math.prod(ref["shape"]) * size
         if at + n > data.numel():
             raise WireError(f"wire data ends inside tensor {len(tensors)} ({ref['dtype']} {ref['shape']})")
-        tensors.append(data[at:at + n].clone().view(dtype).reshape(ref["shape"]))
-        at += n
+        raw = data[at:at + n]
+        if (data.storage_offset() + at) % size:
+            raw = raw.clone()  # an unaligned buffer: copied before it is viewed as `dtype`
+        tensors.append(raw.view(dtype).reshape(ref["shape"]))  # a view of `data`, which it keeps alive
+        at = _aligned(at + n)
 
     def build(v):
         if isinstance(v, dict):

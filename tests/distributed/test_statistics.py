@@ -19,14 +19,16 @@ from qbackend.distributed.wire import decode, encode
 def _reduce_locally(holders: list) -> None:
     """What reduce_statistics does to one statistic held by len(holders) ranks."""
     states = [decode(encode(statistics.local_state(h))) for h in holders]  # through the wire form
-    parts = [statistics.summed(h, states) for h in holders]
+    rows = [decode(encode(statistics.sent_rows(h, states, r))) for r, h in enumerate(holders)]
+    size = statistics.summed_size(holders[0], states)
     total = None
-    if parts[0] is not None:
-        total = torch.zeros_like(parts[0])
-        for p in parts:
-            total += p
+    if size:
+        total, part = torch.zeros(size, dtype=torch.float64), torch.empty(size, dtype=torch.float64)
+        for h in holders:
+            statistics.pack(h, states, part)
+            total += part
     for h in holders:
-        statistics.apply(h, states, None if total is None else total.clone())
+        statistics.apply(h, states, None if total is None else total.clone(), rows)
 
 
 def _batches(seed=0, n=6, k=40, scale_step=0.7):
@@ -94,6 +96,9 @@ def test_channel_stats_split_over_ranks_is_one_recorder(split):
     for r, shard in enumerate(split):
         for i in shard:
             ranks[r](batches[i])
+    states = [statistics.local_state(x) for x in ranks]
+    sent = [statistics.sent_rows(x, states, i) for i, x in enumerate(ranks)]
+    assert sum(0 if s is None else s.shape[0] for s in sent) == 20  # one sample's worth of rows moves, not one per rank
     _reduce_locally(ranks)
     for r in ranks:
         assert r.rows_seen == one.rows_seen == sum(b.shape[0] * b.shape[1] for b in batches)
