@@ -138,7 +138,7 @@ def main() -> int:
         "longest reduce_calibration less its roll-call wait for slower ranks (share of the wall in brackets); "
         "gather / sum: the slowest rank's. Gathered: bytes rank 0 received in the gathers, padding and its own "
         "included: the statistics' states / SmoothQuant's sampled rows (each rank sends only the rows the merged "
-        "samples keep); summed: bytes of the fp64 Hessians' packed lower triangles, all-reduced. {time.time() - started:.0f} s in all.", "",
+        f"samples keep); summed: bytes of the fp64 Hessians' packed lower triangles, all-reduced. {time.time() - started:.0f} s in all.", "",
         "| ranks | threads per rank | batches per rank | wall s | calibrate s (slowest rank) | reduction s | "
         "gather s / sum s | gathered MB (states / sampled rows) | summed MB | peak RSS per rank MB | ranks agree bit for bit |",
         "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
