@@ -77,6 +77,43 @@ def _rank(rank: int, world: int, port: int, batches: int, threads: int, out: str
     dist.destroy_process_group()
 
 
+def _collectives_rank(rank: int, world: int, port: int, sizes: list, out: str) -> None:
+    """Sum fp64 buffers of `sizes` across ranks both ways, twice, interleaved: gloo's ring all-reduce
+    (what reduce_calibration does) and reduce-to-an-owner-then-broadcast with owners rotating."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    buffers = [torch.randn(n, dtype=torch.float64) for n in sizes]
+
+    def ring():
+        for t in buffers:
+            dist.all_reduce(t)
+
+    def owner():
+        for i, t in enumerate(buffers):
+            dist.reduce(t, dst=i % world)
+            dist.broadcast(t, src=i % world)
+
+    times = {"ring": [], "owner": []}
+    for _ in range(2):
+        for name, fn in (("ring", ring), ("owner", owner)):
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            dist.barrier()
+            times[name].append(time.perf_counter() - start)
+    if rank == 0:
+        with open(os.path.join(out, "collectives.json"), "w") as f:
+            json.dump(times, f)
+    dist.destroy_process_group()
+
+
+def collectives(world: int, sizes: list) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_collectives_rank, args=(world, _free_port(), sizes, out), nprocs=world,
+                           start_method="spawn", join=True)
+        return json.load(open(os.path.join(out, "collectives.json")))
+
+
 def _peak_rss_mb() -> float:
     import resource
 
@@ -123,6 +160,14 @@ def main() -> int:
                     f"{slow['gather_s']:.2f} / {slow['sum_s']:.2f} | {states[world] / 1e6:.1f} / {sampled[world] / 1e6:.1f} | "
                     f"{summed / 1e6:.1f} | {max(r['peak_rss_mb'] for r in records):.0f} | {'yes' if agree else 'NO'} |")
         print(rows[-1], file=sys.stderr, flush=True)
+    # the packed H of BERT-base's 12 layers: the inputs of q/k/v, the attention output, the FFN's up and down
+    sizes = ([768 * 769 // 2] * 3 + [3072 * 3073 // 2]) * 12
+    ways = []
+    for world in (int(r) for r in args.ranks.split(",")):
+        if world > 1:
+            t = collectives(world, sizes)
+            ways.append(f"| {world} | {min(t['ring']):.2f} | {min(t['owner']):.2f} |")
+            print(ways[-1], file=sys.stderr, flush=True)
     per_rank_state = max(states[w] / w for w in states)
     rows_moved = max(sampled.values())
     gbyte_s = NETWORK_GBIT / 8
@@ -147,7 +192,12 @@ def main() -> int:
         f"machine, about {at16_ring / 1e9 / gbyte_s:.1f} s; the gathers bring each machine the 16 ranks' states, "
         f"16 x {per_rank_state / 1e6:.2f} MB, and the merged samples' rows, {rows_moved / 1e6:.0f} MB (about "
         f"the same at any number of ranks): {at16_gather / 1e6:.0f} MB, about {at16_gather / 1e9 / gbyte_s:.2f} s. "
-        "Bandwidth only: latency, the padding of uneven gathers and the merge itself are not counted."])
+        "Bandwidth only: latency, the padding of uneven gathers and the merge itself are not counted.", "",
+        f"The Hessians' sums two ways ({sum(sizes) * 8 / 1e6:.0f} MB of fp64 in BERT-base's {len(sizes)} packed "
+        "H, one thread per rank, the minimum of 2 interleaved rounds, seconds): gloo's ring all-reduce per H, "
+        "which reduce_calibration uses, against a reduce to an owner rank and a broadcast from it per H, owners "
+        "rotating.", "",
+        "| ranks | ring all-reduce s | reduce to owner + broadcast s |", "|---|---|---|", *ways])
     write_report(report, args.out)
     return 0
 

@@ -20,7 +20,8 @@ from torch import nn
 
 from .core.batches import batches, bind_by_name
 from .config import QuantConfig
-from .distributed import ReductionReport, config_digest, reduce_statistics, structure_digest, weights_digest
+from .distributed import (PartialReductionError, ReductionReport, config_digest, reduce_statistics, structure_digest,
+                          weights_digest)
 from .dispatch import TuneOptions
 from .lowering.capture import CaptureError
 from .lowering.pipeline import convert_graph, prepare_graph
@@ -48,6 +49,7 @@ class PreparedModel(nn.Module):
         self.config = config
         self.backend = backend
         self.reduction: ReductionReport | None = None  # set by reduce_calibration
+        self.broken_reduction: str | None = None  # why a failed reduce_calibration left the statistics unusable
 
     @property
     def method(self) -> str:
@@ -169,6 +171,7 @@ def convert(prepared: PreparedModel, tune: bool = False, tune_batch_sizes=None, 
     options = _tune_options(tune, tune_batch_sizes, tune_cache)
     if not isinstance(prepared, PreparedModel):
         raise TypeError(f"convert takes the model qbackend.prepare returned, got {type(prepared).__name__}")
+    _check_not_broken(prepared)
     if isinstance(prepared._prepared, PreparedGraph):
         (gm, in_spec, out_spec), layers, activations = convert_graph(prepared._prepared, tune=options)
         arg_names = gm.meta.get("arg_names")
@@ -208,12 +211,22 @@ def reduce_calibration(prepared: PreparedModel, group=None,
     if prepared.reduction is not None:
         raise ValueError("this prepared model's statistics were already reduced across ranks; reducing again would "
                          "count every rank's batches twice")
+    _check_not_broken(prepared)
     inner = prepared._prepared
     code = inner.gm.code if isinstance(inner, PreparedGraph) else repr(inner.model)
     identity = {"structure": structure_digest(prepared.inner, code), "weights": weights_digest(prepared.inner),
                 "config": config_digest((prepared.config, prepared.backend, prepared.method))}
-    prepared.reduction = reduce_statistics(inner.statistics(), identity, group, timeout)
+    try:
+        prepared.reduction = reduce_statistics(inner.statistics(), identity, group, timeout)
+    except PartialReductionError as exc:
+        prepared.broken_reduction = str(exc)
+        raise
     return prepared.reduction
+
+
+def _check_not_broken(prepared: PreparedModel) -> None:
+    if prepared.broken_reduction is not None:
+        raise ValueError(f"this prepared model's statistics are unusable: {prepared.broken_reduction}")
 
 
 def quantize(model: nn.Module, example_inputs, calibration_data: Iterable, config: QuantConfig | None = None,

@@ -12,7 +12,7 @@ bit. The public entry points are `qbackend.reduce_calibration` (a prepared model
 """
 from .collectives import DistributedCalibrationError
 from .fingerprint import config_digest, structure_digest, text_digest, weights_digest
-from .reduce import DEFAULT_TIMEOUT, RankWithoutDataWarning, ReductionReport, reduce_statistics
+from .reduce import DEFAULT_TIMEOUT, PartialReductionError, RankWithoutDataWarning, ReductionReport, reduce_statistics
 
-__all__ = ["DistributedCalibrationError", "RankWithoutDataWarning", "ReductionReport", "reduce_statistics", "DEFAULT_TIMEOUT",
+__all__ = ["DistributedCalibrationError", "PartialReductionError", "RankWithoutDataWarning", "ReductionReport", "reduce_statistics", "DEFAULT_TIMEOUT",
            "config_digest", "structure_digest", "text_digest", "weights_digest"]

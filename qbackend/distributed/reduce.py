@@ -32,11 +32,16 @@ from .collectives import DistributedCalibrationError, all_gather_bytes, all_redu
 from .fingerprint import text_digest
 from .wire import decode, encode
 
-__all__ = ["reduce_statistics", "ReductionReport", "DEFAULT_TIMEOUT", "RankWithoutDataWarning"]
+__all__ = ["reduce_statistics", "ReductionReport", "DEFAULT_TIMEOUT", "RankWithoutDataWarning", "PartialReductionError"]
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # torch.distributed's default for gloo groups
 _IDENTITY_LABELS = {"structure": "model (graph and parameter shapes)", "weights": "weights",
                     "config": "configuration", "statistics": "calibration statistics (names and settings)"}
+
+
+class PartialReductionError(DistributedCalibrationError):
+    """The reduction failed after it began to change the statistics: they are partly reduced, and
+    converting them would give a wrong model."""
 
 
 class RankWithoutDataWarning(UserWarning):
@@ -130,16 +135,22 @@ def reduce_statistics(statistics: list[tuple[str, object]], identity: dict[str, 
     sizes = [stats.summed_size(h, per_stat[i]) for i, (_, h) in enumerate(statistics)]
     report.bytes_summed = 8 * sum(sizes)
     buffer = torch.empty(max(sizes, default=0), dtype=torch.float64)  # one H at a time: no copy of them all
-    for i, (_, h) in enumerate(statistics):
-        if sizes[i]:
-            part = buffer[:sizes[i]]
-            stats.pack(h, per_stat[i], part)
-            all_reduce_sum([part], group, timeout, "sum of the Hessians")
-            stats.apply(h, per_stat[i], part, _rows(rows[i], world))
-    report.seconds_sum = time.perf_counter() - t
-    for i, (_, h) in enumerate(statistics):
-        if not sizes[i]:
-            stats.apply(h, per_stat[i], None, _rows(rows[i], world))
+    try:  # from here on the statistics change: a failure leaves them partly reduced
+        for i, (_, h) in enumerate(statistics):
+            if sizes[i]:
+                part = buffer[:sizes[i]]
+                stats.pack(h, per_stat[i], part)
+                all_reduce_sum([part], group, timeout, "sum of the Hessians")
+                stats.apply(h, per_stat[i], part, _rows(rows[i], world))
+        report.seconds_sum = time.perf_counter() - t
+        for i, (_, h) in enumerate(statistics):
+            if not sizes[i]:
+                stats.apply(h, per_stat[i], None, _rows(rows[i], world))
+    except (RuntimeError, ValueError, TypeError) as exc:
+        error = PartialReductionError(f"rank {rank}: the reduction failed after it began to replace this rank's "
+                                      f"statistics, which are now partly reduced ({exc}); prepare and calibrate "
+                                      "again")
+        raise error from exc
     report.seconds = time.perf_counter() - start
     return report
 

@@ -202,3 +202,15 @@ def llm_equal_to_one_process(rank: int, world: int, out: str, shards: list) -> N
     if rank == 0:
         ref = qbackend.quantize_llm(_llama(), config, calibration=[batches[i] for shard in shards for i in shard])
         torch.save(parts(ref), os.path.join(out, "llm_default_reference.pt"))
+
+
+def late_rank(rank: int, world: int, out: str, late: int = 1, delay: float = 12.0, wait: float = 3.0) -> None:
+    """Rank `late` reaches the reduction `delay` seconds after the others, who wait `wait` seconds."""
+    import datetime
+
+    prepared = qbackend.prepare(_seeded_model("convmlp"), _batch("convmlp", 0))
+    qbackend.calibrate(prepared, [_batch("convmlp", rank)])
+    if rank == late:
+        time.sleep(delay)
+    _error_record(out, rank, lambda: qbackend.reduce_calibration(prepared,
+                                                                 timeout=datetime.timedelta(seconds=wait)))

@@ -63,3 +63,26 @@ def test_statistics_cover_every_recorder_convert_reads():
     assert {"BestRangeObserver", "ChannelStats", "HessianStats"} <= kinds
     names = [n for n, _ in prepared._prepared.statistics()]
     assert len(names) == len(set(names))
+
+
+def test_a_reduction_that_fails_midway_leaves_the_model_unconvertible(one_rank_group, monkeypatch):
+    from qbackend.distributed import PartialReductionError
+    from qbackend.distributed import statistics
+
+    prepared = _calibrated("convmlp")
+    calls = []
+    real = statistics.apply
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("a malformed state")
+        return real(*args)
+
+    monkeypatch.setattr(statistics, "apply", failing)
+    with pytest.raises(PartialReductionError, match="partly reduced .*a malformed state"):
+        qbackend.reduce_calibration(prepared)
+    with pytest.raises(ValueError, match="statistics are unusable"):
+        qbackend.convert(prepared)
+    with pytest.raises(ValueError, match="statistics are unusable"):
+        qbackend.reduce_calibration(prepared)

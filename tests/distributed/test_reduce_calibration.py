@@ -69,6 +69,18 @@ def test_a_rank_killed_mid_calibration_is_named(tmp_path):
         assert rec["seconds"] < 60, rec  # the closed connection is seen at once, not at the timeout
 
 
+def test_a_rank_that_does_not_arrive_in_time_is_named(tmp_path):
+    codes = run_ranks("late_rank", 3, str(tmp_path), late=1, delay=12.0, wait=3.0)
+    assert all(c == 0 for c in codes.values()), failures(str(tmp_path), codes)
+    for r in (0, 2):
+        rec = read_json(tmp_path, f"rank{r}.json")
+        assert rec["error"] == "DistributedCalibrationError", rec
+        assert "rank(s) 1 did not reach the calibration reduction (within 0:00:03" in rec["message"], rec
+        assert rec["seconds"] < 10, rec  # the timeout given, not the process group's
+    late = read_json(tmp_path, "rank1.json")  # the others are gone by the time it arrives
+    assert late["error"] == "DistributedCalibrationError" and "rank(s) 0, 2 did not reach" in late["message"], late
+
+
 @pytest.mark.parametrize("what,label", [("weights", "weights"), ("config", "configuration"),
                                         ("model", "model (graph and parameter shapes)")])
 def test_a_rank_with_another_model_is_named_before_anything_moves(tmp_path, what, label):
