@@ -157,7 +157,8 @@ def main() -> int:
         summed = records[0]["bytes_summed"]
         rows.append(f"| {world} | {threads} | {'/'.join(str(r['batches']) for r in records)} | {wall:.2f} | "
                     f"{max(r['calibrate_s'] for r in records):.2f} | {proper:.2f} ({100 * proper / wall:.0f}%) | "
-                    f"{slow['gather_s']:.2f} / {slow['sum_s']:.2f} | {states[world] / 1e6:.1f} / {sampled[world] / 1e6:.1f} | "
+                    f"{slow['gather_s']:.2f} / {slow['sum_s']:.2f} | "
+                    f"{states[world] / 1e6:.1f} / {sampled[world] / 1e6:.1f} | "
                     f"{summed / 1e6:.1f} | {max(r['peak_rss_mb'] for r in records):.0f} | {'yes' if agree else 'NO'} |")
         print(rows[-1], file=sys.stderr, flush=True)
     # the packed H of BERT-base's 12 layers: the inputs of q/k/v, the attention output, the FFN's up and down
@@ -183,9 +184,11 @@ def main() -> int:
         "longest reduce_calibration less its roll-call wait for slower ranks (share of the wall in brackets); "
         "gather / sum: the slowest rank's. Gathered: bytes rank 0 received in the gathers, padding and its own "
         "included: the statistics' states / SmoothQuant's sampled rows (each rank sends only the rows the merged "
-        f"samples keep); summed: bytes of the fp64 Hessians' packed lower triangles, all-reduced. {time.time() - started:.0f} s in all.", "",
+        f"samples keep); summed: bytes of the fp64 Hessians' packed lower triangles, all-reduced. "
+        f"{time.time() - started:.0f} s in all.", "",
         "| ranks | threads per rank | batches per rank | wall s | calibrate s (slowest rank) | reduction s | "
-        "gather s / sum s | gathered MB (states / sampled rows) | summed MB | peak RSS per rank MB | ranks agree bit for bit |",
+        "gather s / sum s | gathered MB (states / sampled rows) | summed MB | peak RSS per rank MB | "
+        "ranks agree bit for bit |",
         "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
         f"At 16 machines, one rank each, on {NETWORK_GBIT:g} Gbit/s links ({gbyte_s:.2f} GB/s each way): gloo's "
         f"ring all-reduce sends and receives 2 x 15/16 x {summed / 1e6:.0f} MB = {at16_ring / 1e6:.0f} MB per "

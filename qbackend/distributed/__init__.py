@@ -14,5 +14,5 @@ from .collectives import DistributedCalibrationError
 from .fingerprint import config_digest, structure_digest, text_digest, weights_digest
 from .reduce import DEFAULT_TIMEOUT, PartialReductionError, RankWithoutDataWarning, ReductionReport, reduce_statistics
 
-__all__ = ["DistributedCalibrationError", "PartialReductionError", "RankWithoutDataWarning", "ReductionReport", "reduce_statistics", "DEFAULT_TIMEOUT",
-           "config_digest", "structure_digest", "text_digest", "weights_digest"]
+__all__ = ["DistributedCalibrationError", "PartialReductionError", "RankWithoutDataWarning", "ReductionReport",
+           "reduce_statistics", "DEFAULT_TIMEOUT", "config_digest", "structure_digest", "text_digest", "weights_digest"]

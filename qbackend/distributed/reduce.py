@@ -51,10 +51,11 @@ class RankWithoutDataWarning(UserWarning):
 @dataclass
 class ReductionReport:
     """What one rank's reduction did: the group's size, the statistics reduced, the ranks that
-    had seen no calibration data, the bytes this rank received in the gathers (padding included;
+    had seen no calibration data; the bytes this rank received in the gathers (padding included;
     `bytes_sampled_rows` of them in the gather of SmoothQuant's sampled rows, about one sample per
-    smoothed value whatever the number of ranks) and the bytes of the fp64 sums all-reduced (a ring all-reduce sends and receives about twice that per rank),
-    and the seconds spent (in all, waiting at the roll call, gathering, summing the Hessians)."""
+    smoothed value whatever the number of ranks); the bytes of the fp64 sums all-reduced (a ring
+    all-reduce sends and receives about twice that per rank); and the seconds spent (in all,
+    waiting at the roll call, gathering, summing the Hessians)."""
 
     ranks: int
     statistics: int
