@@ -24,7 +24,7 @@ from ..algorithms.gptq import HessianStats
 from ..algorithms.smoothquant import ChannelStats
 from ..observers import MovingAverageMinMaxObserver, Observer
 
-__all__ = ["describe", "refusal", "local_state", "sent_rows", "summed_size", "pack", "apply", "has_data"]
+__all__ = ["describe", "refusal", "local_state", "sent_rows", "summed_size", "pack", "apply"]
 
 
 def _kind(holder) -> str:
@@ -49,20 +49,12 @@ def describe(holder) -> dict:
 
 
 def refusal(name: str, holder) -> str | None:
-    """Why this statistic cannot be reduced exactly (None if it can)."""
+    """Why this statistic cannot be reduced exactly (None if it can), naming it by its own name
+    (the layer's value, for an observer) or else by `name`."""
     if isinstance(holder, MovingAverageMinMaxObserver):
-        return (f"{name}: a MovingAverageMinMaxObserver's range depends on the order of the batches, so no "
+        return (f"{holder.name or name}: a MovingAverageMinMaxObserver's range depends on the order of the batches, so no "
                 "split of them across ranks gives one process's; use MinMaxObserver or a histogram observer")
     return None
-
-
-def has_data(holder) -> bool:
-    kind = _kind(holder)
-    if kind == "observer":
-        return holder.has_data
-    if kind == "channel_stats":
-        return holder.absmax is not None
-    return holder.rows > 0
 
 
 def local_state(holder) -> dict:

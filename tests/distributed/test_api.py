@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import qbackend
+from qbackend.observers import ObserverError
 from qbackend.serialization.model_file import model_parts
 
 from .scenarios import _batch, _seeded_model
@@ -86,3 +87,15 @@ def test_a_reduction_that_fails_midway_leaves_the_model_unconvertible(one_rank_g
         qbackend.convert(prepared)
     with pytest.raises(ValueError, match="statistics are unusable"):
         qbackend.reduce_calibration(prepared)
+
+
+def test_no_data_on_every_rank_is_left_to_convert_to_report(one_rank_group):
+    import warnings
+
+    prepared = qbackend.prepare(_seeded_model("convmlp"), _batch("convmlp", 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", qbackend.RankWithoutDataWarning)  # not "the others' data": there is none
+        report = qbackend.reduce_calibration(prepared)
+    assert report.ranks_without_data == [0]
+    with pytest.raises(ObserverError, match="no finite|no data|saw no"):
+        qbackend.convert(prepared)
