@@ -231,14 +231,23 @@ def _check_not_broken(prepared: PreparedModel) -> None:
 
 def quantize(model: nn.Module, example_inputs, calibration_data: Iterable, config: QuantConfig | None = None,
              backend: str = "x86", example_kwargs: dict | None = None, tune: bool = False,
-             tune_batch_sizes=None, tune_cache=None, eval_fn=None, max_drop: float | None = None) -> nn.Module:
+             tune_batch_sizes=None, tune_cache=None, eval_fn=None, max_drop: float | None = None, *,
+             distributed: bool = False, group=None, timeout: datetime.timedelta | None = None) -> nn.Module:
     """prepare + calibrate + convert in one call (tune*: see convert).
 
     With eval_fn (model -> metric, higher is better) and max_drop, the accuracy-budgeted fallback
     keeps the most sensitive layers in FP32 until eval_fn(qmodel) >= eval_fn(model) - max_drop
-    (qbackend.report.fallback); `qmodel.qbackend_fallback` says what it did."""
+    (qbackend.report.fallback); `qmodel.qbackend_fallback` says what it did.
+
+    distributed=True: every rank of `group` calls quantize on the same model and config with its
+    own shard as calibration_data (possibly empty), and the statistics are reduced across the
+    ranks before convert (`reduce_calibration`, with `group` and `timeout`): every rank returns
+    the model one process would quantize from all the shards."""
     if (eval_fn is None) != (max_drop is None):
         raise ValueError("give both eval_fn and max_drop (the accuracy-budgeted fallback), or neither")
+    if distributed and eval_fn is not None:
+        raise ValueError("distributed=True does not combine with the accuracy-budgeted fallback (eval_fn / max_drop): "
+                         "reduce the calibration with distributed=True first, then run the fallback on one rank")
     if eval_fn is not None:
         calibration = list(calibration_data)
         return quantize_within_budget(
@@ -248,8 +257,13 @@ def quantize(model: nn.Module, example_inputs, calibration_data: Iterable, confi
             eval_fn, max_drop, example_kwargs)
     prepared = prepare(model, example_inputs, backend=backend, config=config, example_kwargs=example_kwargs)
     config = prepared.config
-    if config.mode == "static" and calibrate(prepared, calibration_data) == 0:
-        raise ValueError("calibration_data gave no batches; static quantization needs at least one")
+    if config.mode == "static":
+        if calibrate(prepared, calibration_data) == 0 and not distributed:
+            raise ValueError("calibration_data gave no batches; static quantization needs at least one")
+        if distributed:
+            reduce_calibration(prepared, group, timeout)
+    elif distributed:
+        raise ValueError(f"distributed=True reduces calibration statistics; config.mode={config.mode!r} has none")
     return convert(prepared, tune=tune, tune_batch_sizes=tune_batch_sizes, tune_cache=tune_cache)
 
 

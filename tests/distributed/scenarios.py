@@ -136,6 +136,23 @@ def equal_to_one_process(rank: int, world: int, out: str, model: str, shards: li
             torch.save(parts, os.path.join(out, f"{tag}_reference.pt"))
 
 
+def one_call(rank: int, world: int, out: str, shards: list) -> None:
+    """qbackend.quantize(..., distributed=True) on each rank's shard; rank 0 also quantizes from all."""
+    name = "convmlp"
+
+    def parts(qmodel):
+        tensors, meta = model_parts(qmodel)
+        with torch.no_grad():
+            return {"tensors": tensors, "meta": meta, "outputs": [qmodel(*_batch(name, 100))]}
+
+    qmodel = qbackend.quantize(_seeded_model(name), _batch(name, 0), [_batch(name, i) for i in shards[rank]],
+                               distributed=True)
+    torch.save(parts(qmodel), os.path.join(out, f"quantize_default_rank{rank}.pt"))
+    if rank == 0:
+        ref = qbackend.quantize(_seeded_model(name), _batch(name, 0), [_batch(name, i) for s in shards for i in s])
+        torch.save(parts(ref), os.path.join(out, "quantize_default_reference.pt"))
+
+
 def _error_record(out: str, rank: int, fn) -> None:
     start = time.monotonic()
     try:

@@ -42,6 +42,11 @@ def test_arguments_are_checked(one_rank_group):
         qbackend.reduce_calibration(_seeded_model("convmlp"))
     with pytest.raises(TypeError, match="timeout must be a datetime.timedelta"):
         qbackend.reduce_calibration(_calibrated("convmlp"), timeout=30)
+    model, x = _seeded_model("convmlp"), _batch("convmlp", 0)
+    with pytest.raises(ValueError, match="does not combine with the accuracy-budgeted fallback"):
+        qbackend.quantize(model, x, [x], eval_fn=lambda m: 0.0, max_drop=1.0, distributed=True)
+    with pytest.raises(ValueError, match="has none"):
+        qbackend.quantize(model, x, [x], config=qbackend.QuantConfig(mode="dynamic"), distributed=True)
     with pytest.raises(ValueError, match="distributed=True reduces GPTQ"):
         from tests.llm.test_quantize_llm import _llama
         qbackend.quantize_llm(_llama(), qbackend.LLMConfig(weights="int4"), distributed=True)

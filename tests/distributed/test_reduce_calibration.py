@@ -59,6 +59,13 @@ def test_every_exact_observer_kind_and_a_rank_without_data(tmp_path):
         assert any("rank(s) 1 calibrated on no data" in w for w in info["warnings"]), info
 
 
+def test_one_call_quantize_with_distributed_calibration(tmp_path):
+    shards = [[0, 1, 2], []]
+    codes = run_ranks("one_call", 2, str(tmp_path), shards=shards)
+    assert all(c == 0 for c in codes.values()), failures(str(tmp_path), codes)
+    _check_equal(tmp_path, "quantize", 2)
+
+
 def test_a_rank_killed_mid_calibration_is_named(tmp_path):
     codes = run_ranks("killed_rank", 3, str(tmp_path), victim=1)
     assert codes[1] == 17, codes
