@@ -11,6 +11,7 @@ a timeout and failing with a `DistributedCalibrationError` that says which rank 
 from __future__ import annotations
 
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
@@ -58,14 +59,22 @@ def roll_call(group, timeout: datetime.timedelta) -> None:
             recvs[p] = dist.irecv(heard[p], src=_global(group, p), group=group)
         except RuntimeError as exc:
             failed[p] = _first_line(exc)
+    deadline = time.monotonic() + timeout.total_seconds()  # one timeout for the whole roll call
+
+    def left() -> datetime.timedelta:
+        return datetime.timedelta(seconds=max(0.001, deadline - time.monotonic()))
+
     for p, work in recvs.items():
         try:
-            work.wait(timeout)
+            work.wait(left())
         except RuntimeError as exc:
             failed[p] = _first_line(exc)
+            continue
+        if int(heard[p]) != p:
+            failed[p] = f"answered as rank {int(heard[p])} (a message outside the reduction?)"
     for work in sends:
         try:
-            work.wait(timeout)
+            work.wait(left())
         except RuntimeError:
             pass  # a send to a failed rank: reported through its receive
     if failed:
