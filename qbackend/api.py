@@ -20,8 +20,7 @@ from torch import nn
 
 from .core.batches import batches, bind_by_name
 from .config import QuantConfig
-from .distributed import (PartialReductionError, ReductionReport, config_digest, reduce_statistics, structure_digest,
-                          weights_digest)
+from .distributed import PartialReductionError, ReductionReport, model_identity, reduce_statistics
 from .dispatch import TuneOptions
 from .lowering.capture import CaptureError
 from .lowering.pipeline import convert_graph, prepare_graph
@@ -214,8 +213,7 @@ def reduce_calibration(prepared: PreparedModel, group=None,
     _check_not_broken(prepared)
     inner = prepared._prepared
     code = inner.gm.code if isinstance(inner, PreparedGraph) else repr(inner.model)
-    identity = {"structure": structure_digest(prepared.inner, code), "weights": weights_digest(prepared.inner),
-                "config": config_digest((prepared.config, prepared.backend, prepared.method))}
+    identity = model_identity(prepared.inner, code, (prepared.config, prepared.backend, prepared.method))
     try:
         prepared.reduction = reduce_statistics(inner.statistics(), identity, group, timeout)
     except PartialReductionError as exc:

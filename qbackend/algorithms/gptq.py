@@ -60,7 +60,7 @@ from torch import nn
 from ..ops import gptq_ops  # noqa: F401  (registers qbackend::gptq_round_columns)
 from .sampling import sampled_rows
 
-MAX_FEATURES = 8192  # H in fp32: 256 MB at this size
+MAX_FEATURES = 8192  # H at this size: 512 MB of fp64 sums, read as 256 MB of fp32
 ROWS_PER_FEATURE = 2  # a conv takes GPTQ where one example batch gives this many im2col rows per column
 SAMPLED_ROWS_PER_FEATURE = 2  # H takes at most this many of a batch's im2col rows per column (every r-th)
 MIN_SAMPLED_ROWS = 1024
@@ -172,7 +172,7 @@ class HessianStats(nn.Module):
             if self.products is None:
                 self.products = torch.zeros(k, k, dtype=torch.float64)
             h, b = self.products, _triangle_block(k)
-            scratch = torch.empty(k, min(b, k))
+            scratch = torch.empty(k, b)  # b <= k
             # the lower block triangle only (half the products of a wide H): column block
             # [i, i + b) from row i down
             for i in range(0, k, b):

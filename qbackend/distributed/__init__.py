@@ -12,8 +12,8 @@ decoder LLM's GPTQ statistics).
   reduce.py        the reduction's steps
 """
 from .collectives import DistributedCalibrationError
-from .fingerprint import config_digest, structure_digest, text_digest, weights_digest
+from .fingerprint import model_identity
 from .reduce import DEFAULT_TIMEOUT, PartialReductionError, RankWithoutDataWarning, ReductionReport, reduce_statistics
 
 __all__ = ["DistributedCalibrationError", "PartialReductionError", "RankWithoutDataWarning", "ReductionReport",
-           "reduce_statistics", "DEFAULT_TIMEOUT", "config_digest", "structure_digest", "text_digest", "weights_digest"]
+           "reduce_statistics", "DEFAULT_TIMEOUT", "model_identity"]

@@ -6,7 +6,7 @@ a timeout and failing with a `DistributedCalibrationError` that says which rank 
   every rank that is still there, before anything is reduced;
 * `all_gather_bytes`: each rank's uint8 buffer to every rank (sizes first, then the buffers
   padded to the longest);
-* `all_reduce_sum`: tensors summed in place across ranks (gloo's ring: every rank gets the same
+* `all_reduce_sum`: a tensor summed in place across ranks (gloo's ring: every rank gets the same
   bits)."""
 from __future__ import annotations
 
@@ -109,7 +109,6 @@ def all_gather_bytes(data: torch.Tensor, group, timeout: datetime.timedelta, ste
     return [o[:int(s)] for o, s in zip(out, sizes)]
 
 
-def all_reduce_sum(tensors: list[torch.Tensor], group, timeout: datetime.timedelta, step: str) -> None:
-    """Sum each tensor across ranks, in place."""
-    for t in tensors:
-        _wait(dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=True), step, group, timeout)
+def all_reduce_sum(tensor: torch.Tensor, group, timeout: datetime.timedelta, step: str) -> None:
+    """Sum `tensor` across ranks, in place."""
+    _wait(dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True), step, group, timeout)

@@ -12,7 +12,7 @@ import re
 import torch
 from torch import nn
 
-__all__ = ["text_digest", "structure_digest", "weights_digest", "config_digest"]
+__all__ = ["text_digest", "structure_digest", "weights_digest", "config_digest", "model_identity"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -51,3 +51,10 @@ def weights_digest(module: nn.Module) -> bytes:
 def config_digest(config) -> bytes:
     """The configuration's repr (object addresses left out)."""
     return text_digest(_ADDRESS.sub("", repr(config)))
+
+
+def model_identity(module: nn.Module, code: str, config) -> dict[str, bytes]:
+    """The digests the ranks compare before a reduction: the structure of `module` (with `code`,
+    its graph's code or its repr), its weights and `config`."""
+    return {"structure": structure_digest(module, code), "weights": weights_digest(module),
+            "config": config_digest(config)}

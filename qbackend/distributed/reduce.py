@@ -116,7 +116,7 @@ def reduce_statistics(statistics: list[tuple[str, object]], identity: dict[str, 
         if not isinstance(s, list) or len(s) != len(statistics) or not all(isinstance(st, dict) for st in s):
             raise DistributedCalibrationError(f"rank {rank}: rank {r}'s statistics are malformed (expected "
                                               f"{len(statistics)} states)")
-    report.ranks_without_data = [r for r in range(world) if not any(_state_has_data(s) for s in states[r])]
+    report.ranks_without_data = [r for r in range(world) if not any(stats.state_has_data(s) for s in states[r])]
     if report.ranks_without_data and len(report.ranks_without_data) < world:
         warnings.warn(f"rank(s) {', '.join(map(str, report.ranks_without_data))} calibrated on no data; the reduced "
                       "statistics are those of the other ranks", RankWithoutDataWarning, stacklevel=3)
@@ -124,7 +124,7 @@ def reduce_statistics(statistics: list[tuple[str, object]], identity: dict[str, 
     per_stat = [[states[r][i] for r in range(world)] for i in range(len(statistics))]
     sent = [stats.sent_rows(h, per_stat[i], rank) for i, (_, h) in enumerate(statistics)]
     rows = [None] * len(statistics)
-    if any(_state_has_sample(st) for s in states for st in s):  # the same decision on every rank
+    if any(stats.state_has_sample(st) for s in states for st in s):  # the same decision on every rank
         gathered = all_gather_bytes(encode(sent), group, timeout, "gather of the sampled rows")
         report.bytes_sampled_rows = world * max(g.numel() for g in gathered)  # what the padded gather moved
         report.bytes_gathered += report.bytes_sampled_rows
@@ -141,7 +141,7 @@ def reduce_statistics(statistics: list[tuple[str, object]], identity: dict[str, 
             if sizes[i]:
                 part = buffer[:sizes[i]]
                 stats.pack(h, per_stat[i], part)
-                all_reduce_sum([part], group, timeout, "sum of the Hessians")
+                all_reduce_sum(part, group, timeout, "sum of the Hessians")
                 stats.apply(h, per_stat[i], part, _rows(rows[i], world))
         report.seconds_sum = time.perf_counter() - t
         for i, (_, h) in enumerate(statistics):
@@ -159,13 +159,3 @@ def reduce_statistics(statistics: list[tuple[str, object]], identity: dict[str, 
 def _rows(rows, world: int) -> list:
     return rows if rows is not None else [None] * world
 
-
-def _state_has_sample(state: dict) -> bool:
-    """A ChannelStats state with sampled rows."""
-    return "keys" in state
-
-
-def _state_has_data(state: dict) -> bool:
-    if "stats" in state:  # an observer's state_dict
-        return state["stats"].get("count", 0) > 0
-    return bool(state.get("rows_seen") or state.get("rows"))

@@ -24,7 +24,8 @@ from ..algorithms.gptq import HessianStats
 from ..algorithms.smoothquant import ChannelStats
 from ..observers import MovingAverageMinMaxObserver, Observer
 
-__all__ = ["describe", "refusal", "local_state", "sent_rows", "summed_size", "pack", "apply"]
+__all__ = ["describe", "refusal", "local_state", "state_has_data", "state_has_sample", "sent_rows", "summed_size",
+           "pack", "apply"]
 
 
 def _kind(holder) -> str:
@@ -68,6 +69,18 @@ def local_state(holder) -> dict:
         return {"rows_seen": holder.rows_seen, "absmax": holder.absmax, "keys": holder.keys}
     h = holder.products
     return {"rows": holder.rows, "column_sum": holder.column_sum, "shape": None if h is None else list(h.shape)}
+
+
+def state_has_data(state: dict) -> bool:
+    """Whether a `local_state` holds any calibration data."""
+    if "stats" in state:  # an observer's state_dict
+        return state["stats"].get("count", 0) > 0
+    return bool(state.get("rows_seen") or state.get("rows"))
+
+
+def state_has_sample(state: dict) -> bool:
+    """Whether a `local_state` is a ChannelStats' with sampled rows (their keys)."""
+    return "keys" in state
 
 
 def _winners(states: list[dict], sample_rows: int) -> list[torch.Tensor]:

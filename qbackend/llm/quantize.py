@@ -28,7 +28,7 @@ import datetime
 import torch
 from torch import nn
 
-from ..distributed import ReductionReport, config_digest, reduce_statistics, structure_digest, weights_digest
+from ..distributed import ReductionReport, model_identity, reduce_statistics
 
 from ..nn.embedding import QuantizedEmbedding
 from ..nn.int4_linear import Int4WeightOnlyLinear
@@ -167,9 +167,7 @@ def quantize_llm(model: nn.Module, config: LLMConfig | None = None, calibration=
 
 def _reduced(model: nn.Module, config: LLMConfig, stats: dict, group, timeout) -> ReductionReport:
     """GPTQ's statistics reduced across the ranks, after checking they hold the same float model and config."""
-    identity = {"structure": structure_digest(model, repr(model)), "weights": weights_digest(model),
-                "config": config_digest(config)}
-    return reduce_statistics(list(stats.items()), identity, group, timeout)
+    return reduce_statistics(list(stats.items()), model_identity(model, repr(model), config), group, timeout)
 
 
 def finish_llm(model: nn.Module, config: LLMConfig, quantized: list[str], kept: list[str], gptq: list[str],

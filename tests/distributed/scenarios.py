@@ -210,8 +210,7 @@ def llm_equal_to_one_process(rank: int, world: int, out: str, shards: list) -> N
     def parts(model):
         with torch.no_grad():
             logits = model(probe).logits
-        tensors = {k: v for k, v in model.state_dict().items()}
-        return {"tensors": tensors, "meta": json.dumps(model.qbackend_llm["gptq"]), "outputs": [logits]}
+        return {"tensors": dict(model.state_dict()), "meta": json.dumps(model.qbackend_llm["gptq"]), "outputs": [logits]}
 
     model = qbackend.quantize_llm(_llama(), config, calibration=[batches[i] for i in shards[rank]], distributed=True)
     assert len(model.qbackend_llm["gptq"]) >= 10, model.qbackend_llm["gptq"]
