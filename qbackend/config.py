@@ -178,6 +178,13 @@ class QuantConfig:
       ReLU or nothing: each pair's channel ranges evened out by a per-channel rescaling that leaves
       the FP32 function unchanged (model-wide, graph capture only; off by default: no gain on the
       model zoo, benchmarks/results/epyc_zen4/accuracy.md).
+    per_token_inputs: a static Linear whose input is another static Linear's int8 output (a
+      transformer FFN's down projection reading the GELU output, whose outliers are whole tokens)
+      may read it as float and quantize it per token at run time: each row over its own range
+      (TokenQuantizedLinear; the producer then writes float32). "auto": where the calibration data
+      show it lowers the layer's output error by at least 1 dB (lowering/per_token.py: +0.6 dB
+      output SQNR on BERT-base, +6.8 dB on all-MiniLM-L6-v2, for 2-5% more time per forward:
+      benchmarks/results/epyc_zen4/accuracy.md); True: every such Linear; False: none.
     route_by_batch: a Linear / Conv2d whose best provider changes with the call size holds one
       packed weight per provider and picks per call (conv2d: batch; linear: rows); False: one
       provider per layer, routed at the example's size (less memory). Not with a forced provider or
@@ -210,6 +217,7 @@ class QuantConfig:
     weight_rounding: str = "gptq"
     bias_correction: bool | str = "auto"
     equalization: bool = False
+    per_token_inputs: bool | str = "auto"
     route_by_batch: bool = True
     forward_plans: bool = True
     fusions: bool = True
@@ -224,6 +232,8 @@ class QuantConfig:
             raise TypeError(f"fusions must be True or False, got {self.fusions!r}")
         if not isinstance(self.equalization, bool):
             raise TypeError(f"equalization must be True or False, got {self.equalization!r}")
+        if not (isinstance(self.per_token_inputs, bool) or self.per_token_inputs == "auto"):
+            raise ValueError(f"per_token_inputs must be 'auto', True or False, got {self.per_token_inputs!r}")
         if not (isinstance(self.bias_correction, bool) or self.bias_correction == "auto"):
             raise ValueError(f"bias_correction must be 'auto', True or False, got {self.bias_correction!r}")
         if not isinstance(self.bf16, bool):

@@ -39,7 +39,9 @@ class LayerRecord:
     provider the config forced; route_by_batch: routed per call size; route: where it runs (None
     when it computes in float or holds several products, the LSTM: `note` says so);
     rerouted_from: the provider it had where it was saved, when loading moved it;
-    weight_rounding: GPTQ's report; embedding: a table's storage."""
+    weight_rounding: GPTQ's report; embedding: a table's storage; per_token: a static Linear that
+    reads its input as float and quantizes it per token at run time: {"qmax": its levels' top,
+    "gain_db": the static range's calibration output error over the per-token one}."""
 
     kind: str
     mode: str
@@ -56,6 +58,7 @@ class LayerRecord:
     rerouted_from: str | None = None
     weight_rounding: dict | None = None
     embedding: EmbeddingInfo | None = None
+    per_token: dict | None = None
 
     @property
     def why(self) -> str:

@@ -11,7 +11,9 @@ stays usable). In the order the fused chains end:
   producing int8 op, a transparent op (max pool, view, flatten) re-run on int8 data, or a quantize
   op right after the observed float value. Its output is int8 where the plan says some consumer reads int8; float consumers
   of an int8 value get one dequantize op, shared;
-* dynamic and weight-only ops become their module, float in and out;
+* dynamic and weight-only ops become their module, float in and out; so do static Linears chosen
+  to read their input per token (lowering/per_token.py: TokenQuantizedLinear), whose producer then
+  writes float32;
 * a flatten of a channels-last int8 value that only static Linears read reads it in NHWC order,
   the Linears' weight columns permuted to match (lowering/nhwc_flatten.py);
 * shape queries of a float value read its int8 form (same shape), so that float ops kept only
@@ -58,7 +60,8 @@ from .records import activation_record, layer_record
 from .patterns import ANCHORS, MATMUL_LIKE, TRANSPARENT
 from . import nhwc_flatten, smoothquant
 from .fold import get_attr_value
-from .plan import is_transparent
+from .plan import Plan, is_transparent, make_plan
+from . import per_token
 from .prepare import ActivationObserver, PreparedGraph
 
 ops_ns = torch.ops.qbackend
@@ -93,6 +96,7 @@ class _Rewriter:
         # input's recorder, H and E[x] unsmoothed)
         self._factors: dict[tuple, tuple] = {}                  # (recorder, smoothing) -> (H, gptq.factor(H))
         self.nhwc: dict[fx.Node, tuple] = {}  # flatten read as NHWC -> (C, H*W) of the value it flattens
+        self.per_token: dict[str, dict] = {}  # layer name -> its per-token choice (lowering/per_token.py)
 
     def _after(self, node: fx.Node):
         if node.op == "placeholder":
@@ -161,7 +165,8 @@ class _Rewriter:
 
     def rewrite(self, op) -> None:
         plan = self.prepared.plan
-        static = op.config.mode == "static"
+        token = self.per_token.get(op.name)
+        static = op.config.mode == "static" and token is None
         args, x_qp, acc_qp = (), None, None
         if static:
             xq, x_qp = self.int8(op.x)
@@ -186,6 +191,7 @@ class _Rewriter:
             spec.residual = "int8" if out_qp is not None else "float32"
         if static and op.x in self.nhwc:
             spec.column_order = nhwc_flatten.column_order(*self.nhwc[op.x])
+        spec.per_token = token
         module, r = build_layer(spec, x_qp, out_qp, acc_qp, tune=self.tune)
         if static and op.x in self.nhwc:
             module.x_nhwc = self.nhwc[op.x]
@@ -254,7 +260,8 @@ def _search_smoothing(prepared: PreparedGraph, qparams: dict, value_ids: dict, t
 class ConvertState:
     """What the convert passes read and write, in the order they fill it: the calibrated prepared
     graph, tune mode's options, whether to warn about FP32 ops; each observed value's qparams,
-    its name and its activation record; SmoothQuant's choices; the graph being rewritten (a copy)
+    its name and its activation record; SmoothQuant's choices; the Linears reading their input per
+    token and the plan made with them (else the prepared graph's); the graph being rewritten (a copy)
     with the prepared graph's ops and plan on its nodes; the rewriter and the layer records."""
 
     prepared: PreparedGraph
@@ -264,6 +271,8 @@ class ConvertState:
     value_ids: dict = field(default_factory=dict)
     activations: dict = field(default_factory=dict)
     smoothed: dict = field(default_factory=dict)
+    plan: Plan | None = None
+    per_token: dict = field(default_factory=dict)
     gm: fx.GraphModule | None = None
     node_map: dict = field(default_factory=dict)
     rewriter: _Rewriter | None = None
@@ -282,6 +291,25 @@ def search_smoothing(state: ConvertState) -> ConvertState:
     return state
 
 
+def choose_per_token(state: ConvertState) -> ConvertState:
+    """Which Linears read their input per token (lowering/per_token.py). Where any does, the plan is
+    made again with those Linears reading float: the values they alone read are no longer quantized
+    (their producers write float32), and leave the activation table."""
+    prepared = state.prepared
+    state.per_token = per_token.choose(prepared.token_groups, prepared.gm, state.qparams)
+    state.plan = prepared.plan
+    if state.per_token:
+        plan = make_plan(prepared.plan.ops, frozenset(state.per_token))
+        for node, name in prepared.plan.observed.items():
+            if node not in plan.observed:
+                del state.qparams[node]
+                state.activations.pop(name, None)
+            elif plan.observed[node] != name:
+                raise RuntimeError(f"qbackend internal error: {name} renamed {plan.observed[node]} by the per-token plan")
+        state.plan = plan
+    return state
+
+
 def warn_calibration_outliers(state: ConvertState) -> ConvertState:
     """One CalibrationOutlierWarning naming every activation whose chosen range a few outlying
     calibration values dominate (observers/outliers.py); values SmoothQuant smoothed are left out
@@ -289,8 +317,9 @@ def warn_calibration_outliers(state: ConvertState) -> ConvertState:
     if not state.warn:
         return state
     smoothed = {state.prepared.plan.observed[node] for node in state.smoothed}
+    quantized = set(state.plan.observed.values())
     tails = state.prepared.tail_histograms()
-    findings = [f for name, obs in state.prepared.observers().items() if name not in smoothed
+    findings = [f for name, obs in state.prepared.observers().items() if name not in smoothed and name in quantized
                 if (f := outliers.find_outlier_range(obs, tails.get(name))) is not None]
     outliers.warn_outliers(findings, stacklevel=6)  # the caller of qbackend.convert
     return state
@@ -304,11 +333,12 @@ def copy_graph(state: ConvertState) -> ConvertState:
     state.gm = copy.deepcopy(src, memo)
     state.node_map = node_map = dict(zip(src.graph.nodes, state.gm.graph.nodes))
     state.qparams = {node_map[n]: qp for n, qp in state.qparams.items()}
-    plan = copy.copy(state.prepared.plan)
-    plan.aliases = {node_map[k]: node_map[v] for k, v in state.prepared.plan.aliases.items()}
-    plan.int8_cats = {node_map[n] for n in state.prepared.plan.int8_cats}
-    plan.int8_outputs = {node_map[n] for n in state.prepared.plan.int8_outputs}
+    plan = copy.copy(state.plan)
+    plan.aliases = {node_map[k]: node_map[v] for k, v in state.plan.aliases.items()}
+    plan.int8_cats = {node_map[n] for n in state.plan.int8_cats}
+    plan.int8_outputs = {node_map[n] for n in state.plan.int8_outputs}
     state.rewriter = _Rewriter(state.gm, _Prepared(plan), state.qparams, state.value_ids, state.tune)
+    state.rewriter.per_token = dict(state.per_token)
     return state
 
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..core.routes import BatchRoutes
-from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear
+from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedLinear, TokenQuantizedLinear
 from ..observers import QParams
 from ..ops import PackedConv2dWeight, PackedLinearWeight
 from .layer_spec import LayerSpec, rows
@@ -28,6 +28,10 @@ def layer_module(spec: LayerSpec, q, scales, provider: str, x_qp: QParams | None
             accum_qp: QParams | None, routes: BatchRoutes | None = None) -> nn.Module:
     """The quantized module of spec on `provider` (and, with `routes`, on each provider of its batch
     routes; packing may raise ValueError for a geometry the provider refuses)."""
+    if spec.per_token is not None:
+        packed = PackedLinearWeight(q, scales, None, provider=provider, x_shape=[rows(spec.x_shape), spec.x_shape[-1]],
+                                    batch_routes=routes)
+        return TokenQuantizedLinear(packed, spec.bias, spec.per_token["qmax"], spec.post_op)
     if spec.config.mode == "dynamic":
         return DynamicQuantizedLinear(pack(spec, q, scales, provider, None, routes), post_op=spec.post_op)
     x_qparams = (float(x_qp.scale), int(x_qp.zero_point))

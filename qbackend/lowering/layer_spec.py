@@ -29,6 +29,7 @@ class LayerSpec:
     input_mean: torch.Tensor | None = None  # E[x] over the same rows, for bias correction
     rounding: dict | None = None      # set by build_layer: how the weight was rounded (GPTQ's report)
     column_order: torch.Tensor | None = None  # linear: the rounded int8 weight is packed as q[:, column_order]
+    per_token: dict | None = None     # a static Linear reading its float input per token: {"qmax", "gain_db"}
 
     def shape_key(self) -> dict:
         """The shape the dispatch rules look at, with the epilogue flags that change the ranking:

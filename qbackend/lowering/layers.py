@@ -50,12 +50,15 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
             return WeightOnlyLinear(q, scales, spec.bias), None
         g = spec.geometry
         return WeightOnlyConv2d(q, scales, spec.bias, g["stride"], g["padding"], g["dilation"], g["groups"]), None
-    if mode == "static" and x_qp is None:
+    token = spec.per_token is not None
+    if mode == "static" and x_qp is None and not token:
         raise ValueError(f"{spec.name}: static quantization needs the input's qparams")
-    # dynamic: linear_dynamic picks 7 or 8 bits per provider, so every provider is exact
-    eight = mode == "static" and uses_8_bits(x_qp.dtype, x_qp.qmax)
+    # dynamic: linear_dynamic picks 7 or 8 bits per provider, so every provider is exact; per
+    # token: the choice gave 7 bits where no provider is exact on 8 (lowering/per_token.py)
+    eight = spec.per_token["qmax"] == 255 if token else mode == "static" and uses_8_bits(x_qp.dtype, x_qp.qmax)
     kind = spec.kind if mode == "static" else "linear"
-    request = tune_request(spec, tune, q, scales, x_qp, out_qp, accum_qp) if tune is not None else None
+    # tune mode times layers on their int8 input; a per-token layer is routed by the rules
+    request = tune_request(spec, tune, q, scales, x_qp, out_qp, accum_qp) if tune is not None and not token else None
     r = route(kind, spec.shape_key(), eight_bit_input=eight, forced=spec.config.provider,
               by_batch=spec.config.route_by_batch, tune=request)
     try:

@@ -24,14 +24,17 @@ PREPARE: tuple[Callable, ...] = (
     prepare.match_tables,           # embedding lookups -> rowwise-quantized tables
     prepare.plan_values,            # which values are observed, which flow in int8
     prepare.smoothing_groups,       # SmoothQuant's candidates (before observers: folds read users)
+    prepare.token_candidates,       # values their Linears may read per token (chosen at convert)
     prepare.insert_observers,       # an observer on every observed value
     prepare.insert_channel_stats,   # SmoothQuant's per-channel statistics
+    prepare.insert_row_samples,     # a row sample of each per-token candidate
     prepare.insert_hessian_stats,   # X^T X and E[x] per static Linear / conv input (GPTQ, bias correction)
 )
 
 CONVERT: tuple[Callable, ...] = (
     convert.qparams_from_observers,  # each observed value's qparams and activation record
     convert.search_smoothing,        # SmoothQuant's factors per candidate value
+    convert.choose_per_token,        # which Linears read their input per token; the plan made again
     convert.warn_calibration_outliers,  # one warning naming ranges a few outlying values dominate
     convert.copy_graph,              # rewrite a copy (parameters shared)
     convert.apply_smoothing,         # factors into LayerNorms, quantize ops and (later) weights

@@ -18,6 +18,9 @@ in int8 and whose input is a static op's output read by nothing else takes that 
 too (observed as the op's output): convert pools the integers and requantizes in one op
 (lowering/global_pool.py), so the head stays in int8 from the last conv on.
 
+A static Linear named in `float_inputs` (convert's per-token choice: lowering/per_token.py) reads
+its input as float and quantizes it itself, so it is no int8 reader of it.
+
 A value is observed once, however many ops read it (one observer per value, named after the
 first layer that needs it: "layer1.0.conv1.input", "layer1.0.conv2.output").
 """
@@ -78,13 +81,15 @@ class Plan:
         return self.observed[node]
 
 
-def make_plan(ops: list[QuantizableOp]) -> Plan:
+def make_plan(ops: list[QuantizableOp], float_inputs: frozenset = frozenset()) -> Plan:
+    """The plan of the module docstring; float_inputs: names of static Linears that read their
+    input (x) as float."""
     static = [op for op in ops if op.config.mode == "static"]
     plan = Plan(ops=ops, static_outputs={op.output for op in static})
     int8_readers: dict[fx.Node, list[str]] = {}  # root value -> names of ops reading it in int8
     for op in static:
         for value, what in ((op.x, "input"), (op.accum, "residual")):
-            if value is None:
+            if value is None or (what == "input" and op.name in float_inputs):
                 continue
             r = root(value, plan.static_outputs)
             int8_readers.setdefault(r, []).append(f"{op.name}.{what}")

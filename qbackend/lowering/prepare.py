@@ -1,6 +1,7 @@
 """The passes of prepare (their order: lowering/pipeline.py PREPARE): capture the model, fold
 BatchNorm, match the quantizable ops and tables, make the plan, and put an observer on every value
-the plan observes, with SmoothQuant's, GPTQ's and bias correction's statistics beside them. Each
+the plan observes, with SmoothQuant's, GPTQ's and bias correction's statistics and the per-token
+candidates' row samples beside them. Each
 pass takes the PrepareState and hands it on; the result (`PreparedGraph`) runs the model in FP32
 and records activation ranges as calibration batches go through it."""
 from __future__ import annotations
@@ -27,6 +28,8 @@ from ..dispatch.routing import exact_route_exists
 from ..algorithms.gptq import MAX_FEATURES, HessianStats, conv_takes_gptq
 from ..algorithms.smoothquant import ChannelStats, resolve
 from .smoothquant import STATS_PREFIX, SmoothGroup, find_groups, fold_kind
+from . import per_token
+from .per_token import TokenGroup
 
 OBSERVER_PREFIX = "qbackend_observer_"
 HESSIAN_PREFIX = "qbackend_hessian_"
@@ -57,8 +60,10 @@ class PreparedGraph:
 
     def __init__(self, gm: fx.GraphModule, ops: list[QuantizableOp], plan: Plan, skipped: list, folded: int,
                  embeddings: list[EmbeddingOp] | None = None, smooth_groups: list[SmoothGroup] | None = None,
-                 config: QuantConfig | None = None, hessians: dict[str, str] | None = None):
+                 config: QuantConfig | None = None, hessians: dict[str, str] | None = None,
+                 token_groups: list[TokenGroup] | None = None):
         self.gm, self.ops, self.plan, self.skipped, self.folded = gm, ops, plan, skipped, folded
+        self.token_groups = list(token_groups or [])  # values their Linears may read per token, chosen at convert
         self.hessians = dict(hessians or {})  # layer name -> its input's HessianStats submodule (GPTQ, bias correction)
         self.embeddings = list(embeddings or [])  # weight-only tables, rewritten at convert
         self.smooth_groups = list(smooth_groups or [])  # SmoothQuant candidates, searched at convert
@@ -138,8 +143,8 @@ class PrepareState:
     """What the prepare passes read and write, in the order they fill it: the model and its
     example inputs and config; the captured graph (`repeated`: a batch of one captured as two);
     the BatchNorms folded; the matched layers and tables and what was skipped, with why; the plan;
-    SmoothQuant's candidate groups; the input statistics recorder per layer (GPTQ, bias
-    correction)."""
+    SmoothQuant's candidate groups; the per-token candidates; the input statistics recorder per
+    layer (GPTQ, bias correction)."""
 
     model: nn.Module
     example_args: tuple
@@ -153,6 +158,7 @@ class PrepareState:
     embeddings: list[EmbeddingOp] = field(default_factory=list)
     plan: Plan | None = None
     smooth_groups: list[SmoothGroup] = field(default_factory=list)
+    token_groups: list[TokenGroup] = field(default_factory=list)
     hessians: dict[str, str] = field(default_factory=dict)
 
 
@@ -220,6 +226,15 @@ def smoothing_groups(state: PrepareState) -> PrepareState:
     return state
 
 
+def token_candidates(state: PrepareState) -> PrepareState:
+    """The values their Linears may read per token (lowering/per_token.py), each with the name of
+    the row sample recorded beside it."""
+    groups = per_token.find_groups(state.plan, state.ops)
+    for i, (value, readers) in enumerate(groups.items()):
+        state.token_groups.append(TokenGroup(value, readers, f"{per_token.ROWS_PREFIX}{i}"))
+    return state
+
+
 def insert_observers(state: PrepareState) -> PrepareState:
     """An observer (the op's config's activation observer) on every value the plan observes; 7-bit
     (reduce_range) where a layer reading the value has no provider that multiplies full-range 8-bit
@@ -252,6 +267,14 @@ def insert_channel_stats(state: PrepareState) -> PrepareState:
     for group in state.smooth_groups:
         _record_after(state.gm, group.value, group.stats, ChannelStats(state.plan.observed[group.value],
                                                                        sq.sample_rows))
+    return state
+
+
+def insert_row_samples(state: PrepareState) -> PrepareState:
+    """A uniform sample of each per-token candidate's rows (ChannelStats), for convert's choice."""
+    for group in state.token_groups:
+        _record_after(state.gm, group.value, group.stats, ChannelStats(state.plan.observed[group.value],
+                                                                       per_token.SAMPLE_ROWS))
     return state
 
 
@@ -288,4 +311,4 @@ def prepared_graph(state: PrepareState) -> PreparedGraph:
     """The prepared graph of a state the passes have filled."""
     state.gm.recompile()
     return PreparedGraph(state.gm, state.ops, state.plan, state.skipped, state.folded, state.embeddings,
-                         state.smooth_groups, state.config, state.hessians)
+                         state.smooth_groups, state.config, state.hessians, state.token_groups)

@@ -25,7 +25,8 @@ def layer_record(spec: LayerSpec, module: str, route: Route | None, output: str,
                        residual=spec.residual is not None, output=output, shape=spec.shape_key(),
                        x_shape=list(spec.x_shape), forced=spec.config.provider, route_by_batch=by_batch,
                        route=route, note=WEIGHT_ONLY_NOTE if route is None else None,
-                       weight_rounding=None if spec.rounding is None else _rounding(spec.rounding))
+                       weight_rounding=None if spec.rounding is None else _rounding(spec.rounding),
+                       per_token=None if spec.per_token is None else dict(spec.per_token))
 
 
 def table_record(kind: str, module: str, shape: dict, ecfg: EmbeddingConfig, route: Route,

@@ -1,6 +1,6 @@
 """Quantized modules: drop-in nn.Module replacements holding packed int8 weights.
 
-  QuantizedLinear, DynamicQuantizedLinear, WeightOnlyLinear   (linear.py)
+  QuantizedLinear, DynamicQuantizedLinear, TokenQuantizedLinear, WeightOnlyLinear   (linear.py)
   Int4WeightOnlyLinear                                         (int4_linear.py: 4-bit group-wise weights)
   QuantizedConv2d, WeightOnlyConv2d                            (conv.py)
   QuantizedInvertedResidual                                    (inverted_residual.py: expand + depthwise + project fused)
@@ -18,7 +18,7 @@ take and give float tensors.
 """
 from .conv import QuantizedConv2d, WeightOnlyConv2d
 from .inverted_residual import QuantizedInvertedResidual
-from .linear import DynamicQuantizedLinear, QuantizedLinear, WeightOnlyLinear
+from .linear import DynamicQuantizedLinear, QuantizedLinear, TokenQuantizedLinear, WeightOnlyLinear
 from .int4_linear import Int4WeightOnlyLinear
 from .embedding import QuantizedEmbedding, QuantizedEmbeddingBag
 from .lstm import DynamicQuantizedLSTM
@@ -27,7 +27,7 @@ from .layer_norm import LayerNormQuantize
 from .pool import GlobalAvgPoolQuantize
 from .rms_norm import RMSNorm
 
-__all__ = ["QuantizedConv2d", "QuantizedInvertedResidual", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear",
+__all__ = ["QuantizedConv2d", "QuantizedInvertedResidual", "WeightOnlyConv2d", "QuantizedLinear", "DynamicQuantizedLinear", "TokenQuantizedLinear", "WeightOnlyLinear",
            "Int4WeightOnlyLinear",
            "DynamicQuantizedLSTM", "QuantizedEmbedding", "QuantizedEmbeddingBag", "FusedAttention",
            "LayerNormQuantize", "GlobalAvgPoolQuantize", "RMSNorm"]

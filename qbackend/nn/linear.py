@@ -3,6 +3,8 @@
   QuantizedLinear         static: int8 activations in (uint8/int8 with fixed qparams), uint8/int8
                           (requantized in the kernel's epilogue) or float32 out; relu/gelu fused.
   DynamicQuantizedLinear  float in, float out; the activation is quantized per call over its own range.
+  TokenQuantizedLinear    float in, float out; the activation is quantized per call, each row (token)
+                          over its own range.
   WeightOnlyLinear        int8 weight in memory (row tiles), float activations (qbackend::woq_linear for float32).
 """
 from __future__ import annotations
@@ -16,8 +18,8 @@ from .activation import POST_OPS, StaticQParamsMixin, check_post_op
 from .weight_tiles import tile_rows, untile_rows
 from .weights import quantize_weight
 
-__all__ = ["POST_OPS", "QuantizedLinear", "DynamicQuantizedLinear", "WeightOnlyLinear", "ACTIVATIONS",
-           "check_activations"]
+__all__ = ["POST_OPS", "QuantizedLinear", "DynamicQuantizedLinear", "TokenQuantizedLinear", "WeightOnlyLinear",
+           "ACTIVATIONS", "check_activations"]
 
 # The weight-only Linears' activations: "float" (float32 products) or "int8" (quantized per call by blocks).
 ACTIVATIONS = ("float", "int8")
@@ -98,6 +100,51 @@ class DynamicQuantizedLinear(Tracked, _PackedLinearShape, nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, provider={self.provider}, "
                 f"post_op={self.post_op}")
+
+
+class TokenQuantizedLinear(Tracked, _PackedLinearShape, nn.Module):
+    """Float in, float out; the input quantized per token at run time: each row of x to uint8
+    over its own range (qbackend::quantize_per_row), multiplied by the int8 weight as with input
+    scale 1 and zero point 0, then each row scaled back with its own scale and zero point and the
+    bias added (qbackend::per_row_dequantize); relu / gelu after that. For inputs whose outliers
+    are whole tokens (a transformer FFN's down projection reading the GELU output), where one
+    static range spends most of its levels on the few tokens that need them.
+
+    packed: the int8 weight packed without bias; qmax: 255, or 127 where the provider multiplies
+    only 7-bit activations exactly. `colsum` holds (sum_k w[n, k]) * w_scale[n] in float32."""
+
+    def __init__(self, packed: PackedLinearWeight, bias: torch.Tensor | None, qmax: int = 255,
+                 post_op: str = "none"):
+        super().__init__()
+        if packed.bias is not None:
+            raise ValueError("TokenQuantizedLinear adds the bias itself: pack the weight without it")
+        if qmax not in (255, 127):
+            raise ValueError(f"qmax must be 255 or 127, got {qmax!r}")
+        self.packed = packed
+        self.qmax = int(qmax)
+        self.post_op = check_post_op(post_op)
+        if post_op == "relu6":
+            raise ValueError("TokenQuantizedLinear fuses relu and gelu, not relu6")
+        w = packed.weight
+        colsum = w.to(torch.int64).sum(dim=1).double() * packed.w_scales.float().double()
+        self.register_buffer("colsum", colsum.float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            raise TypeError(f"TokenQuantizedLinear expects float32 input, got {x.dtype}")
+        q, scale, zero_point = torch.ops.qbackend.quantize_per_row(x, self.qmax)
+        acc = self.packed.linear(q, 1.0, 0)
+        y = torch.ops.qbackend.per_row_dequantize(acc, scale, zero_point, self.colsum, self.bias)
+        if self.post_op == "relu":
+            return torch.relu(y)
+        if self.post_op == "gelu":
+            return torch.nn.functional.gelu(y)
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, provider={self.provider}, "
+                f"x=uint8 per token (qmax {self.qmax}), post_op={self.post_op}")
 
 
 class WeightOnlyLinear(Tracked, nn.Module):

@@ -131,3 +131,48 @@ def choose_dynamic_qparams(x: torch.Tensor, reduce_range: bool) -> tuple[float, 
         scale = 1.0
     zp = int(min(max(round(-lo / scale), 0), qmax))
     return scale, zp
+
+
+def quantize_per_row(x: torch.Tensor, qmax: int = 255) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q uint8, scale float32, zero_point int32) of a float32 x [..., K], each row over its own
+    range by choose_qparams' asymmetric rule (lo = min(finite min, 0), hi = max(finite max, 0); an
+    all-zero or all-non-finite row gets scale 1, zero point 0): q = min(clamp(round(x / scale) +
+    zero_point, 0, 255), qmax), the division in float32; NaN -> zero point, +-inf -> qmax / 0."""
+    rows = x.float().reshape(-1, x.shape[-1])
+    finite = torch.isfinite(rows)
+    lo = torch.where(finite, rows, torch.inf).amin(dim=1).double().clamp(max=0.0)
+    hi = torch.where(finite, rows, -torch.inf).amax(dim=1).double().clamp(min=0.0)
+    lo = torch.where(torch.isinf(lo), 0.0, lo)
+    hi = torch.where(torch.isinf(hi), 0.0, hi)
+    scale = ((hi - lo) / qmax).float().clamp(min=torch.finfo(torch.float32).eps)
+    scale = torch.where(lo == hi, torch.ones_like(scale), scale)
+    zp = (-torch.round(lo / scale.double())).clamp(0, qmax).to(torch.int32)
+    zp = torch.where(lo == hi, torch.zeros_like(zp), zp)
+    v = torch.round(rows / scale[:, None]) + zp[:, None].float()
+    v = torch.where(torch.isnan(rows), zp[:, None].float(), v)
+    q = v.clamp(0, 255).clamp(max=qmax).to(torch.uint8)
+    lead = x.shape[:-1]
+    return q.reshape(x.shape), scale.reshape(lead), zp.reshape(lead)
+
+
+def per_row_dequantize(acc, scale, zero_point, colsum, bias=None) -> torch.Tensor:
+    """y[m, n] = (acc[m, n] - zp[m] * colsum[n]) * scale[m] + bias[n], each step one float32
+    rounding, in that order (the C++ op's contract)."""
+    rows = acc.float().reshape(-1, acc.shape[-1])
+    zc = zero_point.reshape(-1, 1).float() * colsum.float()[None, :]
+    y = (rows - zc) * scale.reshape(-1, 1).float()
+    if bias is not None:
+        y = y + bias.float()[None, :]
+    return y.reshape(acc.shape)
+
+
+def token_linear_fp64(x: torch.Tensor, w_q: torch.Tensor, w_scales: torch.Tensor, bias, qmax: int = 255,
+                      post_op: str = "none") -> torch.Tensor:
+    """A Linear reading float x quantized per row (quantize_per_row), in fp64 on the same integers:
+    y[m, n] = scale[m] * w_scale[n] * sum_k (q[m, k] - zp[m]) * w[n, k] + bias[n], then post_op."""
+    q, scale, zp = quantize_per_row(x, qmax)
+    xd = (q.double() - zp.double()[..., None]) * scale.double()[..., None]
+    y = xd @ (w_q.double() * w_scales.float().double()[:, None]).t()
+    if bias is not None:
+        y = y + bias.double()
+    return apply_post_op(y, post_op)

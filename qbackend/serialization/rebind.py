@@ -27,7 +27,8 @@ import torch
 from ..core.routes import BatchRoutes
 from ..dispatch import exact_route_exists, fusion_route, route
 from ..ops.embedding import get_embedding_provider
-from ..nn import DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear
+from ..nn import (DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear,
+                  TokenQuantizedLinear)
 from ..nn.inverted_residual import QuantizedInvertedResidual
 from ..nn.activation import ActivationBorder, StaticQParamsMixin, uses_8_bits
 from ..observers import choose_qparams, default_reduce_range
@@ -117,6 +118,14 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
                           and tuple(m.packed.x_qparams) != (m.x_scale, m.x_zero_point))
         elif isinstance(m, DynamicQuantizedLinear):
             r = route("linear", info.shape, eight_bit_input=False, forced=info.forced, by_batch=info.route_by_batch)
+            stale_hint = False
+        elif isinstance(m, TokenQuantizedLinear):
+            # its rows take 8-bit levels where a provider multiplies them exactly here, else 7-bit
+            eight = exact_route_exists("linear", info.shape, info.forced)
+            m.qmax = 255 if eight else 127
+            if info.per_token is not None:
+                info.per_token = {**info.per_token, "qmax": m.qmax}
+            r = route("linear", info.shape, eight_bit_input=eight, forced=info.forced, by_batch=info.route_by_batch)
             stale_hint = False
         elif isinstance(m, (QuantizedEmbedding, QuantizedEmbeddingBag)):
             forced = info.forced

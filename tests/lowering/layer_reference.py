@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from qbackend.nn import QuantizedConv2d, QuantizedLinear
+from qbackend.nn import QuantizedConv2d, QuantizedLinear, TokenQuantizedLinear
 from qbackend.ops import reference
 
 
 def _reference(m, args):
     p = m.packed
     post = "relu" if m.post_op == "relu6" else m.post_op
+    if isinstance(m, TokenQuantizedLinear):  # float in, each row quantized over its own range
+        return reference.token_linear_fp64(args[0], p.weight, p.w_scales, m.bias, m.qmax, post), None
     if isinstance(m, QuantizedLinear):
         y = reference.linear_fp64(args[0], m.x_scale, m.x_zero_point, p.weight, p.w_scales, p.bias, post)
     else:
@@ -31,7 +33,7 @@ def check_layers(qmodel: torch.nn.Module, *inputs) -> int:
     """Run qmodel(*inputs); assert each int8 layer's output is within 1 LSB of the reference
     (integer outputs) or within float32 rounding of it (float outputs). Returns the layers checked."""
     calls, inputs_seen = [], {}
-    layers = [m for m in qmodel.modules() if isinstance(m, (QuantizedConv2d, QuantizedLinear))]
+    layers = [m for m in qmodel.modules() if isinstance(m, (QuantizedConv2d, QuantizedLinear, TokenQuantizedLinear))]
     # the inputs are copied before the call: a residual conv may write its result into its accum ...
     handles = [m.register_forward_pre_hook(lambda m, a: inputs_seen.__setitem__(id(m), tuple(t.clone() for t in a)))
                for m in layers]
