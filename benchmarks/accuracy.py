@@ -15,7 +15,9 @@ correction (``bias_correction``: "auto", the default, skips the Linears GPTQ rou
 every layer), each alone and together, and cross-layer equalization
 (``equalization``, off by default); on the transformers, SmoothQuant (``smoothquant``; and its
 alpha search over the whole grid, ``SmoothQuantConfig(exhaustive=True)``), GPTQ rounding and bias
-correction; on every static model, the activation observer (the default
+correction, and per-token inputs (``per_token_inputs``: "auto", the default, lets a Linear reading
+another Linear's output quantize it per token where that measured >= 1 dB less output error;
+False keeps every input static); on every static model, the activation observer (the default
 BestRangeObserver against HistogramObserver, the default before it). The transformers also get
 qbackend's W8A8 scheme with per-token dynamic activations (``qbackend.quantize_llm``, the decoder
 path's, which takes any model of Linears), the alternative to static per-tensor activations.
@@ -278,6 +280,12 @@ def gptq_summary(qmodel) -> str:
                  f"{min(gains):.1f}-{max(gains):.1f} dB below nearest rounding)")
     if corrected:
         text += f"; bias corrected on {corrected} layers"
+    token = [v.per_token for v in qmodel.qbackend_layers.values() if v.per_token]
+    if token:
+        gains = [t["gain_db"] for t in token if t.get("gain_db") is not None]
+        text += (f"; per-token inputs on {len(token)} layers"
+                 + (f" (calibration output error {min(gains):.1f}-{max(gains):.1f} dB below the static range)"
+                    if gains else ""))
     return text
 
 
@@ -300,6 +308,7 @@ FLOWS = {
                                                     is_transformer),
     "qbackend, nearest rounding (no GPTQ)": (quantize_qbackend_with(weight_rounding="nearest"), is_transformer),
     "qbackend, SmoothQuant off": (quantize_qbackend_with(smoothquant=None), is_transformer),
+    "qbackend, per-token inputs off": (quantize_qbackend_with(per_token_inputs=False), is_transformer),
     "qbackend, SmoothQuant's whole alpha grid searched": (
         quantize_qbackend_with(smoothquant=qbackend.SmoothQuantConfig(exhaustive=True)), is_transformer),
     "qbackend": (quantize_qbackend, lambda case: True),

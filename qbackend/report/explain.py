@@ -68,7 +68,8 @@ def explain(qmodel: QuantizedModel) -> Explanation:
     for name, info in qmodel.qbackend_layers.items():
         fused = [p for p in (("+residual" if info.residual else ""),
                              (info.post_op if info.post_op != "none" else "")) if p]
-        rows.append({"layer": name, "op": info.kind, "mode": info.mode, "shape": _shape(info),
+        mode = info.mode + (" (per-token input)" if info.per_token else "")
+        rows.append({"layer": name, "op": info.kind, "mode": mode, "shape": _shape(info),
                      "fused": " ".join(fused) or "-", "output": info.output,
                      "provider": _provider(qmodel.layer(name)), "why": info.why, "rule": info.rule})
     return Explanation(rows, qmodel.forward_plan_summary())
