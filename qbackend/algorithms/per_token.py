@@ -28,12 +28,15 @@ SAMPLE_OUTPUTS = 256  # output channels of each Linear the errors are measured o
 
 
 def _per_tensor(x: torch.Tensor, qp: QParams) -> torch.Tensor:
-    q = reference.quantize(x, qp.scale, qp.zero_point, qp.dtype).double().clamp(qp.qmin, qp.qmax)
-    return ((q - int(qp.zero_point)) * reference.f32(float(qp.scale))).float()
+    """x quantized with qp (its levels clamped to [qmin, qmax]) and dequantized: the kernels' ops."""
+    q = torch.ops.qbackend.quantize_per_tensor(x, float(qp.scale), int(qp.zero_point), qp.dtype)
+    if (qp.qmin, qp.qmax) != reference.QRANGE[qp.dtype]:
+        q = q.clamp(qp.qmin, qp.qmax)
+    return torch.ops.qbackend.dequantize_per_tensor(q, float(qp.scale), int(qp.zero_point))
 
 
 def _per_row(x: torch.Tensor, qmax: int) -> torch.Tensor:
-    q, scale, zp = reference.quantize_per_row(x, qmax)
+    q, scale, zp = torch.ops.qbackend.quantize_per_row(x, qmax)
     return (q.float() - zp.float()[:, None]) * scale[:, None]
 
 

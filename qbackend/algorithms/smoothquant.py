@@ -94,31 +94,25 @@ class ChannelStats(nn.Module):
 
 
 _MULTIPLIERS: dict[tuple[int, int], torch.Tensor] = {}
-_MIX = (-49064778989728563, -4265267296055464877)  # MurmurHash3's fmix64 constants as int64
 
 
-def _shr(h: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 values (torch's >> is arithmetic)."""
-    return (h >> bits) & ((1 << (64 - bits)) - 1)
+def key_multipliers(columns: int, seed: int = 0) -> torch.Tensor:
+    """The fixed odd multiplier of each column that row_keys uses (int64 [columns], from seed)."""
+    mult = _MULTIPLIERS.get((columns, seed))
+    if mult is None:
+        g = torch.Generator().manual_seed(0x5EED + seed)
+        mult = torch.randint(-(1 << 62), 1 << 62, (columns,), generator=g, dtype=torch.int64) * 2 + 1
+        _MULTIPLIERS[(columns, seed)] = mult
+    return mult
 
 
 def row_keys(rows: torch.Tensor, seed: int = 0) -> torch.Tensor:
     """A 64-bit key per row of a float32 [R, C] tensor, a function of the row's bits alone: the sum
     over columns of the bits times a fixed odd multiplier per column (mod 2^64), then MurmurHash3's
-    64-bit finalizer. Equal rows get equal keys (and are sampled together); different ones keys
-    that look independent and uniform."""
-    c = rows.shape[1]
-    mult = _MULTIPLIERS.get((c, seed))
-    if mult is None:
-        g = torch.Generator().manual_seed(0x5EED + seed)
-        mult = torch.randint(-(1 << 62), 1 << 62, (c,), generator=g, dtype=torch.int64) * 2 + 1
-        _MULTIPLIERS[(c, seed)] = mult
-    h = (rows.contiguous().view(torch.int32).to(torch.int64) * mult).sum(1)
-    h = h ^ _shr(h, 33)
-    h = h * _MIX[0]
-    h = h ^ _shr(h, 33)
-    h = h * _MIX[1]
-    return h ^ _shr(h, 33)
+    64-bit finalizer (torch.ops.qbackend.row_keys; reference: ops.reference.row_keys). Equal rows
+    get equal keys (and are sampled together); different ones keys that look independent and
+    uniform."""
+    return torch.ops.qbackend.row_keys(rows, key_multipliers(rows.shape[1], seed))
 
 
 @dataclass

@@ -13,6 +13,7 @@ from . import gptq_ops  # noqa: F401,E402  (GPTQ's column loop's fake impl)
 from . import woq  # noqa: F401,E402  (the weight-only Linears' fake impls)
 from . import rms_norm  # noqa: F401,E402  (the LLMs' RMSNorm's fake impl)
 from . import per_token  # noqa: F401,E402  (the per-token activation ops' fake impls)
+from . import row_keys  # noqa: F401,E402  (the row sample keys' fake impl)
 from .embedding import EMBEDDING_PROVIDERS, PackedEmbeddingTable, quantize_rowwise  # noqa: E402
 from . import registry  # noqa: E402
 

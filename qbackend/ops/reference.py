@@ -176,3 +176,22 @@ def token_linear_fp64(x: torch.Tensor, w_q: torch.Tensor, w_scales: torch.Tensor
     if bias is not None:
         y = y + bias.double()
     return apply_post_op(y, post_op)
+
+
+_FMIX64 = (-49064778989728563, -4265267296055464877)  # MurmurHash3's fmix64 constants as int64
+
+
+def _shr(h: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch's >> is arithmetic)."""
+    return (h >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def row_keys(rows: torch.Tensor, multipliers: torch.Tensor) -> torch.Tensor:
+    """torch.ops.qbackend.row_keys in torch int64 ops (wrapping): h = sum over c of the 32 bits of
+    rows[r, c] as a signed integer times multipliers[c], then MurmurHash3's 64-bit finalizer."""
+    h = (rows.float().contiguous().view(torch.int32).to(torch.int64) * multipliers).sum(1)
+    h = h ^ _shr(h, 33)
+    h = h * _FMIX64[0]
+    h = h ^ _shr(h, 33)
+    h = h * _FMIX64[1]
+    return h ^ _shr(h, 33)
