@@ -16,7 +16,7 @@
 PER_TOKEN_GAIN is 10^0.1 (1 dB less output error on the layer). A per-token input costs the
 producer's float32 write and its read, one pass over the value and one over the output at run
 time: 2-5% of an encoder's forward (BERT-base, all-MiniLM-L6-v2). On calibration data the static
-range's error is 1.3-2.5 dB above per-token on BERT-base's (random-init) FFNs and 4-27 dB on
+range's error is 1.2-2.5 dB above per-token on BERT-base's (random-init) FFNs and 6-27 dB on
 all-MiniLM-L6-v2's (real weights); end to end that is +0.6 dB and +6.8 dB output SQNR
 (benchmarks/results/epyc_zen4/accuracy.md, the rows "per-token inputs off").
 """
