@@ -22,7 +22,7 @@ QUANT_METHOD = "qbackend"
 FORMAT_VERSION = 1
 _DYNAMIC_FIELDS = ("weights", "activations", "group_size", "symmetric", "lm_head", "embedding", "native_norms",
                    "fuse_projections", "native_layers")
-_STATIC_FIELDS = ("smoothquant", "weight_rounding", "attention")
+_STATIC_FIELDS = ("smoothquant", "weight_rounding", "attention", "per_token_inputs")
 _FIELDS = ("mode",) + _DYNAMIC_FIELDS + _STATIC_FIELDS
 MODES = ("dynamic", "static")
 
@@ -37,7 +37,9 @@ class QBackendConfig(QuantizationConfigMixin):
     mode "static": an encoder's repeated blocks (BERT's layers) each as qbackend's static int8 graph
       (int8 activations calibrated on `calibration`, int8 between the block's layers, the fused
       attention; qbackend.hf.static_blocks), with QuantConfig's smoothquant ("auto" or None),
-      weight_rounding ("gptq" or "nearest") and attention ("auto", "fused", "sdpa"); embeddings,
+      weight_rounding ("gptq" or "nearest"), attention ("auto", "fused", "sdpa") and
+      per_token_inputs ("auto", True, False: the FFN's down projection reading its input per token
+      where calibration shows that lowers its error; lowering/per_token.py); embeddings,
       pooler and heads stay float. The dynamic-only fields must keep their defaults.
     modules_to_not_convert: module names (or prefixes at a dot) kept in float (dynamic: LLMConfig.skip;
       static: a block named, or containing such a name, stays float).
@@ -53,7 +55,8 @@ class QBackendConfig(QuantizationConfigMixin):
                  modules_to_not_convert: list[str] | None = None, native_norms: bool = True,
                  fuse_projections: bool = True, native_layers: bool = True, calibration=None,
                  mode: str = "dynamic", smoothquant: str | None = "auto", weight_rounding: str = "gptq",
-                 attention: str = "auto", quantized_modules: dict | None = None, static_blocks: dict | None = None,
+                 attention: str = "auto", per_token_inputs: bool | str = "auto",
+                 quantized_modules: dict | None = None, static_blocks: dict | None = None,
                  format_version: int = FORMAT_VERSION,
                  quant_method: str = QUANT_METHOD, **unknown: Any):
         if unknown:
@@ -78,6 +81,7 @@ class QBackendConfig(QuantizationConfigMixin):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode, self.smoothquant, self.weight_rounding, self.attention = mode, smoothquant, weight_rounding, attention
+        self.per_token_inputs = per_token_inputs
         if mode == "static":
             self.quant_config()  # checks the static fields
             changed = [f for f in _DYNAMIC_FIELDS if getattr(self, f) != _DEFAULTS[f]]
@@ -120,7 +124,8 @@ class QBackendConfig(QuantizationConfigMixin):
             raise ValueError(f"weight_rounding must be one of {', '.join(WEIGHT_ROUNDINGS)}, got {self.weight_rounding!r}")
         if self.attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {self.attention!r}")
-        return QuantConfig(smoothquant=self.smoothquant, weight_rounding=self.weight_rounding, attention=self.attention)
+        return QuantConfig(smoothquant=self.smoothquant, weight_rounding=self.weight_rounding, attention=self.attention,
+                           per_token_inputs=self.per_token_inputs)
 
     def llm_config(self) -> LLMConfig:
         """The LLMConfig these fields describe (ValueError / TypeError naming a wrong field)."""

@@ -141,6 +141,8 @@ def test_a_block_named_in_modules_to_not_convert_stays_float(saved, tmp_path):
     (dict(mode="static", weight_rounding="adaround"), "weight_rounding must be one of"),
     (dict(mode="static", attention="flash"), "attention must be one of"),
     (dict(mode="static", smoothquant="always"), "smoothquant must be 'auto' or None"),
+    (dict(mode="static", per_token_inputs="always"), "per_token_inputs must be 'auto', True or False"),
+    (dict(per_token_inputs=False), "apply to mode='static'"),
 ])
 def test_bad_static_settings_are_refused(kwargs, words):
     with pytest.raises(ValueError) as info:
@@ -275,3 +277,21 @@ def test_calibration_of_another_kind_is_refused(saved):
     with pytest.raises(TypeError, match="calibration must be batches"):
         transformers.AutoModel.from_pretrained(saved[0], quantization_config=QBackendConfig(
             mode="static", calibration=42))
+
+
+def test_per_token_inputs_setting_reaches_the_blocks(saved, tmp_path):
+    from qbackend.nn import TokenQuantizedLinear
+
+    fp32_dir, _, model, _ = saved
+    assert QBackendConfig(mode="static").quant_config().per_token_inputs == "auto"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        static = transformers.AutoModel.from_pretrained(fp32_dir, quantization_config=QBackendConfig(
+            mode="static", calibration=CALIBRATION, per_token_inputs=False))
+        forced = transformers.AutoModel.from_pretrained(fp32_dir, quantization_config=QBackendConfig(
+            mode="static", calibration=CALIBRATION, per_token_inputs=True))
+    count = lambda m: sum(isinstance(x, TokenQuantizedLinear) for x in m.modules())  # noqa: E731
+    assert count(static) == 0 and count(forced) == 2  # one FFN down projection per block
+    forced.save_pretrained(tmp_path / "q")
+    loaded = transformers.AutoModel.from_pretrained(tmp_path / "q")
+    assert count(loaded) == 2 and torch.equal(_hidden(loaded), _hidden(forced))
