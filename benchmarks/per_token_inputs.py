@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import run_lines, write_report  # noqa: E402
 from _timing import measure  # noqa: E402
+from accuracy import sqnr_db  # noqa: E402
 from models import FULL, build_bench  # noqa: E402
 
 import qbackend  # noqa: E402
@@ -46,11 +47,6 @@ def _setup(name: str, tmpdir: str):
     bench = build_bench(name, FULL, 2, tmpdir)
     inputs = {b: bench.inputs[b] for b in BATCHES[name]}
     return bench.model, bench.calibration, inputs, lambda out: out, None
-
-
-def _sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    return float(10 * torch.log10(ref.pow(2).sum() / (ref - out).pow(2).sum()))
 
 
 def run(name: str, blocks: int, tmpdir: str) -> list[str]:
@@ -80,7 +76,7 @@ def run(name: str, blocks: int, tmpdir: str) -> list[str]:
                     c = torch.nn.functional.cosine_similarity(sentence_embeddings(ref, mask(x)).double(),
                                                               sentence_embeddings(out, mask(x)).double(), dim=-1)
                     cos = f"{float(c.mean()):.5f}"
-                quality[key] = (_sqnr(ref, out), cos)
+                quality[key] = (sqnr_db(ref, out), cos)
             res = measure({key: (lambda q=q: q(*x)) for key, q in flows.items()}, blocks=blocks, block_s=0.1,
                           budget_s=20.0)
             static = res["static inputs"].median_us

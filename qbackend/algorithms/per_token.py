@@ -19,20 +19,12 @@ from __future__ import annotations
 import torch
 
 from ..observers import QParams
-from ..ops import reference
 from .sampling import sampled_rows
+from .smoothquant import fake_quantize
 
 __all__ = ["output_errors", "SAMPLE_OUTPUTS"]
 
 SAMPLE_OUTPUTS = 256  # output channels of each Linear the errors are measured on
-
-
-def _per_tensor(x: torch.Tensor, qp: QParams) -> torch.Tensor:
-    """x quantized with qp (its levels clamped to [qmin, qmax]) and dequantized: the kernels' ops."""
-    q = torch.ops.qbackend.quantize_per_tensor(x, float(qp.scale), int(qp.zero_point), qp.dtype)
-    if (qp.qmin, qp.qmax) != reference.QRANGE[qp.dtype]:
-        q = q.clamp(qp.qmin, qp.qmax)
-    return torch.ops.qbackend.dequantize_per_tensor(q, float(qp.scale), int(qp.zero_point))
 
 
 def _per_row(x: torch.Tensor, qmax: int) -> torch.Tensor:
@@ -49,6 +41,6 @@ def output_errors(sample: torch.Tensor, qp: QParams, weights: list[torch.Tensor]
                    else wi.detach().float()[r] for wi in weights])
     x = sample.float()
     errors = []
-    for xq in (_per_tensor(x, qp), _per_row(x, qmax)):
+    for xq in (fake_quantize(x, qp), _per_row(x, qmax)):
         errors.append(float(((xq - x) @ w.t()).double().pow(2).sum()))
     return errors[0], errors[1]

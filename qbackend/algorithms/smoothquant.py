@@ -138,7 +138,9 @@ def resolve(setting) -> SmoothQuantConfig | None:
     return SmoothQuantConfig() if setting == "auto" else setting
 
 
-def _fake_quant_act(x: torch.Tensor, qp: QParams) -> torch.Tensor:
+def fake_quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
+    """x quantized with per-tensor qp (levels clamped to [qmin, qmax]) and dequantized, in float32:
+    the activation error the searches measure."""
     q = torch.clamp(torch.round(x / qp.scale) + qp.zero_point, qp.qmin, qp.qmax)
     return (q - qp.zero_point) * qp.scale
 
@@ -192,9 +194,9 @@ def choose(fold: str, stats: ChannelStats, observer: Observer, weights: list[tor
         obs = _fresh_like(observer)
         obs.update(x / s)
         qp = obs.compute_qparams()
-        return error(_fake_quant_act(x / s, qp), s), alpha, s, (obs, qp)
+        return error(fake_quantize(x / s, qp), s), alpha, s, (obs, qp)
 
-    base = error(_fake_quant_act(x, observer.compute_qparams()), None)
+    base = error(fake_quantize(x, observer.compute_qparams()), None)
     tried = {i: smoothed(sq.alphas[i]) for i in _first_alphas(len(sq.alphas), sq.exhaustive)}
     near = min(tried, key=lambda i: tried[i][0])
     for i in (near - 1, near + 1):

@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from ..distributed import ReductionReport, model_identity, reduce_statistics
-
 from ..nn.embedding import QuantizedEmbedding
 from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear

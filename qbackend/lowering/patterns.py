@@ -26,6 +26,7 @@ import torch
 from torch import fx
 
 from ..config import QuantConfig
+from ..dispatch.routing import exact_route_exists
 from .fold import get_attr_value
 from .graph_utils import example_shape, is_float_tensor, module_path
 from .layer_spec import LayerSpec
@@ -77,6 +78,11 @@ class QuantizableOp:
             cur = next(iter(cur.users))
             nodes.append(cur)
         return nodes
+
+    def exact_8bit_route(self, gm: fx.GraphModule) -> bool:
+        """Whether a routed provider (the config's forced one, if any) runs this op on full-range
+        8-bit activations exactly on this CPU (else its input needs 7 bits)."""
+        return exact_route_exists(self.kind, self.layer_spec(gm).shape_key(), self.config.provider)
 
     def layer_spec(self, gm: fx.GraphModule) -> LayerSpec:
         return LayerSpec(kind=self.kind, name=self.name, weight=get_attr_value(gm, self.weight),

@@ -29,10 +29,9 @@ from torch import fx
 
 from ..algorithms.per_token import output_errors
 from ..algorithms.smoothquant import ChannelStats
-from ..dispatch.routing import exact_route_exists
 from .fold import get_attr_value
 from .graph_utils import example_shape
-from .plan import Plan, root
+from .plan import Plan, static_readers
 
 ROWS_PREFIX = "qbackend_row_sample_"
 SAMPLE_ROWS = 512      # rows of each candidate value kept from calibration
@@ -50,15 +49,9 @@ class TokenGroup:
 
 def find_groups(plan: Plan, ops: list) -> dict[fx.Node, list]:
     """value -> the static Linears reading it, for every candidate value (module docstring)."""
-    static = [op for op in ops if op.config.mode == "static"]
-    producers = {op.output: op for op in static}
-    readers: dict[fx.Node, list] = {}
-    for op in static:
-        for value, what in ((op.x, "input"), (op.accum, "residual")):
-            if value is not None:
-                readers.setdefault(root(value, plan.static_outputs), []).append((op, what))
+    producers = {op.output: op for op in ops if op.config.mode == "static"}
     groups = {}
-    for value, lst in readers.items():
+    for value, lst in static_readers(plan, ops).items():
         producer = producers.get(value)
         if producer is None or producer.kind != "linear" or value not in plan.int8_outputs \
                 or value in plan.aliases or value in plan.int8_cats:
@@ -68,15 +61,15 @@ def find_groups(plan: Plan, ops: list) -> dict[fx.Node, list]:
             continue
         if all(op.kind == "linear" and what == "input" and op.accum is None and op.output not in plan.int8_outputs
                and op.config.per_token_inputs is not False and (example_shape(op.x) or (None,))[-1] == shape[-1]
-               for op, what in lst):
-            groups[value] = [op for op, _ in lst]
+               for op, what, _ in lst):
+            groups[value] = [op for op, _, _ in lst]
     return groups
 
 
 def qmax_for(op, gm: fx.GraphModule) -> int:
     """255 where a routed provider (the forced one, if any) multiplies full-range 8-bit activations
     exactly for this Linear on this CPU, else 127."""
-    return 255 if exact_route_exists("linear", op.layer_spec(gm).shape_key(), op.config.provider) else 127
+    return 255 if op.exact_8bit_route(gm) else 127
 
 
 def choose(groups: list[TokenGroup], gm: fx.GraphModule, qparams: dict) -> dict[str, dict]:

@@ -81,6 +81,19 @@ class Plan:
         return self.observed[node]
 
 
+def static_readers(plan: Plan, ops: list[QuantizableOp]) -> dict[fx.Node, list[tuple]]:
+    """root value -> (op, "input" | "residual", the node the op reads) for every static op reading
+    it as its input or its residual, in the ops' order."""
+    readers: dict[fx.Node, list[tuple]] = {}
+    for op in ops:
+        if op.config.mode != "static":
+            continue
+        for value, what in ((op.x, "input"), (op.accum, "residual")):
+            if value is not None:
+                readers.setdefault(root(value, plan.static_outputs), []).append((op, what, value))
+    return readers
+
+
 def make_plan(ops: list[QuantizableOp], float_inputs: frozenset = frozenset()) -> Plan:
     """The plan of the module docstring; float_inputs: names of static Linears that read their
     input (x) as float."""

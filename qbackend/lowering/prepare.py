@@ -24,7 +24,6 @@ from .equalize import equalize
 from .fold import fold_batchnorm, get_attr_value
 from .patterns import QuantizableOp, match
 from .plan import Plan, make_plan, root
-from ..dispatch.routing import exact_route_exists
 from ..algorithms.gptq import MAX_FEATURES, HessianStats, conv_takes_gptq
 from ..algorithms.smoothquant import ChannelStats, resolve
 from .smoothquant import STATS_PREFIX, SmoothGroup, find_groups, fold_kind
@@ -256,7 +255,7 @@ def _seven_bit_values(state: PrepareState) -> set:
     for op in state.plan.ops:
         if op.config.mode != "static":
             continue
-        if not exact_route_exists(op.kind, op.layer_spec(state.gm).shape_key(), op.config.provider):
+        if not op.exact_8bit_route(state.gm):
             values.add(root(op.x, state.plan.static_outputs))
     return values
 

@@ -21,7 +21,7 @@ from torch import fx
 from ..algorithms.smoothquant import smoothed_weight
 from .fold import get_attr_value, register_constant
 from .graph_utils import is_float_tensor
-from .plan import Plan, root
+from .plan import Plan, static_readers
 
 aten = torch.ops.aten
 STATS_PREFIX = "qbackend_channel_stats_"
@@ -56,15 +56,8 @@ def find_groups(plan: Plan, ops: list, layer_norm_only: bool = False) -> dict[fx
     """value -> the static Linears reading it, for every value that can be smoothed (module
     docstring; layer_norm_only: LayerNorm outputs only, QuantConfig.smoothquant="auto"). Observer
     nodes must not have been added yet (the LayerNorm fold looks at users)."""
-    readers: dict[fx.Node, list] = {}
-    for op in ops:
-        if op.config.mode != "static":
-            continue
-        for value, what in ((op.x, "input"), (op.accum, "residual")):
-            if value is not None:
-                readers.setdefault(root(value, plan.static_outputs), []).append((op, what, value))
     groups = {}
-    for r, lst in readers.items():
+    for r, lst in static_readers(plan, ops).items():
         if r in plan.int8_outputs or r in plan.int8_cats or not is_float_tensor(r):
             continue
         if layer_norm_only and not is_layer_norm(r):
