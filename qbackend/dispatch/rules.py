@@ -113,9 +113,18 @@ RULES: tuple[Rule, ...] = (
          (groups > 1) & (groups < c_in) & (c_in // groups <= 8)),
     Rule("conv2d", AMX, "native", "1x1 convs as one GEMM on AMX tiles: the fastest provider on all 70 of "
          "ResNet-50's and MobileNetV2's at batch 1, 53 of 70 at batch 32", "xeon_amx/dispatch.md#Summary", ONE_BY_ONE),
-    Rule("conv2d", AMX, "native", "small depthwise convs on the AVX512-VNNI depthwise kernel: it won exactly the "
-         "ones up to 160k input values (13 of MobileNetV2's 17 at batch 1), as on AVX512-VNNI CPUs",
-         "xeon_amx/dispatch.md#mobilenet_v2 batch 1 @224, 2 threads", DEPTHWISE & (n * h * w * c_in <= 160_000)),
+    Rule("conv2d", AMX, "native", "depthwise convs up to 8M input values on the AVX512-VNNI depthwise kernel: "
+         "1.15-2.89x oneDNN on all of MobileNetV2's at batch 1 and 1.32-1.77x on those up to 4.8M input values at "
+         "batch 32; oneDNN 1.1-1.6x faster from 12.8M", "xeon_amx/depthwise_conv.md",
+         DEPTHWISE & (n * h * w * c_in <= 8_000_000)),
+    Rule("conv2d", AMX, "native", "stems (1-15 input channels) as GEMMs over gathered taps on AMX tiles: 1.18-3.80x "
+         "the best library on every stem at batch 1, 1.19-1.70x at batch 32 up to 12.8M output values; oneDNN 1.12x "
+         "on the 7x7 ImageNet stem at batch 32 (25.7M)", "xeon_amx/kxk_conv.md",
+         (groups == 1) & (c_in < 16) & (OUT_VALUES <= 16_000_000)),
+    Rule("conv2d", AMX, "native", "KxK convs as GEMMs over gathered taps on AMX tiles: 1.02-2.28x oneDNN on every "
+         "ResNet 3x3 at batch 1, 0.96-1.63x up to 0.8M output values at batch 32; from 1.6M oneDNN's direct "
+         "convolution is 1.06-1.9x faster",
+         "xeon_amx/kxk_conv.md", (groups == 1) & (c_in >= 16) & (OUT_VALUES <= 1_000_000)),
     Rule("conv2d", VNNI, "onednn", "thin 1x1 convs over many pixels (MobileNetV2's 32 -> 16 @112 from batch 8): "
          "oneDNN 1.27x native on an Intel Xeon, 1.03x on AMD EPYC", "xeon/dispatch.md#mobilenet_v2 batch 32 @224, "
          "2 threads", ONE_BY_ONE & (c_out <= 16) & (OUT_PIXELS > 100_000)),
@@ -209,8 +218,8 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("inverted_residual", AMX + VNNI, "native", "an inverted-residual block (1x1 expansion, depthwise, 1x1 "
            "projection) in tiles of rows whose expanded activation stays in L2: the whole MobileNetV2 1.16x faster "
            "at batch 32 and 1.09x at batch 1 than layer by layer on the rule table's providers (EPYC Zen 4), "
-           "bit-identical to its layers run one by one. AMX: INFERRED (the same VNNI depthwise kernel; the GEMM "
-           "steps take this CPU's kernel)", "epyc_zen4/inverted_residual.md"),
+           "bit-identical to its layers run one by one; on an AMX Xeon 1.21x at batch 1 and 1.22x at batch 32 "
+           "(xeon_amx/inverted_residual.md)", "epyc_zen4/inverted_residual.md"),
 )
 
 

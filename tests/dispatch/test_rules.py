@@ -56,10 +56,21 @@ def test_native_rows():
         assert r.provider == "native" and "INFERRED" not in r.why and r.evidence.startswith("xeon_amx/")
     pointwise = dict(CONV, kernel=(1, 1), padding=(0, 0))
     assert rules.choose("conv2d", "amx", pointwise).provider == "native"
-    assert rules.choose("conv2d", "amx", CONV).provider == "onednn"
+    # KxK convs: native up to 1M output values (every ResNet 3x3 at batch 1), oneDNN's direct
+    # convolution above (ResNet's 3x3 @56 at batch 32: 6.4M output values).
+    assert rules.choose("conv2d", "amx", CONV).provider == "native"
+    assert rules.choose("conv2d", "amx", dict(CONV, n=32)).provider == "onednn"
+    assert rules.choose("conv2d", "amx", CONV, usable=NO_NATIVE).provider == "onednn"
+    # Stems: native but for the 7x7 ImageNet stem at batch 32 (25.7M output values).
+    stem = dict(CONV, c_in=3, h=224, w=224, kernel=(7, 7), stride=2, padding=(3, 3))
+    assert rules.choose("conv2d", "amx", stem).provider == "native"
+    assert rules.choose("conv2d", "amx", dict(stem, n=32)).provider == "onednn"
+    # Depthwise: native up to 8M input values.
     amx_dw = dict(CONV, c_in=384, c_out=384, groups=384, h=14, w=14)  # 75k input values
     assert rules.choose("conv2d", "amx", amx_dw).provider == "native"
-    assert rules.choose("conv2d", "amx", dict(amx_dw, n=32)).provider == "onednn"
+    assert rules.choose("conv2d", "amx", dict(amx_dw, n=32)).provider == "native"  # 2.4M
+    big_dw = dict(CONV, c_in=32, c_out=32, groups=32, h=112, w=112, n=32)  # 12.8M input values
+    assert rules.choose("conv2d", "amx", big_dw).provider == "onednn"
     assert rules.choose("conv2d", "amx", dict(amx_dw, n=32), usable=NO_NATIVE).provider == "onednn"
     # AVX-VNNI: the 256-bit native kernel, inferred likewise; oneDNN without it.
     r = rules.choose("linear", "avx2_vnni", {"m": 64, "k": 768, "n": 768})
