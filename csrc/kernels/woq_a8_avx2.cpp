@@ -107,7 +107,7 @@ constexpr int kS8A8Tiles = 1;  // a tile a pass: AVX2's 16 registers hold no mor
 
 #include "kernels/woq_a8_rows_impl.h"
 
-constexpr WoqA8Kernels kTable{"avx2", &gemv_u4a8, &gemv_s8a8};
+constexpr WoqA8Kernels kTable{"avx2", &quantize_row4_scalar, &quantize_row8_scalar, &gemv_u4a8, &gemv_s8a8};
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "cpu/targets.h"
@@ -160,7 +161,81 @@ constexpr int kS8A8Tiles = 4;
 
 #include "kernels/woq_a8_rows_impl.h"
 
-constexpr WoqA8Kernels kTable{"avx512_vnni", &gemv_u4a8, &gemv_s8a8};
+// ---- Row quantizers: a block of 32 k as two 16-lane vectors (masked loads: lanes beyond K are zero).
+
+struct Block32 {
+  __m512i q0, q1;  // xq of k0 .. k0 + 15 and k0 + 16 .. k0 + 31 as int32 lanes (0 beyond K)
+  float d;         // the block's scale
+};
+
+// fpclass categories QNaN, +infinity, -infinity and SNaN: the values that are not finite.
+constexpr int kNotFinite = 0x01 | 0x08 | 0x10 | 0x80;
+
+inline Block32 quantize_block(const float* x, int64_t n) {
+  const __mmask16 m0 = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+  const __mmask16 m1 = n >= 32 ? __mmask16(0xFFFF) : n > 16 ? __mmask16((1u << (n - 16)) - 1) : __mmask16(0);
+  const __m512 v0 = _mm512_maskz_loadu_ps(m0, x), v1 = _mm512_maskz_loadu_ps(m1, x + 16);
+  const bool finite = (_mm512_fpclass_ps_mask(v0, kNotFinite) | _mm512_fpclass_ps_mask(v1, kNotFinite)) == 0;
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  Block32 b;
+  b.d = finite ? amax / 127.0f : NAN;
+  if (b.d > 0.0f) {  // the division and the current rounding mode, as the scalar x / d and nearbyint
+    const __m512 dv = _mm512_set1_ps(b.d);
+    b.q0 = _mm512_cvtps_epi32(_mm512_div_ps(v0, dv));
+    b.q1 = _mm512_cvtps_epi32(_mm512_div_ps(v1, dv));
+  } else {
+    b.q0 = b.q1 = _mm512_setzero_si512();
+  }
+  return b;
+}
+
+// The even and the odd k of 16 int32 lanes (|values| <= 127) as 8 bytes each.
+inline void store_even_odd(__m512i q, int8_t* even, int8_t* odd) {
+  const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m128i bytes = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(q), split);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(even), bytes);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(odd), _mm_unpackhi_epi64(bytes, bytes));
+}
+
+// The buffers hold whole blocks (ldq >= K rounded up to 64 bytes of k), so every block stores 32 k.
+void quantize_row4(const float* x, int64_t K, int64_t G, int8_t* even, int8_t* odd, float* lane_scale,
+                   float* group_sum) {
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    const int64_t n = std::min<int64_t>(32, K - k0);
+    const Block32 b = quantize_block(x + k0, n);
+    store_even_odd(b.q0, even + k0 / 2, odd + k0 / 2);
+    store_even_odd(b.q1, even + k0 / 2 + 8, odd + k0 / 2 + 8);
+    alignas(64) int32_t q[32];
+    _mm512_store_si512(q, b.q0);
+    _mm512_store_si512(q + 16, b.q1);
+    for (int64_t l = 0; 8 * l < n; ++l) {
+      int32_t sum = 0;
+      for (int j = 0; j < 8; ++j) sum += q[8 * l + j];
+      lane_scale[k0 / 8 + l] = b.d;
+      // a separate rounding of the product, as the scalar code (no fused multiply-add)
+      volatile float product = b.d * float(sum);
+      group_sum[(k0 + 8 * l) / G] += product;
+    }
+  }
+}
+
+void quantize_row8(const float* x, int64_t K, int8_t* xq, float* lane_scale, int32_t* block_offset) {
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    const int64_t n = std::min<int64_t>(32, K - k0);
+    const Block32 b = quantize_block(x + k0, n);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + k0), _mm512_cvtepi32_epi8(b.q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + k0 + 16), _mm512_cvtepi32_epi8(b.q1));
+    alignas(64) int32_t s[16];
+    _mm512_store_si512(s, _mm512_add_epi32(b.q0, b.q1));
+    int32_t* bo = block_offset + k0 / 32 * 4;
+    for (int l = 0; l < 4; ++l) bo[l] = -128 * (s[4 * l] + s[4 * l + 1] + s[4 * l + 2] + s[4 * l + 3]);
+    if (n == 32) _mm256_storeu_ps(lane_scale + k0 / 4, _mm256_set1_ps(b.d));
+    else
+      for (int64_t l = 0; 4 * l < n; ++l) lane_scale[k0 / 4 + l] = b.d;
+  }
+}
+
+constexpr WoqA8Kernels kTable{"avx512_vnni", &quantize_row4, &quantize_row8, &gemv_u4a8, &gemv_s8a8};
 
 }  // namespace
 

@@ -54,8 +54,26 @@ struct BlockQuantizedRows8 {
   int64_t ldo;
 };
 
+// Quantizing one row x [K] by blocks of 32 k into that row's part of the layouts above: d = max |x| / 127
+// over the block (NaN where a value of the block is not finite), xq = x / d rounded half to even (the
+// current rounding mode, as std::nearbyint; 0 where d is not > 0). The caller zeroes the row's buffers
+// first; entries of k >= K stay zero. Every ISA writes the same bytes and floats as the scalar one.
+//   quantize_row4 (BlockQuantizedRows): even / odd [ldq], lane_scale [ldl], group_sum [ng] (accumulated
+//     lane by lane in k order, G a power of two >= 16).
+//   quantize_row8 (BlockQuantizedRows8): xq [ldq], lane_scale [ldl], block_offset [ldo].
+using QuantizeRow4Fn = void (*)(const float* x, int64_t K, int64_t G, int8_t* even, int8_t* odd, float* lane_scale,
+                                float* group_sum);
+using QuantizeRow8Fn = void (*)(const float* x, int64_t K, int8_t* xq, float* lane_scale, int32_t* block_offset);
+
+// The reference row quantizers (woq_a8_scalar.cpp), also the AVX2 table's.
+void quantize_row4_scalar(const float* x, int64_t K, int64_t G, int8_t* even, int8_t* odd, float* lane_scale,
+                          float* group_sum);
+void quantize_row8_scalar(const float* x, int64_t K, int8_t* xq, float* lane_scale, int32_t* block_offset);
+
 struct WoqA8Kernels {
   const char* name;  // "avx512_vnni", "avx2", "scalar"
+  QuantizeRow4Fn quantize_row4;
+  QuantizeRow8Fn quantize_row8;
   void (*gemv_u4a8)(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0,
                     int64_t n1, const float* scale, const float* offset, const float* bias, float* y, int64_t ldy);
   void (*gemv_s8a8)(const BlockQuantizedRows8& q, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,

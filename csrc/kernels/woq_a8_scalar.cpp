@@ -1,9 +1,28 @@
 // Portable W4A8 and W8A8 products (woq_a8_kernels.h): the int32 sum of each 8 (W4A8) or 4 (W8A8) k,
-// scaled and accumulated in k order.
+// scaled and accumulated in k order; and the reference row quantizers.
+#include <algorithm>
+#include <cmath>
+
 #include "kernels/woq_a8_kernels.h"
 
 namespace qbackend::kernels {
 namespace {
+
+constexpr int64_t kBlock = 32;  // the activations' quantization block
+
+// A block's scale d = max |x| / 127 over x[k0, k1), NaN where a value is not finite.
+float block_scale(const float* x, int64_t k0, int64_t k1) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t k = k0; k < k1; ++k) {
+    finite = finite && std::isfinite(x[k]);
+    amax = std::max(amax, std::fabs(x[k]));
+  }
+  return finite ? amax / 127.0f : NAN;
+}
+
+// x / d rounded half to even (0 where d is 0 or NaN).
+int8_t quantized(float x, float d) { return d > 0.0f ? int8_t(std::nearbyint(x / d)) : int8_t(0); }
 
 void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
                const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
@@ -48,9 +67,39 @@ void gemv_s8a8(const BlockQuantizedRows8& q, int64_t M, const int8_t* w, int64_t
   }
 }
 
-constexpr WoqA8Kernels kTable{"scalar", &gemv_u4a8, &gemv_s8a8};
+constexpr WoqA8Kernels kTable{"scalar", &quantize_row4_scalar, &quantize_row8_scalar, &gemv_u4a8, &gemv_s8a8};
 
 }  // namespace
+
+void quantize_row4_scalar(const float* x, int64_t K, int64_t G, int8_t* even, int8_t* odd, float* lane_scale,
+                          float* group_sum) {
+  for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
+    const int64_t k1 = std::min(K, k0 + kBlock);
+    const float d = block_scale(x, k0, k1);
+    for (int64_t l = k0 / 8; l * 8 < k1; ++l) {
+      int32_t sum = 0;
+      for (int64_t k = l * 8; k < std::min(k1, l * 8 + 8); ++k) {
+        const int8_t q = quantized(x[k], d);
+        (k % 2 ? odd : even)[k / 2] = q;
+        sum += q;
+      }
+      lane_scale[l] = d;
+      group_sum[l * 8 / G] += d * float(sum);
+    }
+  }
+}
+
+void quantize_row8_scalar(const float* x, int64_t K, int8_t* xq, float* lane_scale, int32_t* block_offset) {
+  for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
+    const int64_t k1 = std::min(K, k0 + kBlock);
+    const float d = block_scale(x, k0, k1);
+    for (int64_t k = k0; k < k1; ++k) {
+      xq[k] = quantized(x[k], d);
+      block_offset[k / 32 * 4 + k % 16 / 4] -= 128 * xq[k];
+    }
+    for (int64_t l = k0 / 4; l * 4 < k1; ++l) lane_scale[l] = d;
+  }
+}
 
 const WoqA8Kernels& woq_a8_kernels_scalar() { return kTable; }
 

@@ -24,8 +24,8 @@
 // Group tiles (WeightTiles::group_at; qbackend.nn.weight_tiles.tile_groups): per-group values [N, G] as
 // [ceil(N / 4), G, 4], the four rows of a tile side by side for each group.
 //
-// Up to a few rows of x with float activations (kGemvMaxRows, kGemv4MaxRows), and up to kGemvA8MaxRows with
-// int8 activations (decoding, prompts): csrc/kernels/woq_*.cpp on blocks of output channels of about
+// Up to a few rows of x with float activations (kGemvMaxRows, kGemv4MaxRows), and up to kGemvA8MaxRows
+// (kGemv4A8MaxRows for int4 weights) with int8 activations (decoding, prompts): csrc/kernels/woq_*.cpp on blocks of output channels of about
 // kBlockBytes of weights, each block read from memory once and reused from the cache by every four rows
 // of x (the weights are never stored in float). More rows: the weights dequantized block by block
 // (kPanelRows output channels) into a float32 panel that at::mm multiplies. Both accumulate in float32
@@ -61,6 +61,11 @@ using at::Tensor;
 constexpr int64_t kGemvMaxRows = 24;
 constexpr int64_t kGemv4MaxRows = 64;
 constexpr int64_t kGemvA8MaxRows = 1024;
+// int4 weights against int8 activations: the kernel's cost per row is flat (13.4-14.9 us on SmolLM2's
+// shapes on an Intel Xeon with AMX, 2 threads) where the panels' falls with M (a fixed 0.6-0.66 ms for the
+// conversion, then 7.3-9.2 us a row there: 1.6-1.75x faster at 512 rows); on Zen 4 the panels are 0-16%
+// slower at 512 rows (above). Prompts of 512 rows and more take the panels.
+constexpr int64_t kGemv4A8MaxRows = 511;
 // Weight bytes per call of the kernel: a block of channels the rows of x reuse from the cache.
 constexpr int64_t kBlockBytes = 32 << 10;
 constexpr int64_t kPanelRows = 512;
@@ -265,45 +270,21 @@ QuantizedScratch& scratch() {
   return s;
 }
 
-constexpr int64_t kBlock = 32;  // the activations' quantization block
-
-// A block's scale d = max |x| / 127 over x[k0, k1), NaN where a value is not finite.
-float block_scale(const float* x, int64_t k0, int64_t k1) {
-  float amax = 0.0f;
-  bool finite = true;
-  for (int64_t k = k0; k < k1; ++k) {
-    finite = finite && std::isfinite(x[k]);
-    amax = std::max(amax, std::fabs(x[k]));
-  }
-  return finite ? amax / 127.0f : NAN;
-}
-
-// x / d rounded half to even (0 where d is 0 or NaN).
-int8_t quantized(float x, float d) { return d > 0.0f ? int8_t(std::nearbyint(x / d)) : int8_t(0); }
-
 // Rows of x a thread quantizes at least.
 constexpr int64_t kQuantizeGrainRows = 16;
 
-// Calls block(m, xr, k0, k1, d) for each block [k0, k1) of 32 k of the rows m0 <= m < m1 of x [M, K] (xr:
-// the row), d its scale.
-template <typename Block>
-void block_rows(const float* xp, int64_t m0, int64_t m1, int64_t K, const Block& block) {
-  for (int64_t m = m0; m < m1; ++m) {
-    const float* xr = xp + m * K;
-    for (int64_t k0 = 0; k0 < K; k0 += kBlock) {
-      const int64_t k1 = std::min(K, k0 + kBlock);
-      block(m, xr, k0, k1, block_scale(xr, k0, k1));
-    }
-  }
-}
-
-// block_rows over all M rows: on the calling thread up to kQuantizeGrainRows rows, as a plain loop (a decode
+// row(m) for every row of x: on the calling thread up to kQuantizeGrainRows rows, as a plain loop (a decode
 // step: run inside parallel_for's lambda, the loop made SmolLM2's W8A8 decode step 2-17% slower in three
-// alternating pairs), else shared out among the threads (block writes only row m's part of its buffers).
-template <typename Block>
-void each_block(const float* xp, int64_t M, int64_t K, const Block& block) {
-  if (M <= kQuantizeGrainRows) return block_rows(xp, 0, M, K, block);
-  at::parallel_for(0, M, kQuantizeGrainRows, [&](int64_t m0, int64_t m1) { block_rows(xp, m0, m1, K, block); });
+// alternating pairs), else shared out among the threads (row writes only row m's part of the buffers).
+template <typename Row>
+void each_row(int64_t M, const Row& row) {
+  if (M <= kQuantizeGrainRows) {
+    for (int64_t m = 0; m < M; ++m) row(m);
+    return;
+  }
+  at::parallel_for(0, M, kQuantizeGrainRows, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) row(m);
+  });
 }
 
 kernels::BlockQuantizedRows quantize_blocks(const float* xp, int64_t M, int64_t K, int64_t G) {
@@ -313,19 +294,10 @@ kernels::BlockQuantizedRows quantize_blocks(const float* xp, int64_t M, int64_t 
   b.odd.assign(size_t(M * ldq), 0);
   b.lane_scale.assign(size_t(M * ldl), 0.0f);
   b.group_sum.assign(size_t(M * ng), 0.0f);
-  each_block(xp, M, K, [&](int64_t m, const float* xr, int64_t k0, int64_t k1, float d) {
-    int8_t* even = b.even.data() + m * ldq;
-    int8_t* odd = b.odd.data() + m * ldq;
-    for (int64_t l = k0 / 8; l * 8 < k1; ++l) {
-      int32_t sum = 0;
-      for (int64_t k = l * 8; k < std::min(k1, l * 8 + 8); ++k) {
-        const int8_t q = quantized(xr[k], d);
-        (k % 2 ? odd : even)[k / 2] = q;
-        sum += q;
-      }
-      b.lane_scale[size_t(m * ldl + l)] = d;
-      b.group_sum[size_t(m * ng + l * 8 / G)] += d * float(sum);
-    }
+  const kernels::QuantizeRow4Fn quantize_row = woq_a8_kernels().quantize_row4;
+  each_row(M, [&](int64_t m) {
+    quantize_row(xp + m * K, K, G, b.even.data() + m * ldq, b.odd.data() + m * ldq, b.lane_scale.data() + m * ldl,
+                 b.group_sum.data() + m * ng);
   });
   return {b.even.data(), b.odd.data(), ldq, b.lane_scale.data(), ldl, b.group_sum.data(), ng};
 }
@@ -338,13 +310,9 @@ kernels::BlockQuantizedRows8 quantize_blocks8(const float* xp, int64_t M, int64_
   b.xq.assign(size_t(M * ldq), 0);
   b.lane_scale.assign(size_t(M * ldl), 0.0f);
   b.block_offset.assign(size_t(M * ldo), 0);
-  each_block(xp, M, K, [&](int64_t m, const float* xr, int64_t k0, int64_t k1, float d) {
-    int8_t* xq = b.xq.data() + m * ldq;
-    for (int64_t k = k0; k < k1; ++k) {
-      xq[k] = quantized(xr[k], d);
-      b.block_offset[size_t(m * ldo + k / 32 * 4 + k % 16 / 4)] -= 128 * xq[k];
-    }
-    for (int64_t l = k0 / 4; l * 4 < k1; ++l) b.lane_scale[size_t(m * ldl + l)] = d;
+  const kernels::QuantizeRow8Fn quantize_row = woq_a8_kernels().quantize_row8;
+  each_row(M, [&](int64_t m) {
+    quantize_row(xp + m * K, K, b.xq.data() + m * ldq, b.lane_scale.data() + m * ldl, b.block_offset.data() + m * ldo);
   });
   return {b.xq.data(), ldq, b.lane_scale.data(), ldl, b.block_offset.data(), ldo};
 }
@@ -430,7 +398,7 @@ Tensor int4_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& sca
   float* yp = y.data_ptr<float>();
   if (int8_activations) {
     const kernels::BlockQuantizedRows q = quantize_blocks(rows.data(), M, K, G);
-    if (M > kGemvA8MaxRows) {
+    if (M > kGemv4A8MaxRows) {
       Tensor y2 = y.view({M, N});
       int4_panels(dequantized_blocks(q, M, K), w, scales, offsets, G, K, bias, y2);
       return y;
