@@ -75,13 +75,20 @@ def test_every_size_runs_on_the_rule_tables_provider(converted):
         expected = {s: route(info.kind, {**info.shape, key: s}, eight_bit_input=eight).provider for s in SIZES}
         assert chosen == expected, name
         assert m.provider == expected[EXAMPLE_BATCH], name
-        if len(set(expected.values())) > 1:
-            split.append(name)
-            assert m.packed.packed_providers == tuple(dict.fromkeys(
-                m.packed.batch_routes.provider_for(s) for s in range(1, 10 ** 4))), name
-            assert "by batch size: " + m.packed.batch_routes.describe() in info.why, name
-        else:
-            assert m.packed.batch_routes is None, name
+        routes = m.packed.batch_routes
+        if routes is None:
+            assert len(set(expected.values())) == 1, name
+            continue
+        # a split (possibly beyond SIZES): each range's provider is the rule table's at both its ends
+        split.append(name)
+        lo = 1
+        for upper, provider in routes.ranges:
+            hi = upper if upper is not None else 10 ** 4
+            for s in (lo, hi):
+                assert route(info.kind, {**info.shape, key: s}, eight_bit_input=eight).provider == provider, (name, s)
+            lo = hi + 1
+        assert m.packed.packed_providers == tuple(dict.fromkeys(routes.provider_for(s) for s in range(1, 10 ** 4))), name
+        assert "by batch size: " + routes.describe() in info.why, name
     if cpu_features().isa_class == "avx512_vnni":
         # the depthwise conv (stride 2, 96 channels: not whole 64-channel blocks) is native up to 4M
         # input values (n <= 13 here), oneDNN beyond; the stem (3 input channels) is native at every size
