@@ -37,3 +37,24 @@ def outputs_on_every_isa(tmp_path, op: str, cases: list, isa_fn: str = "woq_isa"
         assert res["isa"] == isa
         results[isa] = res["out"]
     return results
+
+
+def with_awkward_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [M >= 8, K >= 32] with rows that stress an activation quantizer by blocks of 32: an all-zero block
+    (row 3), values near ties at half a level (4), exact levels and halves across the row (5), a NaN (6)
+    and an infinity (7). In place; returns x."""
+    k = x.shape[1]
+    x[3, :32] = 0
+    x[4, :32] = torch.arange(32) - 15.5
+    x[5, :k] = torch.linspace(-1, 1, k) * 127
+    x[6, 7] = float("nan")
+    x[7, k - 1] = float("-inf")
+    return x
+
+
+def assert_equal_on_every_isa(outputs: dict) -> None:
+    """The outputs of every ISA (outputs_on_every_isa) equal bit for bit, NaNs in the same places."""
+    first = next(iter(outputs.values()))
+    for isa, ys in outputs.items():
+        for y, y0 in zip(ys, first):
+            assert torch.equal(y.isnan(), y0.isnan()) and torch.equal(y.nan_to_num(), y0.nan_to_num()), isa

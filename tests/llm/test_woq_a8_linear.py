@@ -13,7 +13,7 @@ import qbackend
 from qbackend.nn import WeightOnlyLinear
 from qbackend.nn.weight_tiles import tile_rows as T
 
-from .isa_children import outputs_on_every_isa
+from .isa_children import assert_equal_on_every_isa, outputs_on_every_isa, with_awkward_rows
 from .test_woq4a8_linear import block_quantized
 
 OP = torch.ops.qbackend.woq_a8_linear
@@ -73,22 +73,13 @@ def test_every_isa_kernel(tmp_path):
 def test_activation_quantization_is_the_same_on_every_isa(tmp_path):
     """Beyond 1024 rows the quantized activations are dequantized into float panels for one GEMM, so
     the ISA's row quantizer is the only step that depends on the ISA: the outputs are equal bit for
-    bit (K tails, all-zero blocks, ties at half a level, a NaN and an infinity included)."""
+    bit (K tails and isa_children.with_awkward_rows)."""
     cases = []
     for m, k, n in [(1030, 40, 6), (1100, 97, 5), (1025, 256, 3)]:
         x, w, s, b = _case(m, k, n, 11 * m + k)
-        x[3, :32] = 0  # a zero block: scale 0, every value 0
-        x[4, :32] = torch.arange(32) - 15.5  # max 16.5: 127 / 16.5 x (j - 15.5) holds values near ties
-        x[5, :k] = torch.linspace(-1, 1, k) * 127  # exact levels and exact halves
-        x[6, 7] = float("nan")
-        x[7, k - 1] = float("-inf")
-        cases.append((x, T(w), s, b))
-    outs = outputs_on_every_isa(tmp_path, "woq_a8_linear", cases, isa_fn="woq_a8_isa", top="avx512_vnni",
-                                top_level=3)
-    first = next(iter(outs.values()))
-    for isa, ys in outs.items():
-        for y, y0 in zip(ys, first):
-            assert torch.equal(y.isnan(), y0.isnan()) and torch.equal(y.nan_to_num(), y0.nan_to_num()), isa
+        cases.append((with_awkward_rows(x), T(w), s, b))
+    assert_equal_on_every_isa(outputs_on_every_isa(tmp_path, "woq_a8_linear", cases, isa_fn="woq_a8_isa",
+                                                   top="avx512_vnni", top_level=3))
 
 
 def test_non_finite_inputs_give_nan_rows():
