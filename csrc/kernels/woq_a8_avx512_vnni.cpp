@@ -10,8 +10,8 @@
 #include "kernels/woq_a8_kernels.h"
 
 QB_TARGET(QB_ISA_AVX512_VNNI)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include "kernels/avx512_common.h"  // after the pragma: compiled for this target
 
 namespace qbackend::kernels {
 namespace {
@@ -172,17 +172,17 @@ struct Block32 {
 constexpr int kNotFinite = 0x01 | 0x08 | 0x10 | 0x80;
 
 inline Block32 quantize_block(const float* x, int64_t n) {
-  const __mmask16 m0 = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-  const __mmask16 m1 = n >= 32 ? __mmask16(0xFFFF) : n > 16 ? __mmask16((1u << (n - 16)) - 1) : __mmask16(0);
-  const __m512 v0 = _mm512_maskz_loadu_ps(m0, x), v1 = _mm512_maskz_loadu_ps(m1, x + 16);
+  const __m512 v0 = _mm512_maskz_loadu_ps(avx512::tail_mask(n), x);
+  const __m512 v1 = _mm512_maskz_loadu_ps(avx512::tail_mask(std::max<int64_t>(0, n - 16)), x + 16);
   const bool finite = (_mm512_fpclass_ps_mask(v0, kNotFinite) | _mm512_fpclass_ps_mask(v1, kNotFinite)) == 0;
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
   Block32 b;
   b.d = finite ? amax / 127.0f : NAN;
-  if (b.d > 0.0f) {  // the division and the current rounding mode, as the scalar x / d and nearbyint
-    const __m512 dv = _mm512_set1_ps(b.d);
-    b.q0 = _mm512_cvtps_epi32(_mm512_div_ps(v0, dv));
-    b.q1 = _mm512_cvtps_epi32(_mm512_div_ps(v1, dv));
+  if (b.d > 0.0f) {  // every |x / d| rounds to at most 127, so the clamp of the shared formula never acts
+    const __m512 dv = _mm512_set1_ps(b.d), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    const __m512i zero = _mm512_setzero_si512();
+    b.q0 = avx512::quantize(v0, dv, lo, hi, zero);
+    b.q1 = avx512::quantize(v1, dv, lo, hi, zero);
   } else {
     b.q0 = b.q1 = _mm512_setzero_si512();
   }

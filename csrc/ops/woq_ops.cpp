@@ -25,9 +25,9 @@
 // [ceil(N / 4), G, 4], the four rows of a tile side by side for each group.
 //
 // Up to a few rows of x with float activations (kGemvMaxRows, kGemv4MaxRows), and up to kGemvA8MaxRows
-// (kGemv4A8MaxRows for int4 weights) with int8 activations (decoding, prompts): csrc/kernels/woq_*.cpp on blocks of output channels of about
-// kBlockBytes of weights, each block read from memory once and reused from the cache by every four rows
-// of x (the weights are never stored in float). More rows: the weights dequantized block by block
+// (kGemv4A8MaxRows for int4 weights) with int8 activations (decoding, prompts): csrc/kernels/woq_*.cpp on
+// blocks of output channels of about kBlockBytes of weights, each block read from memory once and reused
+// from the cache by every four rows of x (the weights are never stored in float). More rows: the weights dequantized block by block
 // (kPanelRows output channels) into a float32 panel that at::mm multiplies. Both accumulate in float32
 // (woq_kernels.h).
 #include <ATen/ATen.h>
