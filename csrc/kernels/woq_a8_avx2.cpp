@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cpu/targets.h"
+#include "kernels/weight_prefetch.h"
 #include "kernels/woq_a8_kernels.h"
 
 QB_TARGET(QB_ISA_AVX2)
@@ -50,6 +51,8 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const
     const __m256 gmask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(ng)), g));
     __m256i lo[4], hi[4];
     __m256 sv[4];
+    prefetch_weights(WeightTiles::at(tile, 0, b0));
+    prefetch_weights(WeightTiles::at(tile, 0, b0 + 16));
     for (int j = 0; j < 4; ++j) {
       const __m256i v = two_chunks(tile, j, b0, nbytes);
       lo[j] = _mm256_and_si256(v, low);
@@ -82,6 +85,8 @@ void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* tile, int
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
   for (int64_t k0 = 0; k0 < K; k0 += 32) {
     __m256i wl[4], wh[4];
+    prefetch_weights(WeightTiles::at(tile, 0, k0));
+    prefetch_weights(WeightTiles::at(tile, 0, k0 + 16));
     for (int j = 0; j < 4; ++j) {
       const __m256i v = two_chunks(tile, j, k0, K);
       wl[j] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));

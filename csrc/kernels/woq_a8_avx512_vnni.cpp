@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cpu/targets.h"
+#include "kernels/weight_prefetch.h"
 #include "kernels/woq_a8_kernels.h"
 
 QB_TARGET(QB_ISA_AVX512_VNNI)
@@ -64,6 +65,7 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   const auto line = [&](const uint8_t* t, int64_t b0, __m512 scales, int u) {
+    prefetch_weights(t);
     const __m512i v = _mm512_loadu_si512(t);
     const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
     for (int i = 0; i < MR; ++i) {
@@ -102,6 +104,8 @@ void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* tile, int
     acc[i] = _mm512_setzero_ps();
   }
   for (int64_t k0 = 0; k0 < K; k0 += 32, tile += 2 * WeightTiles::kLine) {
+    prefetch_weights(tile);
+    prefetch_weights(tile + WeightTiles::kLine);
     const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(tile), flip);
     // the block's second line, where the tile has it (else xq is 0 there)
     const __m512i w1 = k0 + 16 < K ? _mm512_xor_si512(_mm512_loadu_si512(tile + WeightTiles::kLine), flip) : flip;
@@ -138,6 +142,8 @@ void pass_s8a8_tiles(const BlockQuantizedRows8& q, int64_t m0, const int8_t* til
     const bool second = k0 + 16 < K;
     __m512i w0[NT], w1[NT];
     for (int t = 0; t < NT; ++t) {
+      prefetch_weights(tile + t * tile_bytes);
+      prefetch_weights(tile + t * tile_bytes + WeightTiles::kLine);
       w0[t] = _mm512_xor_si512(_mm512_loadu_si512(tile + t * tile_bytes), flip);
       w1[t] = second ? _mm512_xor_si512(_mm512_loadu_si512(tile + t * tile_bytes + WeightTiles::kLine), flip)
                      : flip;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "cpu/targets.h"
+#include "kernels/weight_prefetch.h"
 #include "kernels/woq_kernels.h"
 
 QB_TARGET(QB_ISA_AVX2)
@@ -45,6 +46,7 @@ void pass(const float* x, int64_t ldx, const int8_t* tile, int64_t K, float out[
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
   const int64_t K8 = K & ~int64_t(7);
   for (int64_t k = 0; k < K8; k += 8) {
+    if (k % 16 == 0) prefetch_weights(WeightTiles::at(tile, 0, k));
     __m256 wv[4];
     for (int j = 0; j < 4; ++j) wv[j] = load_w8(WeightTiles::at(tile, j, k));  // half a chunk
     fma_rows<MR>(x, ldx, k, wv, acc);
@@ -76,6 +78,7 @@ void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* st, co
   const int64_t K8 = K & ~int64_t(7);
   for (int64_t k = 0; k < K8; k += 8) {
     const int64_t g = k / G;
+    if (k % 32 == 0) prefetch_weights(WeightTiles::at(tile, 0, k / 2));
     __m256 wv[4];
     for (int j = 0; j < 4; ++j)
       wv[j] = _mm256_fmadd_ps(nibbles(WeightTiles::at(tile, j, k / 2)), _mm256_set1_ps(st[4 * g + j]),

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cpu/targets.h"
+#include "kernels/weight_prefetch.h"
 #include "kernels/woq_kernels.h"
 
 QB_TARGET(QB_ISA_AVX512_FMA)
@@ -24,6 +25,7 @@ void pass(const float* x, int64_t ldx, const int8_t* tile, int64_t K, float acc_
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
   // one 64-byte line of the tile a step: 16 weights of each row (zero beyond K, where x is masked)
   for (int64_t k = 0; k < K; k += 16, tile += WeightTiles::kLine) {
+    prefetch_weights(tile);
     const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
     __m512 wv[4];
     for (int j = 0; j < 4; ++j)
@@ -68,6 +70,7 @@ void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* st, co
       const int64_t left = k1 - k;
       const int64_t nbytes = std::min<int64_t>(16, (left + 1) / 2);
       __m512 wlo[4], whi[4];
+      prefetch_weights(WeightTiles::at(tile, 0, k / 2));  // the step's line (half of it where G is 16)
       for (int j = 0; j < 4; ++j) {
         nibbles(WeightTiles::at(tile, j, k / 2), nbytes, &wlo[j], &whi[j]);  // within one chunk
         wlo[j] = _mm512_fmadd_ps(wlo[j], s[j], o[j]);
