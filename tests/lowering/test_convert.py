@@ -323,3 +323,26 @@ def test_grouped_conv_without_vnni_takes_seven_bits_on_its_input_alone():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["qmax"] == {"0.input": 255, "0.output": 127, "2.output": 255, "4.output": 255}
     assert out["sqnr"] > 25
+
+
+def test_convert_leaves_the_prepared_model_to_calibrate_further():
+    """convert shares the prepared graph's recorders (GPTQ's H, the observers) with the copy it
+    rewrites and drops them from the copy only: the prepared model keeps them, so calibrating it
+    further and converting again equals converting once after all the batches."""
+    torch.manual_seed(3)
+    model = MLP().eval()
+    x = [torch.randn(16, 32, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    twice = qbackend.prepare(model, (x[0],))
+    once = qbackend.prepare(model, (x[0],))
+    for b in x[:2]:
+        twice(b)
+    qbackend.convert(twice)
+    for b in x[2:]:
+        twice(b)
+    for b in x:
+        once(b)
+    probe = torch.randn(8, 32, generator=torch.Generator().manual_seed(9))
+    a, b = qbackend.convert(twice)(probe), qbackend.convert(once)(probe)
+    assert torch.equal(a, b)
+    recorded = {type(m).__name__ for m in twice._prepared.gm.modules()}
+    assert {"HessianStats", "ActivationObserver"} <= recorded
