@@ -58,12 +58,15 @@ class ChannelStats(nn.Module):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0:
             return
         rows = x.detach().reshape(-1, x.shape[-1]).float()
-        finite = torch.isfinite(rows).all(dim=1)
-        if not bool(finite.all()):
-            rows = rows[finite]
         if rows.shape[0] == 0:
             return
-        self._add(rows.abs().amax(dim=0), rows.shape[0], rows, row_keys(rows, self.seed))
+        absmax = rows.abs().amax(dim=0)  # finite exactly when every row is (amax keeps NaN and inf)
+        if not bool(torch.isfinite(absmax).all()):
+            rows = rows[torch.isfinite(rows).all(dim=1)]
+            if rows.shape[0] == 0:
+                return
+            absmax = rows.abs().amax(dim=0)
+        self._add(absmax, rows.shape[0], rows, row_keys(rows, self.seed))
 
     def merge(self, other: ChannelStats) -> ChannelStats:
         """Fold another recorder's statistics of the same value in (in place); returns self. The

@@ -161,12 +161,13 @@ def test_channel_stats_sample_and_absmax():
     stats = ChannelStats("v", sample_rows=50)
     g = torch.Generator().manual_seed(4)
     xs = [torch.randn(3, 11, 8, generator=g) for _ in range(4)]
-    xs[1][0, 0, 2] = float("nan")  # that row is skipped
+    xs[1][0, 0, 2] = float("nan")  # these rows are skipped
+    xs[2][1, 3, 5] = -float("inf")
     for x in xs:
         stats(x)
     rows = torch.cat([x.reshape(-1, 8) for x in xs])
     finite = rows[torch.isfinite(rows).all(dim=1)]
-    assert stats.rows_seen == len(finite) == 131
+    assert stats.rows_seen == len(finite) == 130
     torch.testing.assert_close(stats.absmax, finite.abs().amax(dim=0), rtol=0, atol=0)
     assert stats.sample.shape == (50, 8)
     # every sampled row is one of the rows seen, no duplicates
