@@ -216,15 +216,17 @@ def proxy_errors(w: torch.Tensor, approximations: list[torch.Tensor], h: torch.T
 def _im2col_column_sums(x: torch.Tensor, conv: dict) -> torch.Tensor:
     """Per image, the sums of a conv's im2col columns over its output positions ([N, C x KH x KW]
     float32, the order of weight.reshape(OC, -1)) without forming them: column (c, i, j) is
-    channel c of the zero-padded input at the output positions' offsets (i, j)."""
+    channel c of the zero-padded input at the output positions' offsets (i, j). For each kernel
+    row i the output rows' input rows are summed once ([N, C, W + 2 pw]), then each kernel column
+    j sums its strided columns of that: KH passes over the image instead of KH x KW."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = conv["kernel"], conv["stride"], conv["padding"], conv["dilation"]
     oh, ow = _output_size(x.shape[2], x.shape[3], conv)
     padded = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
     sums = torch.empty(x.shape[0], x.shape[1], kh, kw)
     for i in range(kh):
+        rows = padded[:, :, i * dh: i * dh + (oh - 1) * sh + 1: sh, :].sum(dim=2)
         for j in range(kw):
-            window = padded[:, :, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
-            sums[:, :, i, j] = window.sum(dim=(2, 3))
+            sums[:, :, i, j] = rows[:, :, j * dw: j * dw + (ow - 1) * sw + 1: sw].sum(dim=2)
     return sums.reshape(x.shape[0], -1)
 
 
@@ -240,6 +242,8 @@ def _sampled_im2col(x: torch.Tensor, conv: dict) -> torch.Tensor:
     while x.shape[0] * -(-oh // step) * -(-ow // step) > cap and step < max(oh, ow):
         step += 1
     stride = (conv["stride"][0] * step, conv["stride"][1] * step)
+    if tuple(conv["kernel"]) == (1, 1) and tuple(conv["padding"]) == (0, 0):  # the rows are pixels: no unfold
+        return x[:, :, ::stride[0], ::stride[1]].permute(0, 2, 3, 1).reshape(-1, x.shape[1])
     cols = F.unfold(x, conv["kernel"], dilation=conv["dilation"], padding=conv["padding"], stride=stride)
     return cols.transpose(1, 2).reshape(-1, cols.shape[1])
 

@@ -211,3 +211,34 @@ def test_depthwise_channels_with_unusable_hessians_keep_nearest_rounding():
     assert torch.equal(q[1], q0[1]) and torch.equal(q[2], q0[2])
     assert q.dtype == torch.int8 and q.shape == w.shape
     assert math.isfinite(info["proxy_error"]) and math.isfinite(info["proxy_error_nearest"])
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation", [
+    ((7, 7), (2, 2), (3, 3), (1, 1)), ((3, 3), (1, 1), (1, 1), (1, 1)), ((3, 3), (2, 2), (1, 1), (2, 2)),
+    ((1, 1), (2, 2), (0, 0), (1, 1)), ((2, 3), (1, 2), (0, 1), (2, 1))])
+def test_im2col_column_sums_are_those_of_the_unfolded_rows(kernel, stride, padding, dilation):
+    """The per-image column sums bias correction and H's mean use, taken without forming the im2col
+    rows, against the fp64 sums of F.unfold's rows."""
+    conv = {"kernel": kernel, "stride": stride, "padding": padding, "dilation": dilation, "groups": 1}
+    x = torch.randn(3, 5, 17, 18, generator=torch.Generator().manual_seed(2))
+    cols = F.unfold(x.double(), kernel, dilation=dilation, padding=padding, stride=stride)
+    got = gptq._im2col_column_sums(x, conv)
+    assert got.dtype == torch.float32 and got.shape == cols.shape[:2]
+    torch.testing.assert_close(got.double(), cols.sum(2), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride,size", [((1, 1), (56, 56)), ((2, 2), (57, 55)), ((1, 1), (9, 7))])
+def test_sampled_rows_of_a_1x1_conv_are_its_unfolded_rows(stride, size):
+    """A 1x1 unpadded conv's sampled im2col rows (taken by slicing the pixels) are F.unfold's rows at
+    the sampling step, in the same order."""
+    conv = {"kernel": (1, 1), "stride": stride, "padding": (0, 0), "dilation": (1, 1), "groups": 1}
+    x = torch.randn(8, 16, *size, generator=torch.Generator().manual_seed(5))
+    got = gptq._sampled_im2col(x, conv)
+    cap = max(gptq.SAMPLED_ROWS_PER_FEATURE * 16, gptq.MIN_SAMPLED_ROWS)
+    oh, ow = (size[0] - 1) // stride[0] + 1, (size[1] - 1) // stride[1] + 1
+    step = 1
+    while 8 * -(-oh // step) * -(-ow // step) > cap and step < max(oh, ow):
+        step += 1
+    cols = F.unfold(x, (1, 1), stride=(stride[0] * step, stride[1] * step))
+    assert torch.equal(got, cols.transpose(1, 2).reshape(-1, 16))
+    assert size[0] < 56 or step > 1  # the large inputs are sampled
