@@ -213,39 +213,62 @@ def proxy_errors(w: torch.Tensor, approximations: list[torch.Tensor], h: torch.T
     return [float(part.sum()) for part in per_row.split(w.shape[0])]
 
 
+def _tap_range(offset: int, pad: int, stride: int, count: int, size: int) -> tuple[int, int, int]:
+    """The output positions [lo, hi) among `count` (position o reads input offset - pad + o x stride)
+    whose input lies inside [0, size) (the others read the zero padding), and the first one's input."""
+    lo = max(0, -(-(pad - offset) // stride))
+    hi = min(count, (size - 1 - offset + pad) // stride + 1)
+    hi = max(hi, lo)
+    return lo, hi, offset - pad + lo * stride
+
+
 def _im2col_column_sums(x: torch.Tensor, conv: dict) -> torch.Tensor:
     """Per image, the sums of a conv's im2col columns over its output positions ([N, C x KH x KW]
     float32, the order of weight.reshape(OC, -1)) without forming them: column (c, i, j) is
     channel c of the zero-padded input at the output positions' offsets (i, j). For each kernel
-    row i the output rows' input rows are summed once ([N, C, W + 2 pw]), then each kernel column
-    j sums its strided columns of that: KH passes over the image instead of KH x KW."""
+    row i the input rows its output rows read are summed once ([N, C, W]), then each kernel column
+    j sums the strided columns it reads of that: KH passes over the image instead of KH x KW, the
+    padding (zeros, adding nothing) never formed."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = conv["kernel"], conv["stride"], conv["padding"], conv["dilation"]
     oh, ow = _output_size(x.shape[2], x.shape[3], conv)
-    padded = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
-    sums = torch.empty(x.shape[0], x.shape[1], kh, kw)
+    sums = torch.zeros(x.shape[0], x.shape[1], kh, kw)
     for i in range(kh):
-        rows = padded[:, :, i * dh: i * dh + (oh - 1) * sh + 1: sh, :].sum(dim=2)
+        a0, a1, r0 = _tap_range(i * dh, ph, sh, oh, x.shape[2])
+        if a1 == a0:
+            continue
+        rows = x[:, :, r0: r0 + (a1 - a0 - 1) * sh + 1: sh, :].sum(dim=2)
         for j in range(kw):
-            sums[:, :, i, j] = rows[:, :, j * dw: j * dw + (ow - 1) * sw + 1: sw].sum(dim=2)
+            b0, b1, c0 = _tap_range(j * dw, pw, sw, ow, x.shape[3])
+            if b1 > b0:
+                sums[:, :, i, j] = rows[:, :, c0: c0 + (b1 - b0 - 1) * sw + 1: sw].sum(dim=2)
     return sums.reshape(x.shape[0], -1)
 
 
 def _sampled_im2col(x: torch.Tensor, conv: dict) -> torch.Tensor:
-    """A conv's im2col rows of x [rows, C x KH x KW] at every step-th output position in each
-    direction, step the smallest that leaves at most max(SAMPLED_ROWS_PER_FEATURE x K,
-    MIN_SAMPLED_ROWS) rows (K per group): the unfold at step times the conv's stride, so the rows
-    not taken are never formed."""
-    features = x.shape[1] // conv["groups"] * conv["kernel"][0] * conv["kernel"][1]
+    """A conv's im2col rows of x [rows, C x KH x KW] (F.unfold's rows, in its order) at every
+    step-th output position in each direction, step the smallest that leaves at most
+    max(SAMPLED_ROWS_PER_FEATURE x K, MIN_SAMPLED_ROWS) rows (K per group). Each kernel tap's
+    strided slice of x is copied into place (zeros where it reads the padding): the rows not taken
+    are never formed, nor is the padded input."""
+    n, c = x.shape[0], x.shape[1]
+    (kh, kw), (ph, pw), (dh, dw) = conv["kernel"], conv["padding"], conv["dilation"]
+    features = c // conv["groups"] * kh * kw
     cap = max(SAMPLED_ROWS_PER_FEATURE * features, MIN_SAMPLED_ROWS)
     oh, ow = _output_size(x.shape[2], x.shape[3], conv)
     step = 1
-    while x.shape[0] * -(-oh // step) * -(-ow // step) > cap and step < max(oh, ow):
+    while n * -(-oh // step) * -(-ow // step) > cap and step < max(oh, ow):
         step += 1
-    stride = (conv["stride"][0] * step, conv["stride"][1] * step)
-    if tuple(conv["kernel"]) == (1, 1) and tuple(conv["padding"]) == (0, 0):  # the rows are pixels: no unfold
-        return x[:, :, ::stride[0], ::stride[1]].permute(0, 2, 3, 1).reshape(-1, x.shape[1])
-    cols = F.unfold(x, conv["kernel"], dilation=conv["dilation"], padding=conv["padding"], stride=stride)
-    return cols.transpose(1, 2).reshape(-1, cols.shape[1])
+    sh, sw = conv["stride"][0] * step, conv["stride"][1] * step
+    rows_h, rows_w = -(-oh // step), -(-ow // step)
+    out = x.new_zeros(n, rows_h, rows_w, c, kh, kw)
+    for i in range(kh):
+        a0, a1, r0 = _tap_range(i * dh, ph, sh, rows_h, x.shape[2])
+        for j in range(kw):
+            b0, b1, c0 = _tap_range(j * dw, pw, sw, rows_w, x.shape[3])
+            if a1 > a0 and b1 > b0:
+                tap = x[:, :, r0: r0 + (a1 - a0 - 1) * sh + 1: sh, c0: c0 + (b1 - b0 - 1) * sw + 1: sw]
+                out[:, a0:a1, b0:b1, :, i, j] = tap.permute(0, 2, 3, 1)
+    return out.reshape(-1, c * kh * kw)
 
 
 def upper_cholesky(h: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -227,18 +227,22 @@ def test_im2col_column_sums_are_those_of_the_unfolded_rows(kernel, stride, paddi
     torch.testing.assert_close(got.double(), cols.sum(2), rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("stride,size", [((1, 1), (56, 56)), ((2, 2), (57, 55)), ((1, 1), (9, 7))])
-def test_sampled_rows_of_a_1x1_conv_are_its_unfolded_rows(stride, size):
-    """A 1x1 unpadded conv's sampled im2col rows (taken by slicing the pixels) are F.unfold's rows at
-    the sampling step, in the same order."""
-    conv = {"kernel": (1, 1), "stride": stride, "padding": (0, 0), "dilation": (1, 1), "groups": 1}
+@pytest.mark.parametrize("kernel,stride,padding,dilation,size", [
+    ((1, 1), (1, 1), (0, 0), (1, 1), (56, 56)), ((1, 1), (2, 2), (0, 0), (1, 1), (57, 55)),
+    ((3, 3), (1, 1), (1, 1), (1, 1), (40, 40)), ((3, 3), (2, 2), (1, 1), (1, 1), (9, 7)),
+    ((7, 7), (2, 2), (3, 3), (1, 1), (45, 44)), ((2, 3), (1, 2), (3, 2), (2, 1), (30, 33))])
+def test_sampled_rows_are_the_unfolded_rows(kernel, stride, padding, dilation, size):
+    """A conv's sampled im2col rows (each tap's strided slice copied into place, zeros for the
+    padding) are F.unfold's rows at the sampling step, in the same order, bit for bit."""
+    conv = {"kernel": kernel, "stride": stride, "padding": padding, "dilation": dilation, "groups": 1}
     x = torch.randn(8, 16, *size, generator=torch.Generator().manual_seed(5))
     got = gptq._sampled_im2col(x, conv)
-    cap = max(gptq.SAMPLED_ROWS_PER_FEATURE * 16, gptq.MIN_SAMPLED_ROWS)
-    oh, ow = (size[0] - 1) // stride[0] + 1, (size[1] - 1) // stride[1] + 1
+    features = 16 * kernel[0] * kernel[1]
+    cap = max(gptq.SAMPLED_ROWS_PER_FEATURE * features, gptq.MIN_SAMPLED_ROWS)
+    oh, ow = gptq._output_size(size[0], size[1], conv)
     step = 1
     while 8 * -(-oh // step) * -(-ow // step) > cap and step < max(oh, ow):
         step += 1
-    cols = F.unfold(x, (1, 1), stride=(stride[0] * step, stride[1] * step))
-    assert torch.equal(got, cols.transpose(1, 2).reshape(-1, 16))
-    assert size[0] < 56 or step > 1  # the large inputs are sampled
+    cols = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=(stride[0] * step, stride[1] * step))
+    assert torch.equal(got, cols.transpose(1, 2).reshape(-1, features))
+    assert size[0] < 40 or step > 1  # the large inputs are sampled
