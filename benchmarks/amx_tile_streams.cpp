@@ -162,44 +162,35 @@ int main() {
     c.span_b = s.b;
     row(s.name, c);
   }
-  for (int64_t off : {16}) {
-    Case c;
-    c.span_a = kL2;
-    c.span_b = kL1;
-    c.misalign_a = off;
-    row("A 1 MB with rows 16 bytes off 64-byte alignment, B 8 KB", c);
-    c.span_a = kL1;
-    row("A 8 KB with rows 16 bytes off 64-byte alignment, B 8 KB", c);
-  }
-  for (int n : {8, 16, 32, 64}) {
+  Case misaligned;
+  misaligned.span_a = kL2;
+  misaligned.misalign_a = 16;
+  row("A 1 MB with rows 16 bytes off 64-byte alignment, B 8 KB", misaligned);
+  misaligned.span_a = kL1;
+  row("A 8 KB with rows 16 bytes off 64-byte alignment, B 8 KB", misaligned);
+  // Beside the tiles: A streams from 64 KB, B stays in L1; `label` takes the count.
+  auto beside = [&](const char* label, int n, auto&& set) {
     Case c;
     c.span_a = 64 << 10;
-    c.fmas = n;
+    set(c);
     char what[96];
-    std::snprintf(what, sizeof what, "A 64 KB, B 8 KB, + %d vector FMAs a step", n);
+    std::snprintf(what, sizeof what, label, n);
     row(what, c);
-  }
+  };
+  for (int n : {8, 16, 32, 64}) beside("A 64 KB, B 8 KB, + %d vector FMAs a step", n, [&](Case& c) { c.fmas = n; });
   for (int n : {4, 8, 16}) {
-    Case c;
-    c.span_a = 64 << 10;
-    c.epilogue_rows = n;
-    char what[96];
-    std::snprintf(what, sizeof what, "A 64 KB, B 8 KB, + %d epilogue rows a step (16-byte stores)", n);
-    row(what, c);
-    c.epilogue_stores = false;
-    std::snprintf(what, sizeof what, "A 64 KB, B 8 KB, + %d epilogue rows a step, no stores", n);
-    row(what, c);
+    beside("A 64 KB, B 8 KB, + %d epilogue rows a step (16-byte stores)", n, [&](Case& c) { c.epilogue_rows = n; });
+    beside("A 64 KB, B 8 KB, + %d epilogue rows a step, no stores", n, [&](Case& c) {
+      c.epilogue_rows = n;
+      c.epilogue_stores = false;
+    });
   }
-  for (int s : {4, 9, 12, 48}) {
-    Case c;
-    c.span_a = 64 << 10;
-    c.block_steps = s;
-    char what[96];
-    std::snprintf(what, sizeof what, "A 64 KB, B 8 KB, C stored and zeroed every %d steps", s);
-    row(what, c);
-    c.block_epilogue = true;
-    std::snprintf(what, sizeof what, "the same, + a 32 x 32 u8 epilogue after each store");
-    row(what, c);
+  for (int n : {4, 9, 12, 48}) {
+    beside("A 64 KB, B 8 KB, C stored and zeroed every %d steps", n, [&](Case& c) { c.block_steps = n; });
+    beside("the same (%d steps), + a 32 x 32 u8 epilogue after each store", n, [&](Case& c) {
+      c.block_steps = n;
+      c.block_epilogue = true;
+    });
   }
   _tile_release();
   return 0;
