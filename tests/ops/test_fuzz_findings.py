@@ -7,8 +7,10 @@ exact provider or answered with a clear error, by the geometry that showed it:
   point. The onednn provider writes such padding out and runs unpadded: exact, on every ISA. Where
   oneDNN saturates 8-bit products (QBACKEND_ISA=avx2), a padded conv with a zero point above 127
   (a 1x1 with padding and zero point 255 was 27% off) is a ValueError naming x_zero_point.
-* oneDNN single-channel / depthwise convs with one output column and a stride >= 2 across it
-  (1 channel, 9x6 input, kernel 5x5, stride (1, 3), float32 output: 1e4x the fp32 tolerance):
+* oneDNN convs with one output column (row) and a stride >= 2 across it: single-channel and
+  depthwise ones on AMD EPYC (1 channel, 9x6 input, kernel 5x5, stride (1, 3), float32 output: 1e4x
+  the fp32 tolerance), dense and grouped ones too on the AMX Xeon (3 -> 2 channels, 5x5 input, kernel
+  5x5, stride (1, 2), padding (2, 0): 19 LSB off):
   the onednn provider widens the input by one stride (a second output column) and keeps the first:
   exact at every input size, whatever size the layer was routed at.
 * The reference provider checks its arguments like the others, and runs linear_dynamic on 0 rows.
@@ -73,20 +75,23 @@ def test_onednn_conv_padded_past_same_is_exact(name, c_in, c_out, groups, kernel
             assert (yq.int() - R.quantize(ref, 0.5, 3, torch.uint8).int()).abs().max() <= 1
 
 
-ONE_COLUMN = [(1, 1, (5, 5), 9, 6, (1, 3)), (1, 1, (5, 5), 9, 5, (1, 2)), (1, 1, (5, 5), 6, 9, (3, 1)),
-              (4, 4, (3, 3), 8, 3, (1, 2))]
+# (in channels, out channels, groups, kernel, h, w, stride): depthwise and one-channel ones first
+# seen wrong on AMD EPYC; dense and grouped ones on the AMX Xeon (the property test, 2026-12-05).
+ONE_COLUMN = [(1, 1, 1, (5, 5), 9, 6, (1, 3)), (1, 1, 1, (5, 5), 9, 5, (1, 2)), (1, 1, 1, (5, 5), 6, 9, (3, 1)),
+              (4, 4, 4, (3, 3), 8, 3, (1, 2)), (3, 2, 1, (5, 5), 9, 5, (1, 2)), (16, 32, 1, (3, 3), 9, 5, (1, 3)),
+              (4, 4, 2, (5, 5), 7, 6, (1, 2)), (3, 2, 1, (5, 5), 5, 9, (2, 1))]
 
 
-@pytest.mark.parametrize("c,groups,kernel,h,w,stride", ONE_COLUMN)
-def test_onednn_one_strided_output_column_is_exact(c, groups, kernel, h, w, stride):
+@pytest.mark.parametrize("c,c_out,groups,kernel,h,w,stride", ONE_COLUMN)
+def test_onednn_one_strided_output_column_is_exact(c, c_out, groups, kernel, h, w, stride):
     g = torch.Generator().manual_seed(41)
-    wq = torch.randint(-127, 128, (c, c // groups, *kernel), dtype=torch.int8, generator=g)
-    ws = torch.full((c,), 1e-3)
-    b = torch.randn(c, generator=g)
+    wq = torch.randint(-127, 128, (c_out, c // groups, *kernel), dtype=torch.int8, generator=g)
+    ws = torch.full((c_out,), 1e-3)
+    b = torch.randn(c_out, generator=g)
     # packed for a larger input (routed there), called on the one-column size
     pw = PackedConv2dWeight(wq, ws, b, stride, (0, 0), (1, 1), groups, "onednn", x_shape=[2, c, 2 * h, 2 * w])
     x = torch.randint(0, 128, (2, c, h, w), dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
-    acc = torch.randint(0, 256, (2, c) + tuple((s - k) // st + 1 for s, k, st in zip((h, w), kernel, stride)),
+    acc = torch.randint(0, 256, (2, c_out) + tuple((s - k) // st + 1 for s, k, st in zip((h, w), kernel, stride)),
                         dtype=torch.uint8, generator=g).contiguous(memory_format=torch.channels_last)
     assert 1 in acc.shape[2:]
     ref = R.conv2d_fp64(x, 0.02, 5, wq, ws, b, stride, (0, 0), (1, 1), groups)
