@@ -54,7 +54,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..ops import gptq_ops  # noqa: F401  (registers qbackend::gptq_round_columns)
@@ -232,13 +231,13 @@ def _im2col_column_sums(x: torch.Tensor, conv: dict) -> torch.Tensor:
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = conv["kernel"], conv["stride"], conv["padding"], conv["dilation"]
     oh, ow = _output_size(x.shape[2], x.shape[3], conv)
     sums = torch.zeros(x.shape[0], x.shape[1], kh, kw)
+    columns = [_tap_range(j * dw, pw, sw, ow, x.shape[3]) for j in range(kw)]
     for i in range(kh):
         a0, a1, r0 = _tap_range(i * dh, ph, sh, oh, x.shape[2])
         if a1 == a0:
             continue
         rows = x[:, :, r0: r0 + (a1 - a0 - 1) * sh + 1: sh, :].sum(dim=2)
-        for j in range(kw):
-            b0, b1, c0 = _tap_range(j * dw, pw, sw, ow, x.shape[3])
+        for j, (b0, b1, c0) in enumerate(columns):
             if b1 > b0:
                 sums[:, :, i, j] = rows[:, :, c0: c0 + (b1 - b0 - 1) * sw + 1: sw].sum(dim=2)
     return sums.reshape(x.shape[0], -1)
@@ -261,10 +260,10 @@ def _sampled_im2col(x: torch.Tensor, conv: dict) -> torch.Tensor:
     sh, sw = conv["stride"][0] * step, conv["stride"][1] * step
     rows_h, rows_w = -(-oh // step), -(-ow // step)
     out = x.new_zeros(n, rows_h, rows_w, c, kh, kw)
+    columns = [_tap_range(j * dw, pw, sw, rows_w, x.shape[3]) for j in range(kw)]
     for i in range(kh):
         a0, a1, r0 = _tap_range(i * dh, ph, sh, rows_h, x.shape[2])
-        for j in range(kw):
-            b0, b1, c0 = _tap_range(j * dw, pw, sw, rows_w, x.shape[3])
+        for j, (b0, b1, c0) in enumerate(columns):
             if a1 > a0 and b1 > b0:
                 tap = x[:, :, r0: r0 + (a1 - a0 - 1) * sh + 1: sh, c0: c0 + (b1 - b0 - 1) * sw + 1: sw]
                 out[:, a0:a1, b0:b1, :, i, j] = tap.permute(0, 2, 3, 1)
