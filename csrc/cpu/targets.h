@@ -4,10 +4,12 @@
 // cpu::usable_isa() (probe.h), so the build itself stays portable (no -march flag).
 #pragma once
 
-// The level of each cpu::Isa, as GCC target features. QB_ISA_AVX512 leaves out the VEX FMA: the
-// units built on it (quantize, observers, attention, LayerNorm) round as they were measured and
-// tested, with no multiply-add contracted into a fused one; QB_ISA_AVX512_FMA has it.
+// The level of each cpu::Isa, as GCC target features. QB_ISA_AVX512 leaves out the "fma" feature,
+// but AVX512F has its own (EVEX) fused multiply-adds and GCC contracts a product and a sum into one
+// under avx512f alone, for 512-bit, 256-bit and scalar values: a unit whose float steps must stay
+// apart (every ISA writing the same bits) also sets fp-contract=off (gptq_avx2.cpp, gptq_avx512.cpp).
 #define QB_ISA_AVX2 "avx2,fma"
+#define QB_ISA_AVX2_NO_FMA "avx2"  // for units whose float steps must not fuse (GPTQ's column loop)
 #define QB_ISA_AVX512 "avx512f,avx512bw,avx512vl,avx512dq"
 #define QB_ISA_AVX512_FMA QB_ISA_AVX512 ",avx2,fma"
 #define QB_ISA_AVX512_VNNI QB_ISA_AVX512_FMA ",avx512vnni"

@@ -11,6 +11,6 @@ __all__: list[str] = []
 
 
 @torch.library.register_fake("qbackend::gptq_round_columns")
-def _gptq_round_columns_fake(w, m, scales, qmin, qmax, block):
+def _gptq_round_columns_fake(w, l, scales, qmin, qmax, block):
     torch._check_value(w.dim() == 2, lambda: f"w must be 2-D [N, K], got {w.dim()}-D")
     return torch.empty(w.shape, dtype=torch.float32, device=w.device)

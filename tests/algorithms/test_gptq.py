@@ -92,19 +92,21 @@ def test_native_column_loop_is_its_reference_bit_for_bit(n, k, block, qmin, qmax
     (also where levels saturate at qmin / qmax: scales too small for the weights)."""
     g = torch.Generator().manual_seed(n * k)
     x = correlated_rows(2 * k + 4, k, g)
-    perm, m = factor(x.t() @ x)
-    w = (torch.randn(n, k, generator=g) * 0.05)[:, perm].contiguous()
+    order, lower = factor(x.t() @ x)
+    w = (torch.randn(n, k, generator=g) * 0.05)[:, order].contiguous()
     scales = w.abs().amax(1) / (qmax - qmin) * (0.5 if qmin < 0 else 4.0) + 1e-6
-    got = torch.ops.qbackend.gptq_round_columns(w, m, scales, qmin, qmax, block)
-    want = gptq_columns_ref(w, m, scales, qmin, qmax, block)
+    got = torch.ops.qbackend.gptq_round_columns(w, lower, scales, qmin, qmax, block)
+    want = gptq_columns_ref(w, lower, scales, qmin, qmax, block)
     assert torch.equal(got, want)
+    assert not lower.is_contiguous() or k == 1  # as the factorization gives it (column-major) ...
+    assert torch.equal(torch.ops.qbackend.gptq_round_columns(w, lower.contiguous(), scales, qmin, qmax, block), got)
     assert float(got.min()) >= qmin and float(got.max()) <= qmax and torch.equal(got, got.round())
     assert got.min() == qmin or got.max() == qmax  # the clamp was exercised
 
 
 def test_native_column_loop_names_bad_arguments():
     w, u, s = torch.zeros(3, 4), torch.eye(4), torch.ones(3)
-    with pytest.raises(ValueError, match="m must be"):
+    with pytest.raises(ValueError, match="l must be"):
         torch.ops.qbackend.gptq_round_columns(w, torch.eye(5), s, -128, 127, 128)
     with pytest.raises(ValueError, match="scales must"):
         torch.ops.qbackend.gptq_round_columns(w, u, torch.ones(2), -128, 127, 128)
@@ -199,6 +201,50 @@ def test_upper_cholesky_factors_the_damped_hessian():
     assert float((m.double() @ m.double().t() - damped).abs().max()) <= 1e-5 * float(damped.abs().max())
 
 
+def test_lower_cholesky_factors_the_reordered_damped_hessian():
+    """L lower triangular with L L^T = H[order][:, order] + damping, columns never seen taking
+    H_cc = 1; fp64 where fp32 is not positive definite enough."""
+    from qbackend.algorithms.gptq import DAMP, lower_cholesky
+
+    g = torch.Generator().manual_seed(11)
+    x = correlated_rows(200, 40, g, rank=5)
+    x[:, 7] = 0.0  # a column never seen
+    h = (x.t().double() @ x.double()).float()
+    order = torch.randperm(40, generator=g)
+    got = lower_cholesky(h, order)
+    assert got.dtype == torch.float32 and torch.equal(got, got.tril())
+    ref = h.double()[order][:, order]
+    seen = int((order == 7).nonzero())
+    ref[seen, seen] = 1.0
+    ref += DAMP * float(torch.diagonal(ref).mean()) * torch.eye(40, dtype=torch.float64)
+    assert float((got.double() @ got.double().t() - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+    assert h[7, 7] == 0.0  # the caller's H is not modified
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_blocked_cholesky_factors_wide_matrices(dtype):
+    """Above two diagonal blocks the factor is blocked (in place): against LAPACK's in fp64, and
+    None for a matrix that is not positive definite in a late or the first block."""
+    from qbackend.algorithms.gptq import CHOLESKY_BLOCK, _cholesky
+
+    k = 2 * CHOLESKY_BLOCK + 77
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(2 * k, k, generator=g, dtype=torch.float64)
+    a = x.t() @ x
+    got = _cholesky(a.to(dtype, copy=True))  # overwritten
+    assert got is not None and got.dtype == dtype and torch.equal(got, got.tril())
+    lapack = torch.linalg.cholesky(a.to(dtype)).double()
+    # backward error: as small as LAPACK's own (the factor of an ill-conditioned H differs more)
+    rebuilt, rebuilt_lapack = got.double() @ got.double().t(), lapack @ lapack.t()
+    err, err_lapack = float((rebuilt - a).abs().max()), float((rebuilt_lapack - a).abs().max())
+    assert err <= 4 * err_lapack + 1e-12 * float(a.abs().max())
+    assert err <= (1e-5 if dtype == torch.float32 else 1e-13) * float(a.abs().max())
+    for bad in (k - 3, 5):
+        b = a.clone()
+        b[bad, bad] = -1.0
+        assert _cholesky(b.to(dtype, copy=True)) is None
+
+
 def _textbook_gptq(w: torch.Tensor, h: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
     """GPTQ as its paper states it, in fp64, one column at a time: U the upper Cholesky factor of
     (H + damping)^-1, column i rounded, its error (w_i - q_i s) / U_ii taken off the later columns
@@ -226,11 +272,12 @@ def test_column_loop_gives_the_textbook_levels(n, k):
     h = x.t().double() @ x.double()
     w = torch.randn(n, k, generator=g) * 0.05
     q0, scales = quantize_weight(w)
-    perm, m = factor(h.float())
-    got = torch.ops.qbackend.gptq_round_columns(w[:, perm].contiguous(), m, scales, -128, 127, 32)
+    order, lower = factor(h.float())
+    got = torch.ops.qbackend.gptq_round_columns(w[:, order].contiguous(), lower, scales, -128, 127, 32)
+    perm = order.flip(0)  # the order GPTQ rounds in: the loop takes it reversed
     want = _textbook_gptq(w[:, perm], h[perm][:, perm], scales, -128, 127)
-    assert float((got.double() != want).double().mean()) <= 0.002
-    levels = got[:, torch.argsort(perm)]
+    assert float((got.flip(1).double() != want).double().mean()) <= 0.002
+    levels = got[:, torch.argsort(order)]
 
     def err(q):
         return float(output_error(x, w, q, scales))
