@@ -276,7 +276,7 @@ def _ordered(h: torch.Tensor, order: torch.Tensor | None, dtype: torch.dtype) ->
     """(H' as a new `dtype` tensor, H' = H with its columns and rows in `order` (as they are if None)
     and columns never seen (H_cc <= 0) given H_cc = 1; the mean of that diagonal, at least 1e-12)."""
     base = h.to(dtype)
-    base = base.clone() if order is None else base.index_select(0, order).index_select(1, order)
+    base = base.clone() if order is None else base[order[:, None], order]  # one new tensor
     diag = torch.diagonal(base)
     diag.masked_fill_(diag <= 0, 1.0)
     return base, max(float(diag.mean()), 1e-12)

@@ -20,7 +20,8 @@ def quantize_weight(weight: torch.Tensor, observer: Observer | None = None,
     if weight.device.type != "cpu":
         raise ValueError(f"{name or 'weight'}: weights must be on the CPU, got {weight.device}")
     w = weight.detach().float()
-    if not bool(torch.isfinite(w).all()):
+    lo, hi = torch.aminmax(w) if w.numel() else (w.new_zeros(()), w.new_zeros(()))  # NaN and inf propagate
+    if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
         raise ValueError(f"{name or 'weight'}: the weight has NaN or inf values")
     obs = observer if observer is not None else default_weight_observer(name)
     if obs.dtype != torch.int8 or not obs.symmetric:
@@ -39,5 +40,6 @@ def quantize_weight(weight: torch.Tensor, observer: Observer | None = None,
     if scales.numel() == 1:
         scales = scales.expand(w.shape[0]).contiguous()
     view = (-1,) + (1,) * (w.dim() - 1)
-    q = torch.clamp(torch.round(w.double() / scales.double().view(view)), qp.qmin, qp.qmax).to(torch.int8)
-    return q.contiguous(), scales
+    q = w.double()  # the levels in fp64, in place: one temporary of the weight's size
+    q.div_(scales.double().view(view)).round_().clamp_(qp.qmin, qp.qmax)
+    return q.to(torch.int8).contiguous(), scales
