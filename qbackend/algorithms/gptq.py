@@ -58,7 +58,7 @@ import math
 import torch
 from torch import nn
 
-from ..ops import gptq_ops  # noqa: F401  (registers qbackend::gptq_round_columns)
+from ..ops import conv_stats, gptq_ops  # noqa: F401  (register qbackend::im2col_column_sums, gptq_round_columns)
 from .sampling import sampled_rows
 
 MAX_FEATURES = 8192  # H at this size: 512 MB of fp64 sums, read as 256 MB of fp32
@@ -225,24 +225,10 @@ def _tap_range(offset: int, pad: int, stride: int, count: int, size: int) -> tup
 
 def _im2col_column_sums(x: torch.Tensor, conv: dict) -> torch.Tensor:
     """Per image, the sums of a conv's im2col columns over its output positions ([N, C x KH x KW]
-    float32, the order of weight.reshape(OC, -1)) without forming them: column (c, i, j) is
-    channel c of the zero-padded input at the output positions' offsets (i, j). For each kernel
-    row i the input rows its output rows read are summed once ([N, C, W]), then each kernel column
-    j sums the strided columns it reads of that: KH passes over the image instead of KH x KW, the
-    padding (zeros, adding nothing) never formed."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = conv["kernel"], conv["stride"], conv["padding"], conv["dilation"]
-    oh, ow = _output_size(x.shape[2], x.shape[3], conv)
-    sums = torch.zeros(x.shape[0], x.shape[1], kh, kw)
-    columns = [_tap_range(j * dw, pw, sw, ow, x.shape[3]) for j in range(kw)]
-    for i in range(kh):
-        a0, a1, r0 = _tap_range(i * dh, ph, sh, oh, x.shape[2])
-        if a1 == a0:
-            continue
-        rows = x[:, :, r0: r0 + (a1 - a0 - 1) * sh + 1: sh, :].sum(dim=2)
-        for j, (b0, b1, c0) in enumerate(columns):
-            if b1 > b0:
-                sums[:, :, i, j] = rows[:, :, c0: c0 + (b1 - b0 - 1) * sw + 1: sw].sum(dim=2)
-    return sums.reshape(x.shape[0], -1)
+    float32, the order of weight.reshape(OC, -1)) without forming them: the C++ op
+    qbackend::im2col_column_sums (one pass over each image plane, fp64 sums)."""
+    return torch.ops.qbackend.im2col_column_sums(x.float(), list(conv["kernel"]), list(conv["stride"]),
+                                                  list(conv["padding"]), list(conv["dilation"]))
 
 
 def _sampled_im2col(x: torch.Tensor, conv: dict) -> torch.Tensor:

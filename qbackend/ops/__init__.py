@@ -10,6 +10,7 @@ from . import inverted_residual  # noqa: F401,E402  (the fused inverted-residual
 from .attention import attention  # noqa: E402  (also registers the fused attention op's fake impl)
 from . import layer_norm  # noqa: F401,E402  (the fused LayerNorm + quantize op's fake impl)
 from . import gptq_ops  # noqa: F401,E402  (GPTQ's column loop's fake impl)
+from . import conv_stats  # noqa: F401,E402  (the conv column sums' fake impl)
 from . import woq  # noqa: F401,E402  (the weight-only Linears' fake impls)
 from . import rms_norm  # noqa: F401,E402  (the LLMs' RMSNorm's fake impl)
 from . import per_token  # noqa: F401,E402  (the per-token activation ops' fake impls)

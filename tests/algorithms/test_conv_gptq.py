@@ -227,6 +227,38 @@ def test_im2col_column_sums_are_those_of_the_unfolded_rows(kernel, stride, paddi
     torch.testing.assert_close(got.double(), cols.sum(2), rtol=0, atol=1e-4)
 
 
+def test_im2col_column_sums_edge_cases():
+    """Taps that only read the padding sum to 0, a channels-last input gives the contiguous one's
+    sums, and a NaN reaches exactly the columns whose positions read it."""
+    conv = {"kernel": (3, 3), "stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "groups": 1}
+    x = torch.randn(2, 3, 1, 1, generator=torch.Generator().manual_seed(3))
+    got = gptq._im2col_column_sums(x, conv).reshape(2, 3, 3, 3)
+    assert torch.equal(got[:, :, 1, 1], x[:, :, 0, 0]) and int((got != 0).sum()) == 6
+    x = torch.randn(2, 70, 9, 7, generator=torch.Generator().manual_seed(4))  # two channel blocks
+    want = gptq._im2col_column_sums(x, conv)
+    assert torch.equal(gptq._im2col_column_sums(x.to(memory_format=torch.channels_last), conv), want)
+    x = x[:, :4].contiguous()
+    x[1, 2, 0, 0] = float("nan")
+    got = gptq._im2col_column_sums(x, conv).reshape(2, 4, 3, 3)
+    nan = torch.zeros(2, 4, 3, 3, dtype=torch.bool)
+    nan[1, 2, :2, :2] = True  # kernel rows and columns 0 and 1 reach input (0, 0) (padding 1)
+    assert torch.equal(got.isnan(), nan)
+    empty = {"kernel": (5, 5), "stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1}
+    assert torch.equal(gptq._im2col_column_sums(torch.ones(1, 2, 3, 3), empty), torch.zeros(1, 50))
+
+
+def test_im2col_column_sums_names_bad_arguments():
+    op = torch.ops.qbackend.im2col_column_sums
+    with pytest.raises(ValueError, match="x must be 4-D"):
+        op(torch.zeros(2, 3, 4), [1, 1], [1, 1], [0, 0], [1, 1])
+    with pytest.raises(TypeError, match="x must have dtype torch.float32"):
+        op(torch.zeros(1, 1, 4, 4, dtype=torch.float64), [1, 1], [1, 1], [0, 0], [1, 1])
+    with pytest.raises(ValueError, match="stride must be >= 1"):
+        op(torch.zeros(1, 1, 4, 4), [1, 1], [0, 1], [0, 0], [1, 1])
+    with pytest.raises(ValueError, match="padding must be >= 0"):
+        op(torch.zeros(1, 1, 4, 4), [1, 1], [1, 1], [-1, 0], [1, 1])
+
+
 @pytest.mark.parametrize("kernel,stride,padding,dilation,size", [
     ((1, 1), (1, 1), (0, 0), (1, 1), (56, 56)), ((1, 1), (2, 2), (0, 0), (1, 1), (57, 55)),
     ((3, 3), (1, 1), (1, 1), (1, 1), (40, 40)), ((3, 3), (2, 2), (1, 1), (1, 1), (9, 7)),

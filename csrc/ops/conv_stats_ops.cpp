@@ -1,0 +1,134 @@
+// qbackend::im2col_column_sums(x, kernel, stride, padding, dilation) -> sums: per image, the sums
+// over a conv's output positions of each im2col column ([N, C x KH x KW] float32, the order of
+// weight.reshape(OC, -1): channel, kernel row, kernel column), without forming the im2col rows or
+// the padded input. Column (c, i, j) at output position (oh, ow) reads channel c of the
+// zero-padded input at (oh sh + i dh - ph, ow sw + j dw - pw); the padding adds nothing, so each
+// column sums the input rows its kernel row reads (accumulated per input column) over the input
+// columns its kernel column reads. One pass over each [H, W] plane (it stays in cache for its KH
+// row sums), or for a channels-last x over each image's rows, a block of channels at a time (no
+// layout copy); fp64 sums rounded once to float32, the same for either layout; NaN and inf
+// propagate to the columns that read them.
+// The statistics of GPTQ / bias correction for convs (qbackend/algorithms/gptq.py); the reference
+// is the fp64 sum of F.unfold's rows (tests/algorithms/test_conv_gptq.py).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "common/checks.h"
+
+namespace qbackend::ops {
+namespace {
+
+// The output positions [lo, hi) among `count` whose input offset - pad + o stride lies inside
+// [0, size), and the first one's input index (gptq.py's _tap_range).
+struct TapRange {
+  int64_t lo, hi, first;
+};
+
+TapRange tap_range(int64_t offset, int64_t pad, int64_t stride, int64_t count, int64_t size) {
+  const int64_t need = pad - offset;  // o stride >= need
+  int64_t lo = need <= 0 ? 0 : (need + stride - 1) / stride;
+  const int64_t last = size - 1 - offset + pad;  // o stride <= last
+  int64_t hi = last < 0 ? 0 : std::min(count, last / stride + 1);
+  lo = std::min(lo, count);
+  hi = std::max(hi, lo);
+  return {lo, hi, offset - pad + lo * stride};
+}
+
+void check_pair(at::IntArrayRef v, const char* name, int64_t min) {
+  TORCH_CHECK_VALUE(v.size() == 2, "im2col_column_sums: ", name, " must have 2 values, got ", v.size());
+  TORCH_CHECK_VALUE(v[0] >= min && v[1] >= min, "im2col_column_sums: ", name, " must be >= ", min, ", got ", v);
+}
+
+at::Tensor im2col_column_sums(const at::Tensor& x_in, at::IntArrayRef kernel, at::IntArrayRef stride,
+                              at::IntArrayRef padding, at::IntArrayRef dilation) {
+  checks::dtype(x_in, at::kFloat, "x");
+  TORCH_CHECK_VALUE(x_in.dim() == 4, "im2col_column_sums: x must be 4-D [N, C, H, W], got ", x_in.dim(), "-D");
+  check_pair(kernel, "kernel", 1);
+  check_pair(stride, "stride", 1);
+  check_pair(padding, "padding", 0);
+  check_pair(dilation, "dilation", 1);
+  const bool nhwc = !x_in.is_contiguous() && x_in.is_contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor x = nhwc ? x_in : x_in.contiguous();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t kh = kernel[0], kw = kernel[1];
+  const int64_t oh = std::max<int64_t>((h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) / stride[0] + 1, 0);
+  const int64_t ow = std::max<int64_t>((w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) / stride[1] + 1, 0);
+  at::Tensor sums = at::zeros({n, c * kh * kw}, x.options());
+  if (n * c == 0 || oh == 0 || ow == 0) return sums;
+  std::vector<TapRange> rows(kh), cols(kw);
+  for (int64_t i = 0; i < kh; ++i) rows[i] = tap_range(i * dilation[0], padding[0], stride[0], oh, h);
+  for (int64_t j = 0; j < kw; ++j) cols[j] = tap_range(j * dilation[1], padding[1], stride[1], ow, w);
+  const float* xp = x.const_data_ptr<float>();
+  float* sp = sums.mutable_data_ptr<float>();
+  const int64_t sh = stride[0], sw = stride[1];
+  if (nhwc) {  // channels last: per image and block of channels, the row sums are [W][channels]
+    constexpr int64_t kBlock = 64;
+    const int64_t blocks = (c + kBlock - 1) / kBlock;
+    at::parallel_for(0, n * blocks, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<double> acc(static_cast<size_t>(w * kBlock));
+      double s[kBlock];
+      for (int64_t task = t0; task < t1; ++task) {
+        const int64_t img = task / blocks, c0 = (task % blocks) * kBlock, cb = std::min(kBlock, c - c0);
+        const float* image = xp + img * h * w * c;
+        for (int64_t i = 0; i < kh; ++i) {
+          const TapRange& r = rows[i];
+          if (r.hi == r.lo) continue;
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (int64_t t = 0; t < r.hi - r.lo; ++t) {
+            const float* row = image + (r.first + t * sh) * w * c + c0;
+            for (int64_t q = 0; q < w; ++q)
+              for (int64_t k = 0; k < cb; ++k) acc[q * kBlock + k] += row[q * c + k];
+          }
+          for (int64_t j = 0; j < kw; ++j) {
+            const TapRange& col = cols[j];
+            std::fill(s, s + kBlock, 0.0);
+            for (int64_t t = 0; t < col.hi - col.lo; ++t) {
+              const double* a = acc.data() + (col.first + t * sw) * kBlock;
+              for (int64_t k = 0; k < cb; ++k) s[k] += a[k];
+            }
+            float* out = sp + img * c * kh * kw + c0 * kh * kw + i * kw + j;
+            for (int64_t k = 0; k < cb; ++k) out[k * kh * kw] = static_cast<float>(s[k]);
+          }
+        }
+      }
+    });
+    return sums;
+  }
+  at::parallel_for(0, n * c, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, h * w)), [&](int64_t p0, int64_t p1) {
+    std::vector<double> acc(static_cast<size_t>(w));
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* plane = xp + p * h * w;
+      float* out = sp + p * kh * kw;
+      for (int64_t i = 0; i < kh; ++i) {
+        const TapRange& r = rows[i];
+        if (r.hi == r.lo) continue;  // every position reads the padding: 0
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t t = 0; t < r.hi - r.lo; ++t) {
+          const float* row = plane + (r.first + t * sh) * w;
+          for (int64_t q = 0; q < w; ++q) acc[q] += row[q];
+        }
+        for (int64_t j = 0; j < kw; ++j) {
+          const TapRange& col = cols[j];
+          double s = 0.0;
+          for (int64_t t = 0; t < col.hi - col.lo; ++t) s += acc[col.first + t * sw];
+          out[i * kw + j] = static_cast<float>(s);
+        }
+      }
+    }
+  });
+  return sums;
+}
+
+}  // namespace
+}  // namespace qbackend::ops
+
+TORCH_LIBRARY_FRAGMENT(qbackend, m) {
+  m.def("im2col_column_sums(Tensor x, int[2] kernel, int[2] stride, int[2] padding, int[2] dilation) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(qbackend, CPU, m) { m.impl("im2col_column_sums", &qbackend::ops::im2col_column_sums); }
