@@ -34,7 +34,7 @@ inline __m256i two_chunks(const T* tile, int j, int64_t b0, int64_t row_bytes) {
 }
 
 template <int MR>
-void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st, int64_t K, int64_t G,
+void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st, const float* /*ot*/, int64_t K, int64_t G,
              float acc_out[MR][4]) {
   const int64_t nbytes = (K + 1) / 2, ng = q.ng;
   const int sh = __builtin_ctzll(uint64_t(G));
@@ -109,6 +109,7 @@ void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* tile, int
 }
 
 constexpr int kS8A8Tiles = 1;  // a tile a pass: AVX2's 16 registers hold no more
+constexpr bool kPassA8Offsets = false;  // add_group_offsets adds them
 
 #include "kernels/woq_a8_rows_impl.h"
 

@@ -1,7 +1,9 @@
 // The row and channel loops of the W4A8 and W8A8 kernels (woq_a8_kernels.h), shared by the SIMD units:
 // each defines, in its anonymous namespace, `template <int MR> void pass_a8(q, m0, tile, st, K, G, out[MR][4])`
 // (the scaled sums of rows m0 .. m0 + MR - 1 of q against the four 4-bit weight rows of a row tile, st
-// its group tile of scales: st[4 g + j] row j's scale of group g; offsets left out) and
+// its group tile of scales: st[4 g + j] row j's scale of group g; ot its group tile of offsets, whose
+// terms the pass adds where the unit sets `constexpr bool kPassA8Offsets` true, else left out for
+// add_group_offsets below) and
 // `template <int MR> void pass_s8a8(q, m0, tile, K, out[MR][4])` (against the four int8 weight rows of a
 // row tile, the channel scales left out) and `constexpr int kS8A8Tiles` (1, or the tiles of a
 // pass_s8a8_tiles, see gemv_s8a8), then includes this header there, after its QB_TARGET, so the loops
@@ -35,8 +37,8 @@ void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t
   row_passes(M, [&]<int MR>(int64_t m) {
     each_tile<MR>(n0, n1, nullptr, bias, y + m * ldy, ldy, [&](int64_t n, float out[MR][4]) {
       const int64_t gt = WeightTiles::group_tile(n, q.ng);
-      pass_a8<MR>(q, m, w + n / 4 * tile_bytes, scale + gt, K, G, out);
-      add_group_offsets<MR>(q, m, offset + gt, out);
+      pass_a8<MR>(q, m, w + n / 4 * tile_bytes, scale + gt, offset + gt, K, G, out);
+      if constexpr (!kPassA8Offsets) add_group_offsets<MR>(q, m, offset + gt, out);
     });
   });
 }
