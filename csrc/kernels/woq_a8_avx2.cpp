@@ -34,8 +34,8 @@ inline __m256i two_chunks(const T* tile, int j, int64_t b0, int64_t row_bytes) {
 }
 
 template <int MR>
-void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st, const float* /*ot*/, int64_t K, int64_t G,
-             float acc_out[MR][4]) {
+void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st, const float* ot, int64_t K,
+             int64_t G, float acc_out[MR][4]) {
   const int64_t nbytes = (K + 1) / 2, ng = q.ng;
   const int sh = __builtin_ctzll(uint64_t(G));
   const __m128i shift = _mm_cvtsi32_si128(sh);
@@ -53,6 +53,9 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const
     __m256 sv[4];
     prefetch_weights(WeightTiles::at(tile, 0, b0));
     prefetch_weights(WeightTiles::at(tile, 0, b0 + 16));
+    // the offset tile's line of this step's first group, into L1 for add_group_offsets after the
+    // pass (the weights' prefetch does not cover the offset tile)
+    _mm_prefetch(reinterpret_cast<const char*>(ot + 4 * (k0 >> sh)), _MM_HINT_T0);
     for (int j = 0; j < 4; ++j) {
       const __m256i v = two_chunks(tile, j, b0, nbytes);
       lo[j] = _mm256_and_si256(v, low);
@@ -109,7 +112,7 @@ void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* tile, int
 }
 
 constexpr int kS8A8Tiles = 1;  // a tile a pass: AVX2's 16 registers hold no more
-constexpr bool kPassA8Offsets = false;  // add_group_offsets adds them
+constexpr bool kPassA8Offsets = false;  // add_group_offsets adds them (pass_a8 prefetches them)
 
 #include "kernels/woq_a8_rows_impl.h"
 
