@@ -308,7 +308,6 @@ def lower_cholesky(h: torch.Tensor, order: torch.Tensor | None = None) -> torch.
             hd, mean = _ordered(h, order, dtype)
             torch.diagonal(hd).add_(damp * mean)
             lower = _cholesky(hd)
-            del hd
             if lower is not None and bool(torch.isfinite(torch.diagonal(lower)).all()):
                 return lower.float()
     return None
