@@ -13,12 +13,16 @@ struct Conv2dParams {
   std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
   int64_t groups = 1;
 
-  // Output spatial size for an input of H x W and a KH x KW kernel. Only meaningful once
-  // check_conv_hw has passed: C++ division truncates, so a kernel larger than the padded input
-  // would give 1 (not 0) with stride > 1.
+  // Output spatial size for an input of H x W and a KH x KW kernel: 0 along a dimension where the
+  // dilated kernel is larger than the padded input (check_conv_hw rejects that for the conv ops).
   std::array<int64_t, 2> out_hw(int64_t H, int64_t W, int64_t KH, int64_t KW) const {
-    return {(H + 2 * padding[0] - dilation[0] * (KH - 1) - 1) / stride[0] + 1,
-            (W + 2 * padding[1] - dilation[1] * (KW - 1) - 1) / stride[1] + 1};
+    return {out_size(H, KH, 0), out_size(W, KW, 1)};
+  }
+
+ private:
+  int64_t out_size(int64_t size, int64_t k, int d) const {
+    const int64_t span = size + 2 * padding[d] - dilation[d] * (k - 1) - 1;  // C++ division truncates
+    return span < 0 ? 0 : span / stride[d] + 1;
   }
 };
 

@@ -2,11 +2,7 @@
 #include <cstdint>
 
 #include "kernels/gptq_kernels.h"
-#include "cpu/targets.h"
-
-
-
-#include "kernels/gptq_rows_impl.h"  // after the target: compiled for it
+#include "kernels/gptq_rows_impl.h"  // no target: the baseline build (SSE2; no FMA to contract)
 
 namespace qbackend::kernels {
 

@@ -33,8 +33,8 @@ inline void row_sums(__m512 acc, float out[4]) {
 // int32 sums of each 8 k), then scaled per lane (weight group scale x the block's activation scale)
 // into float32. Two lines an iteration, into two accumulators. Each group's offsets (the four rows' in
 // one 128-bit vector) times the row's group sum go into a third accumulator as the pass reaches the
-// group: the offset tile is read beside the weights, not in a second pass (which took a third of the
-// time of a decode-sized call: its loads missed the cache, the weights' prefetch not covering them).
+// group, so the offset tile is read beside the weights (a separate pass over it misses the cache:
+// the weights' prefetch does not cover it).
 constexpr bool kPassA8Offsets = true;
 
 template <int MR>

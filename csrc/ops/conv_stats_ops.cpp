@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/conv_params.h"
 
 namespace qbackend::ops {
 namespace {
@@ -39,33 +40,24 @@ TapRange tap_range(int64_t offset, int64_t pad, int64_t stride, int64_t count, i
   return {lo, hi, offset - pad + lo * stride};
 }
 
-void check_pair(at::IntArrayRef v, const char* name, int64_t min) {
-  TORCH_CHECK_VALUE(v.size() == 2, "im2col_column_sums: ", name, " must have 2 values, got ", v.size());
-  TORCH_CHECK_VALUE(v[0] >= min && v[1] >= min, "im2col_column_sums: ", name, " must be >= ", min, ", got ", v);
-}
-
 at::Tensor im2col_column_sums(const at::Tensor& x_in, at::IntArrayRef kernel, at::IntArrayRef stride,
                               at::IntArrayRef padding, at::IntArrayRef dilation) {
   checks::dtype(x_in, at::kFloat, "x");
   TORCH_CHECK_VALUE(x_in.dim() == 4, "im2col_column_sums: x must be 4-D [N, C, H, W], got ", x_in.dim(), "-D");
-  check_pair(kernel, "kernel", 1);
-  check_pair(stride, "stride", 1);
-  check_pair(padding, "padding", 0);
-  check_pair(dilation, "dilation", 1);
+  const auto [kh, kw] = pair_arg(kernel, "kernel", 1);
+  const Conv2dParams p = conv2d_params(stride, padding, dilation, 1);
   const bool nhwc = !x_in.is_contiguous() && x_in.is_contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor x = nhwc ? x_in : x_in.contiguous();
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
-  const int64_t kh = kernel[0], kw = kernel[1];
-  const int64_t oh = std::max<int64_t>((h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) / stride[0] + 1, 0);
-  const int64_t ow = std::max<int64_t>((w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) / stride[1] + 1, 0);
+  const auto [oh, ow] = p.out_hw(h, w, kh, kw);
   at::Tensor sums = at::zeros({n, c * kh * kw}, x.options());
   if (n * c == 0 || oh == 0 || ow == 0) return sums;
   std::vector<TapRange> rows(kh), cols(kw);
-  for (int64_t i = 0; i < kh; ++i) rows[i] = tap_range(i * dilation[0], padding[0], stride[0], oh, h);
-  for (int64_t j = 0; j < kw; ++j) cols[j] = tap_range(j * dilation[1], padding[1], stride[1], ow, w);
+  for (int64_t i = 0; i < kh; ++i) rows[i] = tap_range(i * p.dilation[0], p.padding[0], p.stride[0], oh, h);
+  for (int64_t j = 0; j < kw; ++j) cols[j] = tap_range(j * p.dilation[1], p.padding[1], p.stride[1], ow, w);
   const float* xp = x.const_data_ptr<float>();
   float* sp = sums.mutable_data_ptr<float>();
-  const int64_t sh = stride[0], sw = stride[1];
+  const int64_t sh = p.stride[0], sw = p.stride[1];
   if (nhwc) {  // channels last: per image and block of channels, the row sums are [W][channels]
     constexpr int64_t kBlock = 64;
     const int64_t blocks = (c + kBlock - 1) / kBlock;
