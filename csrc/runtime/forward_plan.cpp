@@ -21,7 +21,8 @@
 // each input's dtype, sizes and strides, and the grad mode), it checks a call's positional
 // arguments against it in C++ (plain CPU tensors, nothing requiring grad with grad mode on, no
 // tracer, no CPU autocast, no dispatch mode: what nn/forward_plan.py's `signature` and
-// `plans_apply` check) and replays, or returns None for the caller's full path.
+// `plans_apply` check) and that the dicts given to `expect_empty` (the hook tables of the modules
+// the plan stands for) are empty, and replays, or returns None for the caller's full path.
 #include "runtime/forward_plan.h"
 
 #include <ATen/autocast_mode.h>
@@ -30,6 +31,9 @@
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/SmallVector.h>
+#include <structmember.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -167,25 +171,43 @@ class ForwardPlan {
     has_expected_ = true;
   }
 
-  // The outputs' tensors where `args` match expect_inputs's signature and the replay completes;
-  // None otherwise (the caller runs its full path). Holds the GIL only while checking.
+  // run_if_matches returns None while any of these dicts is not empty.
+  void expect_empty(const std::vector<py::object>& dicts) {
+    for (const py::object& d : dicts)
+      TORCH_CHECK_TYPE(PyDict_Check(d.ptr()), "expect_empty takes dicts, got ", Py_TYPE(d.ptr())->tp_name);
+    empty_dicts_ = dicts;
+  }
+
+  // The outputs' tensors where `args` match expect_inputs's signature, every expect_empty dict is
+  // empty and the replay completes; None otherwise (the caller runs its full path). Holds the GIL
+  // only while checking.
   py::object run_if_matches(const py::tuple& args) const {
-    if (!has_expected_ || static_cast<int64_t>(args.size()) != num_inputs_) return py::none();
+    PyObject* out = match_and_run(args.empty() ? nullptr : &PyTuple_GET_ITEM(args.ptr(), 0),
+                                  static_cast<size_t>(args.size()));
+    if (!out) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(out);
+  }
+
+  // run_if_matches over a C array of arguments: a new reference to the outputs' list or to None, or
+  // nullptr with a Python error set (the GIL held on entry and on return).
+  PyObject* match_and_run(PyObject* const* args, size_t nargs) const {
+    if (!has_expected_ || static_cast<int64_t>(nargs) != num_inputs_) Py_RETURN_NONE;
+    for (const py::object& d : empty_dicts_)
+      if (PyDict_GET_SIZE(d.ptr()) != 0) Py_RETURN_NONE;
     const bool grad = at::GradMode::is_enabled();
     if (grad != expected_grad_ || torch::jit::tracer::isTracing() ||
         at::autocast::is_autocast_enabled(at::kCPU) || c10::impl::TorchDispatchModeTLS::any_modes_set())
-      return py::none();
-    std::vector<at::Tensor> inputs;
-    inputs.reserve(expected_.size());
+      Py_RETURN_NONE;
+    c10::SmallVector<at::Tensor, 8> inputs;  // on the stack: a call runs with the caches cold
     for (size_t i = 0; i < expected_.size(); ++i) {
-      PyObject* obj = args[i].ptr();
-      if (!THPVariable_CheckExact(obj)) return py::none();
+      PyObject* obj = args[i];
+      if (!THPVariable_CheckExact(obj)) Py_RETURN_NONE;
       const at::Tensor& t = THPVariable_Unpack(obj);
       const InputMeta& m = expected_[i];
       if (!t.defined() || t.layout() != at::kStrided || !t.device().is_cpu() || t.scalar_type() != m.dtype ||
           t.sizes() != c10::IntArrayRef(m.sizes) || t.strides() != c10::IntArrayRef(m.strides) ||
           (grad && t.requires_grad()))
-        return py::none();
+        Py_RETURN_NONE;
       inputs.push_back(t);
     }
     std::optional<std::vector<at::Tensor>> out;
@@ -193,10 +215,18 @@ class ForwardPlan {
       py::gil_scoped_release release;
       out = replay(inputs, nullptr);
     }
-    if (!out) return py::none();
-    py::list result(out->size());
-    for (size_t i = 0; i < out->size(); ++i) result[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap((*out)[i]));
-    return std::move(result);
+    if (!out) Py_RETURN_NONE;
+    PyObject* result = PyList_New(static_cast<Py_ssize_t>(out->size()));
+    if (!result) return nullptr;
+    for (size_t i = 0; i < out->size(); ++i) {
+      PyObject* t = THPVariable_Wrap((*out)[i]);
+      if (!t) {
+        Py_DECREF(result);
+        return nullptr;
+      }
+      PyList_SET_ITEM(result, static_cast<Py_ssize_t>(i), t);
+    }
+    return result;
   }
 
   std::vector<std::string> step_names() const {
@@ -213,11 +243,11 @@ class ForwardPlan {
 
  private:
   // step_ns: nullptr, or steps_.size() + 1 entries for the steps' times and the total.
-  std::optional<std::vector<at::Tensor>> replay(const std::vector<at::Tensor>& inputs, int64_t* step_ns) const {
+  std::optional<std::vector<at::Tensor>> replay(c10::ArrayRef<at::Tensor> inputs, int64_t* step_ns) const {
     TORCH_CHECK_VALUE(static_cast<int64_t>(inputs.size()) == num_inputs_, "the plan takes ", num_inputs_,
                       " tensors, got ", inputs.size());
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    std::vector<c10::IValue> slots(static_cast<size_t>(num_slots_));
+    c10::SmallVector<c10::IValue, 64> slots(static_cast<size_t>(num_slots_));
     for (size_t i = 0; i < inputs.size(); ++i) slots[i] = inputs[i];
     torch::jit::Stack stack;
     using clock = std::chrono::steady_clock;
@@ -288,14 +318,73 @@ class ForwardPlan {
   std::vector<InputMeta> expected_;
   bool expected_grad_ = false;
   bool has_expected_ = false;
+  std::vector<py::object> empty_dicts_;
   mutable std::atomic<int64_t> last_replay_ns_{0};
   std::vector<Step> steps_;
   std::vector<int64_t> outputs_;
 };
 
+// ForwardPlanEntry: a ForwardPlan's run_if_matches as a plain CPython callable (vectorcall), called
+// as `entry(*args)`. The eager fast path calls it right after the previous forward's kernels, with
+// the caches cold, where pybind11's argument and return handling around a method cost several
+// microseconds; this entry has none of it. It holds a reference to the ForwardPlan object.
+struct EntryObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  const ForwardPlan* plan;
+  PyObject* owner;  // the Python ForwardPlan that `plan` belongs to
+};
+
+PyTypeObject* entry_type = nullptr;
+
+PyObject* entry_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  HANDLE_TH_ERRORS
+  if (kwnames && PyTuple_GET_SIZE(kwnames) != 0) {
+    PyErr_SetString(PyExc_TypeError, "a forward plan's entry takes positional tensors only");
+    return nullptr;
+  }
+  return reinterpret_cast<EntryObject*>(self)->plan->match_and_run(args, PyVectorcall_NARGS(nargsf));
+  END_HANDLE_TH_ERRORS
+}
+
+void entry_dealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  Py_XDECREF(reinterpret_cast<EntryObject*>(self)->owner);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyMemberDef entry_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(EntryObject, vectorcall), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot entry_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(entry_dealloc)},
+    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+    {Py_tp_members, entry_members},
+    {Py_tp_doc, const_cast<char*>("a forward plan's run_if_matches as a plain callable: entry(*tensors)")},
+    {0, nullptr}};
+
+PyType_Spec entry_spec = {"qbackend._C.ForwardPlanEntry", sizeof(EntryObject), 0,
+                          Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, entry_slots};
+
+py::object make_entry(const py::object& owner) {
+  const ForwardPlan& plan = owner.cast<const ForwardPlan&>();
+  PyObject* obj = entry_type->tp_alloc(entry_type, 0);
+  if (!obj) throw py::error_already_set();
+  auto* e = reinterpret_cast<EntryObject*>(obj);
+  e->vectorcall = entry_call;
+  e->plan = &plan;
+  e->owner = owner.ptr();
+  Py_INCREF(e->owner);
+  return py::reinterpret_steal<py::object>(obj);
+}
+
 }  // namespace
 
 void register_forward_plan(py::module_& m) {
+  entry_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&entry_spec));
+  if (!entry_type) throw py::error_already_set();
   py::class_<ForwardPlan>(m, "ForwardPlan", "a recorded op sequence that replays a forward (forward_plan.cpp)")
       .def(py::init<int64_t>(), py::arg("num_inputs"))
       .def("add_step", &ForwardPlan::add_step, py::arg("qualified_name"), py::arg("overload"),
@@ -304,8 +393,13 @@ void register_forward_plan(py::module_& m) {
       .def("run", &ForwardPlan::run, py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
            "the outputs' tensors, or None where a step's output sizes differ from the recording")
       .def("expect_inputs", &ForwardPlan::expect_inputs, py::arg("inputs"), py::arg("grad_mode"))
+      .def("expect_empty", &ForwardPlan::expect_empty, py::arg("dicts"),
+           "dicts that run_if_matches expects empty (it returns None while one is not)")
+      .def("entry", &make_entry,
+           "run_if_matches as a plain callable, entry(*tensors), without pybind11's call overhead")
       .def("run_if_matches", &ForwardPlan::run_if_matches, py::arg("args"),
-           "the outputs where args match expect_inputs's signature and the replay completes, else None")
+           "the outputs where args match expect_inputs's signature, the expect_empty dicts are empty and "
+           "the replay completes, else None")
       .def("run_timed", &ForwardPlan::run_timed, py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
            "(run's result, each step's wall time in ns followed by the whole replay's)")
       .def_property_readonly("step_names", &ForwardPlan::step_names)

@@ -13,17 +13,17 @@ from __future__ import annotations
 import itertools
 
 _counter = itertools.count(1)
-_current = [0]
+CURRENT = [0]  # CURRENT[0] is the generation now: read it where a call to current() costs too much
 
 
 def current() -> int:
     """The generation now."""
-    return _current[0]
+    return CURRENT[0]
 
 
 def bump() -> None:
     """Invalidate every recorded plan."""
-    _current[0] = next(_counter)
+    CURRENT[0] = next(_counter)
 
 
 class Tracked:

@@ -251,6 +251,7 @@ class Plan:
     step_names: list[str]   # the op of each step, in order
     step_modules: list      # per step: the qualified name of the innermost submodule that ran it, or None
     fast: bool = False      # recorded from tensors only: `native.run_if_matches` checks a call's inputs
+    entry: object = None    # where fast: native.run_if_matches as a plain callable, entry(*tensors)
 
     def __post_init__(self):
         # the graph's flat outputs are the plan's outputs as they are (no constants, no reordering)
@@ -296,6 +297,7 @@ class ForwardPlans:
     hook_tables: tuple = ()                         # the forward-hook dicts of gm and every module in it
     lock: threading.Lock = field(default_factory=threading.Lock)
     last: Plan | None = None                        # the plan the last call ran, where it is `fast`
+    owner_tables: tuple = ()                        # the hook dicts of the module whose forward calls gm
 
     def clear(self) -> None:
         with self.lock:
@@ -306,14 +308,28 @@ class ForwardPlans:
 
     def fast(self, gm: torch.nn.Module, args) -> list | None:
         """gm's flat outputs through the last call's plan where `args` (gm's flat inputs, all tensors)
-        have that plan's signature and nothing else stands in the way (__call__'s checks, those on
-        the inputs and modes in C++); None otherwise: the caller takes the full path."""
+        have that plan's signature and nothing else stands in the way (__call__'s checks: those here,
+        and in C++ those on the inputs, the modes and the hook tables, which the plan was told to
+        expect empty when it was recorded); None otherwise: the caller takes the full path.
+
+        It runs right after the previous forward's kernels with the caches cold, where each Python
+        call and each object touched costs: so the generation and the compile flag are read as
+        values (`torch.compiler.is_compiling()` returns that flag outside TorchScript), and the
+        hook tables are checked in C++."""
         plan = self.last
-        if plan is None or self.generation != generation.current() or self.forward is not type(gm).forward \
-                or any(self.hook_tables) or _torch_module._global_forward_hooks \
-                or _torch_module._global_forward_pre_hooks or torch.compiler.is_compiling():
+        if plan is None or self.generation != generation.CURRENT[0] or self.forward is not type(gm).forward \
+                or torch.compiler._is_compiling_flag:
             return None
-        return plan.outputs(plan.native.run_if_matches(args))
+        got = plan.entry(*args)
+        return got if got is None or plan.outputs_in_order else plan.outputs(got)
+
+    def _watched_tables(self) -> list:
+        """The hook tables a fast replay expects empty: every module's in the graph, the global ones (a
+        replay calls no module, so it would skip their hooks) and the owner's (whose __call__ the fast
+        path skips)."""
+        return [*self.hook_tables, *self.owner_tables, _torch_module._global_forward_hooks,
+                _torch_module._global_forward_pre_hooks, _torch_module._global_backward_hooks,
+                _torch_module._global_backward_pre_hooks]
 
     def __call__(self, gm: torch.nn.Module, args: list):
         """gm's flat outputs for `args` through a plan, or None where none applies: the caller runs gm.
@@ -356,6 +372,8 @@ class ForwardPlans:
                 plan = recorder.build(list(out))
                 if all(isinstance(a, torch.Tensor) for a in args):
                     plan.native.expect_inputs(list(args), key[0])
+                    plan.native.expect_empty(self._watched_tables())
+                    plan.entry = plan.native.entry()
                     plan.fast = True
             except (RuntimeError, ValueError, TypeError) as e:  # an argument the native plan cannot hold
                 why = f"not recordable: {e}"

@@ -79,8 +79,12 @@ class QuantizedModel(nn.Module):
         self._positional = _positional_count(in_spec)
         self._input_signature = input_signature
         self.forward_plans = bool(forward_plans)
-        self._plans = ForwardPlans()
+        self._plans = self._new_plans()
         generation.install_module_hooks()
+
+    def _new_plans(self) -> ForwardPlans:
+        return ForwardPlans(owner_tables=(self._forward_hooks, self._forward_pre_hooks, self._backward_hooks,
+                                          self._backward_pre_hooks))
 
     @property
     def graph_module(self):
@@ -93,12 +97,26 @@ class QuantizedModel(nn.Module):
             raise KeyError(f"no quantized layer {name!r}; layers: {', '.join(self.qbackend_layers)}")
         return self.inner.get_submodule(self.qbackend_layers[name].module)
 
+    def __call__(self, *args, **kwargs):
+        """nn.Module.__call__, with the last call's forward plan tried first (ForwardPlans.fast) where
+        __call__ would only call forward: positional inputs as captured, plans on, not compiled, forward
+        not replaced, and (checked in C++) no hook on this model or globally. A call runs right after
+        the previous forward's kernels, with the caches cold, where each Python frame costs
+        microseconds: this skips those of nn.Module.__call__ and forward (benchmarks/results/xeon_amx/
+        forward_overhead.md)."""
+        if not kwargs and len(args) == self._positional and self.forward_plans and self._compiled_call_impl is None \
+                and type(self) is QuantizedModel and "forward" not in self.__dict__:
+            out = self._plans.fast(self._modules["inner"], args)
+            if out is not None:
+                return out[0] if self._single_output else pytree.tree_unflatten(out, self._out_spec)
+        return super().__call__(*args, **kwargs)
+
     def forward(self, *args, **kwargs):
         if self._in_spec is None:
             return self.inner(*args, **kwargs)
         if not kwargs and len(args) == self._positional and self.forward_plans:
             out = self._plans.fast(self._modules["inner"], args)  # the last call's plan's inputs: no Python checks
-            if out is not None:  # runs right after the kernels, its caches cold: as little Python as can be
+            if out is not None:
                 return out[0] if self._single_output else pytree.tree_unflatten(out, self._out_spec)
         if kwargs or len(args) != self._positional:
             args = self._flatten(args, kwargs)
@@ -187,7 +205,7 @@ class QuantizedModel(nn.Module):
         self.__dict__.setdefault("_arg_names", [])  # models saved before it existed
         self.__dict__.setdefault("_input_signature", None)  # saved without one: not checked
         self.__dict__.setdefault("forward_plans", True)
-        self._plans = ForwardPlans()
+        self._plans = self._new_plans()
         generation.install_module_hooks()
         self._positional = _positional_count(self._in_spec)
         self._single_output = self._out_spec is not None and self._out_spec.is_leaf()

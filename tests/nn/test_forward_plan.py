@@ -416,3 +416,106 @@ def test_steps_know_their_modules():
     summary = " ".join(q.forward_plan_summary())
     assert "3 of 3 layers (conv1, conv2, fc)" in summary and "between them quantize_per_tensor" in summary, summary
     assert "3 of 3 layers" in qbackend.explain(q).to_markdown()
+
+
+class _EntryCalls:
+    """Counts the calls of the last plan's native entry that replayed (QuantizedModel.__call__'s and
+    forward's fast path)."""
+
+    def __init__(self, q):
+        self.plan, self.n = q._plans.last, 0
+        assert self.plan is not None and self.plan.entry is not None
+
+    def __enter__(self):
+        entry = self._entry = self.plan.entry
+
+        def counting(*args):
+            out = entry(*args)
+            self.n += out is not None
+            return out
+
+        self.plan.entry = counting
+        return self
+
+    def __exit__(self, *exc):
+        self.plan.entry = self._entry
+
+
+def test_model_call_replays_only_where_module_call_would_only_call_forward():
+    """QuantizedModel.__call__ replays the last plan without nn.Module.__call__, but a hook on the
+    model (forward, pre-forward, backward), a global hook, a forward set on the instance, a compiled
+    call and a call while compiling all get what nn.Module.__call__ gives them."""
+    case, q = _converted_model("digits_cnn")
+    x = _inputs(case, "digits_cnn", 2)
+    module = torch.nn.modules.module
+    with torch.no_grad():
+        q._plans.clear()
+        ref = [q(*x) for _ in range(3)][-1]
+        with _EntryCalls(q) as entry:
+            _assert_same(ref, q(*x))
+        assert entry.n == 1
+
+        seen = []
+        hooks = [(lambda: q.register_forward_pre_hook(lambda m, i: seen.append("pre")), "pre"),
+                 (lambda: q.register_forward_hook(lambda m, i, o: seen.append("post")), "post"),
+                 (lambda: q.register_full_backward_hook(lambda m, gi, go: None), None),
+                 (lambda: module.register_module_forward_hook(lambda m, i, o: seen.append(type(m).__name__)),
+                  "QuantizedModel"),
+                 (lambda: module.register_module_full_backward_hook(lambda m, gi, go: None), None)]
+        for register, expected in hooks:
+            seen.clear()
+            handle = register()
+            try:
+                with _EntryCalls(q) as entry:
+                    _assert_same(ref, q(*x))
+            finally:
+                handle.remove()
+            assert entry.n == 0, expected
+            assert (expected in seen) if expected else not seen
+        with _EntryCalls(q) as entry:
+            q(*x)
+        assert entry.n == 1
+
+        calls = []
+        forward = q.forward
+        q.forward = lambda *a: calls.append("forward") or forward(*a)
+        try:
+            _assert_same(ref, q(*x))
+        finally:
+            del q.forward
+        q._compiled_call_impl = lambda *a: calls.append("compiled") or q._call_impl(*a)
+        try:
+            _assert_same(ref, q(*x))
+        finally:
+            q._compiled_call_impl = None
+        assert calls == ["forward", "compiled"]
+
+        flag = torch.compiler._is_compiling_flag  # what torch.compiler.is_compiling() returns
+        torch.compiler._is_compiling_flag = True
+        try:
+            with _EntryCalls(q) as entry:
+                _assert_same(ref, q(*x))
+        finally:
+            torch.compiler._is_compiling_flag = flag
+        assert entry.n == 0
+        with _EntryCalls(q) as entry:
+            _assert_same(ref, q(*x))
+        assert entry.n == 1  # nothing left behind: replays again
+
+
+def test_plan_entry_checks_its_arguments():
+    """The native entry replays the recorded signature only: other counts or types of arguments get
+    None (the caller's full path), keywords a TypeError."""
+    case, q = _converted_model("digits_cnn")
+    x = _inputs(case, "digits_cnn", 2)
+    with torch.no_grad():
+        q._plans.clear()
+        ref = [q(*x) for _ in range(3)][-1]
+        entry = q._plans.last.entry
+        out = entry(*x)
+        assert isinstance(out, list) and len(out) == 1
+        _assert_same(ref, out[0])
+        assert entry() is None and entry(*x, x[0]) is None and entry(1.0) is None
+        assert entry(x[0].double()) is None and entry(x[0][:1]) is None
+        with pytest.raises(TypeError, match="positional"):
+            entry(x=x[0])
