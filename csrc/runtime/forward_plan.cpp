@@ -147,7 +147,7 @@ class ForwardPlan {
 
   // The outputs' tensors, or nullopt where a step's output sizes differ from the recording.
   std::optional<std::vector<at::Tensor>> run(const std::vector<at::Tensor>& inputs) const {
-    return replay(inputs, nullptr);
+    return as_vector(replay(inputs, nullptr));
   }
 
   // run(), with each step's wall time in ns (the step's dispatcher call and its output checks; the
@@ -155,7 +155,7 @@ class ForwardPlan {
   std::pair<std::optional<std::vector<at::Tensor>>, std::vector<int64_t>> run_timed(
       const std::vector<at::Tensor>& inputs) const {
     std::vector<int64_t> ns(steps_.size() + 1, 0);
-    auto out = replay(inputs, ns.data());
+    auto out = as_vector(replay(inputs, ns.data()));
     return {std::move(out), std::move(ns)};
   }
 
@@ -210,7 +210,7 @@ class ForwardPlan {
         Py_RETURN_NONE;
       inputs.push_back(t);
     }
-    std::optional<std::vector<at::Tensor>> out;
+    std::optional<Outputs> out;
     {
       py::gil_scoped_release release;
       out = replay(inputs, nullptr);
@@ -243,7 +243,15 @@ class ForwardPlan {
 
  private:
   // step_ns: nullptr, or steps_.size() + 1 entries for the steps' times and the total.
-  std::optional<std::vector<at::Tensor>> replay(c10::ArrayRef<at::Tensor> inputs, int64_t* step_ns) const {
+  // A replay's outputs, on the stack where they are few: the eager fast path runs with the caches cold.
+  using Outputs = c10::SmallVector<at::Tensor, 4>;
+
+  static std::optional<std::vector<at::Tensor>> as_vector(std::optional<Outputs> out) {
+    if (!out) return std::nullopt;
+    return std::vector<at::Tensor>(std::make_move_iterator(out->begin()), std::make_move_iterator(out->end()));
+  }
+
+  std::optional<Outputs> replay(c10::ArrayRef<at::Tensor> inputs, int64_t* step_ns) const {
     TORCH_CHECK_VALUE(static_cast<int64_t>(inputs.size()) == num_inputs_, "the plan takes ", num_inputs_,
                       " tensors, got ", inputs.size());
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -279,8 +287,7 @@ class ForwardPlan {
         last = now;
       }
     }
-    std::vector<at::Tensor> out;
-    out.reserve(outputs_.size());
+    Outputs out;
     for (int64_t s : outputs_) out.push_back(slots[static_cast<size_t>(s)].toTensor());
     const int64_t total = std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count();
     last_replay_ns_.store(total, std::memory_order_relaxed);

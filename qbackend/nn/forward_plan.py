@@ -41,6 +41,11 @@ from ..core.extension import _C
 
 aten = torch.ops.aten
 
+# What ForwardPlans.fast reads, bound here: a lookup in torch's module dict costs a microsecond or
+# more with the caches cold. torch.compiler.is_compiling() returns the flag outside TorchScript.
+_compiler = torch.compiler
+_GENERATION = generation.CURRENT
+
 MAX_PLANS = 8  # signatures kept per model (least recently used dropped)
 
 # Ops that return only metadata of a tensor: for one input signature their results are constants.
@@ -294,6 +299,7 @@ class ForwardPlans:
     seen: OrderedDict = field(default_factory=OrderedDict)     # signatures called once
     generation: int = -1
     forward: object = None                          # the graph's forward the plans were recorded from
+    graph_class: type = None                        # the graph module's class, whose forward that is
     hook_tables: tuple = ()                         # the forward-hook dicts of gm and every module in it
     lock: threading.Lock = field(default_factory=threading.Lock)
     last: Plan | None = None                        # the plan the last call ran, where it is `fast`
@@ -314,11 +320,10 @@ class ForwardPlans:
 
         It runs right after the previous forward's kernels with the caches cold, where each Python
         call and each object touched costs: so the generation and the compile flag are read as
-        values (`torch.compiler.is_compiling()` returns that flag outside TorchScript), and the
-        hook tables are checked in C++."""
+        values, and the hook tables are checked in C++."""
         plan = self.last
-        if plan is None or self.generation != generation.CURRENT[0] or self.forward is not type(gm).forward \
-                or torch.compiler._is_compiling_flag:
+        if plan is None or self.generation != _GENERATION[0] or self.forward is not self.graph_class.forward \
+                or _compiler._is_compiling_flag:
             return None
         got = plan.entry(*args)
         return got if got is None or plan.outputs_in_order else plan.outputs(got)
@@ -339,7 +344,7 @@ class ForwardPlans:
             return None
         if self.generation != generation.current() or self.forward is not type(gm).forward:
             self.clear()
-            self.generation, self.forward = generation.current(), type(gm).forward
+            self.generation, self.graph_class, self.forward = generation.current(), type(gm), type(gm).forward
             self.hook_tables = tuple(d for m in gm.modules() for d in (m._forward_pre_hooks, m._forward_hooks))
         if any(self.hook_tables) or _torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks:
             return None

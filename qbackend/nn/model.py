@@ -59,6 +59,9 @@ def _positional_count(in_spec) -> int:
     return args_spec.num_children
 
 
+_CALL_STATE = frozenset({"forward", "forward_plans", "_compiled_call_impl"})  # what _plain_call reads
+
+
 class QuantizedModel(nn.Module):
     """What qbackend.convert returns: the int8 model, with its layer and activation records."""
 
@@ -99,17 +102,34 @@ class QuantizedModel(nn.Module):
 
     def __call__(self, *args, **kwargs):
         """nn.Module.__call__, with the last call's forward plan tried first (ForwardPlans.fast) where
-        __call__ would only call forward: positional inputs as captured, plans on, not compiled, forward
-        not replaced, and (checked in C++) no hook on this model or globally. A call runs right after
-        the previous forward's kernels, with the caches cold, where each Python frame costs
-        microseconds: this skips those of nn.Module.__call__ and forward (benchmarks/results/xeon_amx/
-        forward_overhead.md)."""
-        if not kwargs and len(args) == self._positional and self.forward_plans and self._compiled_call_impl is None \
-                and type(self) is QuantizedModel and "forward" not in self.__dict__:
+        __call__ would only call forward (`_plain_call`: plans on, not compiled, forward not replaced;
+        and, checked in C++, no hook on this model or globally) and the inputs are positional as
+        captured. A call runs right after the previous forward's kernels, with the caches cold, where
+        each Python frame and lookup costs up to microseconds: this skips the frames of
+        nn.Module.__call__ and forward (benchmarks/results/xeon_amx/forward_overhead.md)."""
+        if self._plain_call and not kwargs and len(args) == self._positional:
             out = self._plans.fast(self._modules["inner"], args)
             if out is not None:
                 return out[0] if self._single_output else pytree.tree_unflatten(out, self._out_spec)
         return super().__call__(*args, **kwargs)
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name in _CALL_STATE:
+            self._update_plain_call()
+
+    def __delattr__(self, name):
+        super().__delattr__(name)
+        if name in _CALL_STATE:
+            self._update_plain_call()
+
+    def _update_plain_call(self) -> None:
+        """`_plain_call`: whether nn.Module.__call__ would only call QuantizedModel.forward, hooks
+        aside (plans on, not compiled, no forward set on the instance, not a subclass); kept current
+        by every assignment of the attributes it reads (`_CALL_STATE`)."""
+        state = self.__dict__
+        state["_plain_call"] = bool(state.get("forward_plans")) and self._compiled_call_impl is None \
+            and "forward" not in state and type(self) is QuantizedModel
 
     def forward(self, *args, **kwargs):
         if self._in_spec is None:
@@ -182,6 +202,7 @@ class QuantizedModel(nn.Module):
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_plans", None)  # derived: a loaded model records its own
+        state.pop("_plain_call", None)  # derived
         state["qbackend_layers"] = {k: r.to_dict() for k, r in self.qbackend_layers.items()}
         state["qbackend_activations"] = {k: r.to_dict() for k, r in self.qbackend_activations.items()}
         for key in ("_in_spec", "_out_spec"):
@@ -209,6 +230,7 @@ class QuantizedModel(nn.Module):
         generation.install_module_hooks()
         self._positional = _positional_count(self._in_spec)
         self._single_output = self._out_spec is not None and self._out_spec.is_leaf()
+        self._update_plain_call()
 
     def extra_repr(self) -> str:
         kinds = {}
