@@ -261,8 +261,7 @@ def _sampled_im2col(x: torch.Tensor, conv: dict) -> torch.Tensor:
 def _ordered(h: torch.Tensor, order: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
     """(H' as a new `dtype` tensor, H' = H with its columns and rows in `order` (as they are if None)
     and columns never seen (H_cc <= 0) given H_cc = 1; the mean of that diagonal, at least 1e-12)."""
-    base = h.to(dtype)
-    base = base.clone() if order is None else base[order[:, None], order]  # one new tensor
+    base = h.to(dtype, copy=True) if order is None else torch.ops.qbackend.ordered_square(h, order, dtype)
     diag = torch.diagonal(base)
     diag.masked_fill_(diag <= 0, 1.0)
     return base, max(float(diag.mean()), 1e-12)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..observers import Observer, PerChannelMinMaxObserver
+from ..ops import weight_rows  # noqa: F401  (registers qbackend::quantize_weight_rows)
 
 
 def default_weight_observer(name: str | None = None) -> Observer:
@@ -39,7 +40,5 @@ def quantize_weight(weight: torch.Tensor, observer: Observer | None = None,
     scales = torch.as_tensor(qp.scale, dtype=torch.float32).reshape(-1)
     if scales.numel() == 1:
         scales = scales.expand(w.shape[0]).contiguous()
-    view = (-1,) + (1,) * (w.dim() - 1)
-    q = w.double()  # the levels in fp64, in place: one temporary of the weight's size
-    q.div_(scales.double().view(view)).round_().clamp_(qp.qmin, qp.qmax)
-    return q.to(torch.int8).contiguous(), scales
+    # the levels, w / s rounded in fp64 (one pass in C++; reference.quantize_weight_rows)
+    return torch.ops.qbackend.quantize_weight_rows(w, scales, int(qp.qmin), int(qp.qmax)), scales

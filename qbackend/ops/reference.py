@@ -195,3 +195,11 @@ def row_keys(rows: torch.Tensor, multipliers: torch.Tensor) -> torch.Tensor:
     h = h ^ _shr(h, 33)
     h = h * _FMIX64[1]
     return h ^ _shr(h, 33)
+
+
+def quantize_weight_rows(w: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """The int8 levels of a float32 weight [N, ...] with float32 scales [N] (one per output channel):
+    clamp(round_half_even(w / s), qmin, qmax), the division in float64 (qbackend::quantize_weight_rows)."""
+    view = (-1,) + (1,) * (w.dim() - 1)
+    q = w.double() / scales.double().reshape(view)
+    return q.round().clamp(qmin, qmax).to(torch.int8)

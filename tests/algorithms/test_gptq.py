@@ -284,3 +284,34 @@ def test_column_loop_gives_the_textbook_levels(n, k):
 
     assert err(levels) == pytest.approx(err(want[:, torch.argsort(perm)]), rel=1e-3)
     assert err(levels) < err(q0)
+
+
+@pytest.mark.parametrize("k", [1, 5, 130, 600])
+@pytest.mark.parametrize("src, dst", [(torch.float64, torch.float32), (torch.float64, torch.float64),
+                                      (torch.float32, torch.float32), (torch.float32, torch.float64)])
+def test_ordered_square_is_the_indexed_matrix(k, src, dst):
+    """qbackend::ordered_square: h[order[:, None], order] in `dtype`, bit for bit, for any order
+    (repeats too) and a non-contiguous h."""
+    g = torch.Generator().manual_seed(k)
+    h = torch.randn(k, k, generator=g, dtype=torch.float64).to(src)
+    for order in (torch.randperm(k, generator=g), torch.randint(0, k, (k,), generator=g)):
+        got = torch.ops.qbackend.ordered_square(h, order, dst)
+        assert got.dtype == dst and got.is_contiguous()
+        assert torch.equal(got, h[order[:, None], order].to(dst))
+    ht = h.t()
+    order = torch.randperm(k, generator=g)
+    assert torch.equal(torch.ops.qbackend.ordered_square(ht, order, dst), ht[order[:, None], order].to(dst))
+
+
+@pytest.mark.parametrize("h, order, dtype, exc, pattern", [
+    (torch.ones(3, 4), torch.arange(3), torch.float32, ValueError, "h must be square"),
+    (torch.ones(3, 3), torch.arange(2), torch.float32, ValueError, "order must be 1-D of length K = 3"),
+    (torch.ones(3, 3), torch.tensor([0, 3, 1]), torch.float32, ValueError, r"indices in \[0, 3\), got 3 at 1"),
+    (torch.ones(3, 3), torch.tensor([0, -1, 1]), torch.float32, ValueError, "got -1"),
+    (torch.ones(3, 3), torch.arange(3).int(), torch.float32, TypeError, "order must have dtype torch.int64"),
+    (torch.ones(3, 3).half(), torch.arange(3), torch.float32, TypeError, "h must have dtype"),
+    (torch.ones(3, 3), torch.arange(3), torch.int32, TypeError, "dtype must be"),
+])
+def test_ordered_square_bad_arguments(h, order, dtype, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        torch.ops.qbackend.ordered_square(h, order, dtype)
