@@ -21,8 +21,11 @@
 // each input's dtype, sizes and strides, and the grad mode), it checks a call's positional
 // arguments against it in C++ (plain CPU tensors, nothing requiring grad with grad mode on, no
 // tracer, no CPU autocast, no dispatch mode: what nn/forward_plan.py's `signature` and
-// `plans_apply` check) and that the dicts given to `expect_empty` (the hook tables of the modules
-// the plan stands for) are empty, and replays, or returns None for the caller's full path.
+// `plans_apply` check), that the dicts given to `expect_empty` (the hook tables of the modules
+// the plan stands for) are empty and that the values given to `expect_same` are still the objects
+// they were (the model's generation, the graph's forward, the compile flag), and replays, or returns
+// None for the caller's full path. Those checks in C++ cost less than in Python on the eager fast
+// path, which runs right after the previous forward's kernels with the caches cold.
 #include "runtime/forward_plan.h"
 
 #include <ATen/autocast_mode.h>
@@ -178,6 +181,20 @@ class ForwardPlan {
     empty_dicts_ = dicts;
   }
 
+  // run_if_matches returns None unless `obj.<name>` (a str key) or `obj[<key>]` (an int key, obj a
+  // list) is `value`, the same object. Each call adds one expectation.
+  void expect_same(const py::object& obj, const py::object& key, const py::object& value) {
+    if (py::isinstance<py::int_>(key)) {
+      TORCH_CHECK_TYPE(PyList_Check(obj.ptr()), "expect_same with an int key takes a list, got ",
+                       Py_TYPE(obj.ptr())->tp_name);
+      const Py_ssize_t i = key.cast<Py_ssize_t>();
+      TORCH_CHECK_VALUE(i >= 0 && i < PyList_GET_SIZE(obj.ptr()), "expect_same: index ", i, " out of range");
+    } else {
+      TORCH_CHECK_TYPE(py::isinstance<py::str>(key), "expect_same's key must be an attribute name or a list index");
+    }
+    same_.push_back({obj, key, value, py::isinstance<py::int_>(key) ? key.cast<Py_ssize_t>() : -1});
+  }
+
   // The outputs' tensors where `args` match expect_inputs's signature, every expect_empty dict is
   // empty and the replay completes; None otherwise (the caller runs its full path). Holds the GIL
   // only while checking.
@@ -194,6 +211,18 @@ class ForwardPlan {
     if (!has_expected_ || static_cast<int64_t>(nargs) != num_inputs_) Py_RETURN_NONE;
     for (const py::object& d : empty_dicts_)
       if (PyDict_GET_SIZE(d.ptr()) != 0) Py_RETURN_NONE;
+    for (const Same& e : same_) {
+      if (e.index >= 0) {
+        if (PyList_GET_SIZE(e.obj.ptr()) <= e.index || PyList_GET_ITEM(e.obj.ptr(), e.index) != e.value.ptr())
+          Py_RETURN_NONE;
+        continue;
+      }
+      PyObject* now = PyObject_GetAttr(e.obj.ptr(), e.key.ptr());
+      if (!now) return nullptr;
+      const bool same = now == e.value.ptr();
+      Py_DECREF(now);
+      if (!same) Py_RETURN_NONE;
+    }
     const bool grad = at::GradMode::is_enabled();
     if (grad != expected_grad_ || torch::jit::tracer::isTracing() ||
         at::autocast::is_autocast_enabled(at::kCPU) || c10::impl::TorchDispatchModeTLS::any_modes_set())
@@ -326,6 +355,11 @@ class ForwardPlan {
   bool expected_grad_ = false;
   bool has_expected_ = false;
   std::vector<py::object> empty_dicts_;
+  struct Same {
+    py::object obj, key, value;
+    Py_ssize_t index;  // obj[index] (a list), or -1: getattr(obj, key)
+  };
+  std::vector<Same> same_;
   mutable std::atomic<int64_t> last_replay_ns_{0};
   std::vector<Step> steps_;
   std::vector<int64_t> outputs_;
@@ -404,9 +438,11 @@ void register_forward_plan(py::module_& m) {
            "dicts that run_if_matches expects empty (it returns None while one is not)")
       .def("entry", &make_entry,
            "run_if_matches as a plain callable, entry(*tensors), without pybind11's call overhead")
+      .def("expect_same", &ForwardPlan::expect_same, py::arg("obj"), py::arg("key"), py::arg("value"),
+           "run_if_matches returns None unless obj.key (a str key) or obj[key] (an int key) is value")
       .def("run_if_matches", &ForwardPlan::run_if_matches, py::arg("args"),
-           "the outputs where args match expect_inputs's signature, the expect_empty dicts are empty and "
-           "the replay completes, else None")
+           "the outputs where args match expect_inputs's signature, the expect_empty dicts are empty, the "
+           "expect_same values are the same and the replay completes, else None")
       .def("run_timed", &ForwardPlan::run_timed, py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
            "(run's result, each step's wall time in ns followed by the whole replay's)")
       .def_property_readonly("step_names", &ForwardPlan::step_names)

@@ -312,18 +312,16 @@ class ForwardPlans:
             self.refused.clear()
             self.seen.clear()
 
-    def fast(self, gm: torch.nn.Module, args) -> list | None:
-        """gm's flat outputs through the last call's plan where `args` (gm's flat inputs, all tensors)
-        have that plan's signature and nothing else stands in the way (__call__'s checks: those here,
-        and in C++ those on the inputs, the modes and the hook tables, which the plan was told to
-        expect empty when it was recorded); None otherwise: the caller takes the full path.
-
-        It runs right after the previous forward's kernels with the caches cold, where each Python
-        call and each object touched costs: so the generation and the compile flag are read as
-        values, and the hook tables are checked in C++."""
+    def fast(self, args) -> list | None:
+        """The graph's flat outputs through the last call's plan where `args` (its flat inputs, all
+        tensors) have that plan's signature and nothing else stands in the way; None otherwise: the
+        caller takes the full path. The plan's native entry checks it all (the inputs, the modes, the
+        hook tables, the generation and the graph's forward, which `_record` told it to expect) but
+        the compile flag, read here so that torch.compile tracing a call sees it and goes on with
+        the graph instead of calling the entry. It runs right after the previous forward's kernels
+        with the caches cold, where each Python lookup costs: so the checks are in C++."""
         plan = self.last
-        if plan is None or self.generation != _GENERATION[0] or self.forward is not self.graph_class.forward \
-                or _compiler._is_compiling_flag:
+        if plan is None or _compiler._is_compiling_flag:
             return None
         got = plan.entry(*args)
         return got if got is None or plan.outputs_in_order else plan.outputs(got)
@@ -378,6 +376,8 @@ class ForwardPlans:
                 if all(isinstance(a, torch.Tensor) for a in args):
                     plan.native.expect_inputs(list(args), key[0])
                     plan.native.expect_empty(self._watched_tables())
+                    plan.native.expect_same(_GENERATION, 0, _GENERATION[0])  # this very int: a bump replaces it
+                    plan.native.expect_same(self.graph_class, "forward", self.forward)
                     plan.entry = plan.native.entry()
                     plan.fast = True
             except (RuntimeError, ValueError, TypeError) as e:  # an argument the native plan cannot hold

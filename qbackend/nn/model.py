@@ -108,7 +108,7 @@ class QuantizedModel(nn.Module):
         each Python frame and lookup costs up to microseconds: this skips the frames of
         nn.Module.__call__ and forward (benchmarks/results/xeon_amx/forward_overhead.md)."""
         if self._plain_call and not kwargs and len(args) == self._positional:
-            out = self._plans.fast(self._modules["inner"], args)
+            out = self._plans.fast(args)
             if out is not None:
                 return out[0] if self._single_output else pytree.tree_unflatten(out, self._out_spec)
         return super().__call__(*args, **kwargs)
@@ -135,7 +135,7 @@ class QuantizedModel(nn.Module):
         if self._in_spec is None:
             return self.inner(*args, **kwargs)
         if not kwargs and len(args) == self._positional and self.forward_plans:
-            out = self._plans.fast(self._modules["inner"], args)  # the last call's plan's inputs: no Python checks
+            out = self._plans.fast(args)  # the last call's plan's inputs: checked in C++
             if out is not None:
                 return out[0] if self._single_output else pytree.tree_unflatten(out, self._out_spec)
         if kwargs or len(args) != self._positional:

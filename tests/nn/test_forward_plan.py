@@ -54,8 +54,8 @@ class _GraphCalls:
             self.replays += out is not None
             return out
 
-        def fast(plans, gm, args):
-            out = self._fast(plans, gm, args)
+        def fast(plans, args):
+            out = self._fast(plans, args)
             self.replays += out is not None
             self.fast_replays += out is not None
             return out
