@@ -519,3 +519,28 @@ def test_plan_entry_checks_its_arguments():
         assert entry(x[0].double()) is None and entry(x[0][:1]) is None
         with pytest.raises(TypeError, match="positional"):
             entry(x=x[0])
+
+
+def test_plan_entry_refuses_after_a_bump_or_a_recompiled_graph():
+    """The native entry checks the generation and the graph's forward itself: after a bump or a
+    recompile of the graph it replays nothing, and the call runs the graph (then records anew)."""
+    from qbackend.core import generation
+
+    case, q = _converted_model("digits_cnn")
+    x = _inputs(case, "digits_cnn", 2)
+    with torch.no_grad():
+        q._plans.clear()
+        ref = [q(*x) for _ in range(3)][-1]
+        plan = q._plans.last
+        assert plan.entry(*x) is not None
+        generation.bump()
+        assert plan.entry(*x) is None
+        with _EntryCalls(q) as entry:
+            _assert_same(ref, q(*x))
+        assert entry.n == 0
+        ref = [q(*x) for _ in range(3)][-1]  # recorded again
+        plan = q._plans.last
+        assert plan.entry(*x) is not None
+        q.inner.recompile()  # the graph's class gets a new forward
+        assert plan.entry(*x) is None
+        _assert_same(ref, q(*x))
