@@ -50,7 +50,8 @@ def row(name: str, batch: int) -> str:
         q.forward_plans = True
         prof = profile_plan(q, *x, repeats=200)
     p, g = res["plan"], res["graph"]
-    layers = len({s.layer for s in prof.steps if s.layer is not None})
+    # the model's int8 layers the plan runs: a fused step (an inverted-residual block) runs several, "a+b+c"
+    layers = len({name for s in prof.steps if s.layer is not None for name in s.layer.split("+")})
     over = prof.overhead_us[1]
     print(f"{name} b{batch}: {summary}", file=sys.stderr, flush=True)
     return (f"| {name} | {batch} | {p.min_us:.1f} / {p.median_us:.1f} | {g.min_us:.1f} / {g.median_us:.1f} | "
