@@ -21,9 +21,12 @@ shape depends on the data) stops and the graph runs that call. Plans are dropped
 (core/generation.py) and are never saved: a loaded model records its own.
 
 The common case, a call with the same inputs' signature as the last one, takes a shorter path
-(`ForwardPlans.fast`): the native plan checks the inputs and modes itself (`run_if_matches`) and
-replays, so a forward costs about 2 us of Python beyond its steps instead of 5-6
-(benchmarks/results/epyc_zen5/kernels_layer_calls.md). Each step also knows the module that ran it
+(`ForwardPlans.fast`, which QuantizedModel.__call__ tries before nn.Module.__call__): the plan's
+native entry (a plain CPython callable) checks the inputs, the modes, the hook tables, the
+generation and the graph's forward itself and replays. That path runs right after the previous
+forward's kernels with the caches cold, where each Python frame and lookup costs up to
+microseconds, so it holds as little Python as it can: about 1 us per layer at batch 1 on ResNet-18
+(benchmarks/results/xeon_amx/forward_overhead.md). Each step also knows the module that ran it
 (`Plan.step_modules`), which qbackend.report.plan_profile uses to time a plan layer by layer.
 """
 from __future__ import annotations
@@ -41,8 +44,9 @@ from ..core.extension import _C
 
 aten = torch.ops.aten
 
-# What ForwardPlans.fast reads, bound here: a lookup in torch's module dict costs a microsecond or
-# more with the caches cold. torch.compiler.is_compiling() returns the flag outside TorchScript.
+# The fast path's bindings: a lookup in torch's module dict costs a microsecond or more with the
+# caches cold. torch.compiler.is_compiling() returns `_compiler._is_compiling_flag` outside
+# TorchScript; a plan's entry expects `_GENERATION[0]` to be the object it was at recording.
 _compiler = torch.compiler
 _GENERATION = generation.CURRENT
 
