@@ -23,7 +23,7 @@
 // tracer, no CPU autocast, no dispatch mode: what nn/forward_plan.py's `signature` and
 // `plans_apply` check), that the dicts given to `expect_empty` (the hook tables of the modules
 // the plan stands for) are empty and that the values given to `expect_same` are still the objects
-// they were (the model's generation, the graph's forward, the compile flag), and replays, or returns
+// they were (the model's generation, the graph's forward), and replays, or returns
 // None for the caller's full path. Those checks in C++ cost less than in Python on the eager fast
 // path, which runs right after the previous forward's kernels with the caches cold.
 #include "runtime/forward_plan.h"
@@ -196,8 +196,8 @@ class ForwardPlan {
   }
 
   // The outputs' tensors where `args` match expect_inputs's signature, every expect_empty dict is
-  // empty and the replay completes; None otherwise (the caller runs its full path). Holds the GIL
-  // only while checking.
+  // empty, every expect_same value is the same and the replay completes; None otherwise (the caller
+  // runs its full path). Holds the GIL only while checking.
   py::object run_if_matches(const py::tuple& args) const {
     PyObject* out = match_and_run(args.empty() ? nullptr : &PyTuple_GET_ITEM(args.ptr(), 0),
                                   static_cast<size_t>(args.size()));
