@@ -39,23 +39,25 @@ void pass(const float* x, int64_t ldx, const int8_t* tile, int64_t K, float acc_
     for (int j = 0; j < 4; ++j) acc_out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-// The nibbles of `nbytes` bytes (at most 16; the rest read as 0) as floats in k order: the first 16
-// in lo, the next 16 in hi.
-inline void nibbles(const uint8_t* p, int64_t nbytes, __m512* lo, __m512* hi) {
-  const __m128i b = _mm_maskz_loadu_epi8(__mmask16((1u << nbytes) - 1), p);
-  const __m128i low = _mm_set1_epi8(0x0F);
-  const __m128i l = _mm_and_si128(b, low), h = _mm_and_si128(_mm_srli_epi16(b, 4), low);
-  *lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(l, h)));
-  *hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(l, h)));
+// The nibbles of `nbytes` bytes (at most 16; the rest read as 0) as floats, lane l holding byte l's:
+// the low nibbles (the chunk's even k) in *even, the high ones (its odd k) in *odd. One widening
+// shuffle for 32 weights: unpacking them into k order took four.
+inline void nibbles(const uint8_t* p, int64_t nbytes, __m512* even, __m512* odd) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(__mmask16((1u << nbytes) - 1), p));
+  *even = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F)));
+  *odd = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
 }
 
 inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 
 // Group by group (the scale and offset of each row broadcast once), 32 weights a step: one 16-byte
-// chunk per row and step (8 bytes where G is 16), dequantized by one FMA per 16.
+// chunk per row and step (8 bytes where G is 16), its even and odd k dequantized by one FMA per 16,
+// and each row of x split into the same even and odd k by two permutes (4 + 2 MR shuffles a step).
 template <int MR>
 void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* st, const float* ot, int64_t K, int64_t G,
            float acc_out[MR][4]) {
+  const __m512i even_k = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd_k = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   __m512 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -69,20 +71,22 @@ void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* st, co
     for (int64_t k = k0; k < k1; k += 32) {
       const int64_t left = k1 - k;
       const int64_t nbytes = std::min<int64_t>(16, (left + 1) / 2);
-      __m512 wlo[4], whi[4];
+      __m512 we[4], wo[4];
       prefetch_weights(WeightTiles::at(tile, 0, k / 2));  // the step's line (half of it where G is 16)
       for (int j = 0; j < 4; ++j) {
-        nibbles(WeightTiles::at(tile, j, k / 2), nbytes, &wlo[j], &whi[j]);  // within one chunk
-        wlo[j] = _mm512_fmadd_ps(wlo[j], s[j], o[j]);
-        whi[j] = _mm512_fmadd_ps(whi[j], s[j], o[j]);
+        nibbles(WeightTiles::at(tile, j, k / 2), nbytes, &we[j], &wo[j]);  // within one chunk
+        we[j] = _mm512_fmadd_ps(we[j], s[j], o[j]);
+        wo[j] = _mm512_fmadd_ps(wo[j], s[j], o[j]);
       }
+      // lanes past K read x as 0 (their weights dequantize to the offset)
       const __mmask16 mlo = lanes(left), mhi = lanes(left - 16 > 0 ? left - 16 : 0);
       for (int i = 0; i < MR; ++i) {
-        const __m512 xlo = _mm512_maskz_loadu_ps(mlo, x + i * ldx + k);
-        const __m512 xhi = _mm512_maskz_loadu_ps(mhi, x + i * ldx + k + 16);
+        const __m512 x0 = _mm512_maskz_loadu_ps(mlo, x + i * ldx + k);
+        const __m512 x1 = _mm512_maskz_loadu_ps(mhi, x + i * ldx + k + 16);
+        const __m512 xe = _mm512_permutex2var_ps(x0, even_k, x1), xo = _mm512_permutex2var_ps(x0, odd_k, x1);
         for (int j = 0; j < 4; ++j) {
-          acc[i][j] = _mm512_fmadd_ps(xlo, wlo[j], acc[i][j]);
-          acc[i][j] = _mm512_fmadd_ps(xhi, whi[j], acc[i][j]);
+          acc[i][j] = _mm512_fmadd_ps(xe, we[j], acc[i][j]);
+          acc[i][j] = _mm512_fmadd_ps(xo, wo[j], acc[i][j]);
         }
       }
     }
