@@ -17,9 +17,9 @@
 // `run` releases the GIL; a plan holds no per-call state (beyond the last replay's wall time, kept
 // for profilers), so threads may replay it at once.
 //
-// `run_if_matches` is the eager fast path: given the recorded inputs' signature (`expect_inputs`:
-// each input's dtype, sizes and strides, and the grad mode), it checks a call's positional
-// arguments against it in C++ (plain CPU tensors, nothing requiring grad with grad mode on, no
+// `run_if_matches`, called through the plan's `entry` (a plain CPython callable), is the eager fast
+// path: given the recorded inputs' signature (`expect_inputs`: each input's dtype, sizes and
+// strides, and the grad mode), it checks a call's positional arguments against it in C++ (plain CPU tensors, nothing requiring grad with grad mode on, no
 // tracer, no CPU autocast, no dispatch mode: what nn/forward_plan.py's `signature` and
 // `plans_apply` check), that the dicts given to `expect_empty` (the hook tables of the modules
 // the plan stands for) are empty and that the values given to `expect_same` are still the objects
@@ -195,19 +195,12 @@ class ForwardPlan {
     same_.push_back({obj, key, value, py::isinstance<py::int_>(key) ? key.cast<Py_ssize_t>() : -1});
   }
 
-  // The outputs' tensors where `args` match expect_inputs's signature, every expect_empty dict is
-  // empty, every expect_same value is the same and the replay completes; None otherwise (the caller
-  // runs its full path). Holds the GIL only while checking.
-  py::object run_if_matches(const py::tuple& args) const {
-    PyObject* out = match_and_run(args.empty() ? nullptr : &PyTuple_GET_ITEM(args.ptr(), 0),
-                                  static_cast<size_t>(args.size()));
-    if (!out) throw py::error_already_set();
-    return py::reinterpret_steal<py::object>(out);
-  }
-
-  // run_if_matches over a C array of arguments: a new reference to the outputs' list or to None, or
-  // nullptr with a Python error set (the GIL held on entry and on return).
-  PyObject* match_and_run(PyObject* const* args, size_t nargs) const {
+  // The outputs' tensors where `args` (nargs of them) match expect_inputs's signature, every
+  // expect_empty dict is empty, every expect_same value is the same and the replay completes; None
+  // otherwise (the caller runs its full path). A new reference to the outputs' list or to None, or
+  // nullptr with a Python error set. Called through the plan's entry (below) with the GIL held; it
+  // holds the GIL only while checking.
+  PyObject* run_if_matches(PyObject* const* args, size_t nargs) const {
     if (!has_expected_ || static_cast<int64_t>(nargs) != num_inputs_) Py_RETURN_NONE;
     for (const py::object& d : empty_dicts_)
       if (PyDict_GET_SIZE(d.ptr()) != 0) Py_RETURN_NONE;
@@ -384,7 +377,7 @@ PyObject* entry_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObj
     PyErr_SetString(PyExc_TypeError, "a forward plan's entry takes positional tensors only");
     return nullptr;
   }
-  return reinterpret_cast<EntryObject*>(self)->plan->match_and_run(args, PyVectorcall_NARGS(nargsf));
+  return reinterpret_cast<EntryObject*>(self)->plan->run_if_matches(args, PyVectorcall_NARGS(nargsf));
   END_HANDLE_TH_ERRORS
 }
 
@@ -440,9 +433,6 @@ void register_forward_plan(py::module_& m) {
            "run_if_matches as a plain callable, entry(*tensors), without pybind11's call overhead")
       .def("expect_same", &ForwardPlan::expect_same, py::arg("obj"), py::arg("key"), py::arg("value"),
            "run_if_matches returns None unless obj.key (a str key) or obj[key] (an int key) is value")
-      .def("run_if_matches", &ForwardPlan::run_if_matches, py::arg("args"),
-           "the outputs where args match expect_inputs's signature, the expect_empty dicts are empty, the "
-           "expect_same values are the same and the replay completes, else None")
       .def("run_timed", &ForwardPlan::run_timed, py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
            "(run's result, each step's wall time in ns followed by the whole replay's)")
       .def_property_readonly("step_names", &ForwardPlan::step_names)

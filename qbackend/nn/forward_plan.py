@@ -259,8 +259,8 @@ class Plan:
     template: list          # per flat output: (True, index into the plan's outputs) or (False, constant)
     step_names: list[str]   # the op of each step, in order
     step_modules: list      # per step: the qualified name of the innermost submodule that ran it, or None
-    fast: bool = False      # recorded from tensors only: `native.run_if_matches` checks a call's inputs
-    entry: object = None    # where fast: native.run_if_matches as a plain callable, entry(*tensors)
+    fast: bool = False      # recorded from tensors only: its entry checks a call's inputs
+    entry: object = None    # where fast: native.entry(), the checks and the replay as one call, entry(*tensors)
 
     def __post_init__(self):
         # the graph's flat outputs are the plan's outputs as they are (no constants, no reordering)
@@ -303,7 +303,6 @@ class ForwardPlans:
     seen: OrderedDict = field(default_factory=OrderedDict)     # signatures called once
     generation: int = -1
     forward: object = None                          # the graph's forward the plans were recorded from
-    graph_class: type = None                        # the graph module's class, whose forward that is
     hook_tables: tuple = ()                         # the forward-hook dicts of gm and every module in it
     lock: threading.Lock = field(default_factory=threading.Lock)
     last: Plan | None = None                        # the plan the last call ran, where it is `fast`
@@ -346,7 +345,7 @@ class ForwardPlans:
             return None
         if self.generation != generation.current() or self.forward is not type(gm).forward:
             self.clear()
-            self.generation, self.graph_class, self.forward = generation.current(), type(gm), type(gm).forward
+            self.generation, self.forward = generation.current(), type(gm).forward
             self.hook_tables = tuple(d for m in gm.modules() for d in (m._forward_pre_hooks, m._forward_hooks))
         if any(self.hook_tables) or _torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks:
             return None
@@ -381,7 +380,7 @@ class ForwardPlans:
                     plan.native.expect_inputs(list(args), key[0])
                     plan.native.expect_empty(self._watched_tables())
                     plan.native.expect_same(_GENERATION, 0, _GENERATION[0])  # this very int: a bump replaces it
-                    plan.native.expect_same(self.graph_class, "forward", self.forward)
+                    plan.native.expect_same(type(gm), "forward", self.forward)
                     plan.entry = plan.native.entry()
                     plan.fast = True
             except (RuntimeError, ValueError, TypeError) as e:  # an argument the native plan cannot hold
