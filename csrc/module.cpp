@@ -194,6 +194,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests: run the native GEMM on the named kernel (amx, amx_emulated: the AMX kernel over emulated tiles, "
         "avx512_vnni, avx2_vnni, avx2_vnni_evex: the AVX-VNNI kernel's code on EVEX, avx2: int16 products), '' = "
         "this CPU's choice");
+  m.def("set_native_direct_conv", &qbackend::native::set_direct_conv, py::arg("enabled"),
+        "tests and benchmarks: whether stride-1 KxK convs over a multiple of 64 channels use the native kernel's "
+        "direct convolution (AMX) instead of gathered taps; True by default");
+  m.def("native_direct_conv", &qbackend::native::direct_conv_enabled,
+        "whether the native direct convolution is switched on (set_native_direct_conv)");
+  m.def("native_direct_conv_calls", &qbackend::native::direct_conv_calls,
+        "how many native conv calls ran on the direct convolution in this process");
   m.def("native_amx_self_check", &qbackend::kernels::gemm_amx_self_check, py::arg("emulated"),
         "compares the AMX kernel (or the emulated one) with the VNNI kernel and exact sums: '' or the difference");
   m.def("native_peak_ops", &native_peak_ops, "int8 ops/s of a dot-product loop on `threads` threads",

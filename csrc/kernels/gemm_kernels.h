@@ -19,6 +19,7 @@
 // a_int8: the activation bytes are int8 and are read as (a ^ 0x80), i.e. uint8 with a_zp + 128
 // (the caller passes the shifted zero point).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -61,6 +62,37 @@ struct GemmArgs {
 using GemmFn = void (*)(const GemmArgs&, int64_t m_begin, int64_t m_end, int64_t panel_begin,
                         int64_t panel_end);
 
+// A stride-1 convolution with groups 1 and C a multiple of 64 as one GEMM per band of output rows,
+// without gathered taps ("direct"; conv_amx.cpp): the band's input rows are copied into `scratch`
+// padded with the zero point's byte (Wp = W + 2 pw pixels a row), output pixel (oh, ow) is row
+// q = (oh - oh_begin) * Wp + ow, and tap (kh, kw) of row q is padded pixel q + kh * dh * Wp + kw * dw,
+// read in place with the pixel stride C. g: the GEMM's weight (the packed conv weight, K = KH * KW * C),
+// scales, bias, post-op and output type; g.out / g.r are the channels-last output and residual
+// [N, OH, OW, N_out] (ldc = ldr = N_out); g.M, g.a and g.lda are not read. Same sums and epilogue as
+// the GEMM over gathered taps, so the same output bytes.
+struct DirectConvArgs {
+  GemmArgs g;
+  const uint8_t* x = nullptr;  // channels-last [batch, H, W, C]
+  int64_t C = 0, H = 0, W = 0, OH = 0, OW = 0, KH = 1, KW = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  uint8_t pad = 0;  // the activation's zero point as a byte
+};
+
+constexpr int64_t kDirectConvRowBlock = 32;  // q's per block of the direct conv
+
+// Bytes of scratch a band of `rows` output rows needs (64-byte aligned by the caller): the padded
+// rows, and what the taps of the last block read beyond them.
+inline int64_t direct_conv_scratch_bytes(const DirectConvArgs& a, int64_t rows) {
+  const int64_t Wp = a.W + 2 * a.pw;
+  const int64_t q_end = (rows * Wp + kDirectConvRowBlock - 1) / kDirectConvRowBlock * kDirectConvRowBlock;
+  const int64_t reach = q_end + (a.KH - 1) * a.dh * Wp + (a.KW - 1) * a.dw;
+  return std::max((rows + (a.KH - 1) * a.dh) * Wp, reach) * a.C;
+}
+
+// Computes output rows [oh_begin, oh_end) of image n, columns of panels [panel_begin, panel_end)
+// (scratch: direct_conv_scratch_bytes of the rows).
+using DirectConvFn = void (*)(const DirectConvArgs&, int64_t n, int64_t oh_begin, int64_t oh_end, int64_t panel_begin,
+                              int64_t panel_end, uint8_t* scratch);
+
 struct GemmKernels {
   const char* name;  // "amx", "avx512_vnni", "avx2_vnni", "avx2", "amx_emulated"
   GemmFn gemm;
@@ -68,6 +100,8 @@ struct GemmKernels {
   // Runs `iters` iterations of a loop of independent u8 x s8 dot products on this thread and
   // returns the int8 operations it did (2 per multiply-add): the ISA's peak, for the benchmark.
   double (*peak_loop)(int64_t iters);
+  // The direct convolution (DirectConvArgs), or nullptr where this kernel has none.
+  DirectConvFn direct_conv = nullptr;
 };
 
 // Defined in gemm_avx512_vnni.cpp; call only when qbackend::cpu::has(qbackend::cpu::Isa::Avx512Vnni).
@@ -86,6 +120,9 @@ const GemmKernels& gemm_kernels_avx2_vnni_evex();
 // any AVX512-VNNI CPU (has(Isa::Avx512Vnni)).
 const GemmKernels& gemm_kernels_amx();
 const GemmKernels& gemm_kernels_amx_emulated();
+// Defined in conv_amx.cpp: the AMX kernels' direct convolution, on the hardware and the emulated tiles.
+DirectConvFn direct_conv_amx();
+DirectConvFn direct_conv_amx_emulated();
 // Compares the AMX kernel (or the emulated one) with the VNNI kernel and with exact int64 sums on
 // problems that cover every tile block and remainder: "" when all agree, else the first difference.
 // Needs has(Isa::Amx) (>= 3 for the emulated one).

@@ -3,6 +3,9 @@
 // the residual add and relu fused in its epilogue.
 //   * Unpadded 1x1, stride 1: the pixels are the GEMM's rows, read in place.
 //   * Unpadded 1x1, strided: the pixels read are gathered into one block first.
+//   * Stride 1 over a multiple of 64 channels, on a kernel with a direct convolution (AMX): bands
+//     of output rows over a zero-point-padded copy of their input rows, no taps gathered
+//     (kernels::DirectConvArgs, csrc/kernels/conv_amx.cpp).
 //   * Otherwise: each output pixel's taps (KH x KW x C bytes; the activation's zero point where a
 //     tap falls in the padding, which adds nothing to the sums) are gathered into a row, in blocks
 //     of rows that stay in L2 (per thread, in a reused buffer: nothing allocated per call but the
@@ -22,6 +25,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -230,6 +234,62 @@ void run_gathered(const GemmArgs& g0, const Taps& t, int64_t pixels) {
   });
 }
 
+// Whether stride-1 convs over a multiple of 64 channels run on the kernel's direct convolution
+// where it has one (set_direct_conv: tests and benchmarks compare it with the gathered taps).
+std::atomic<bool> g_direct_conv{true};
+// Convs that ran on the direct convolution since the process started (tests check the route).
+std::atomic<int64_t> g_direct_calls{0};
+
+// Bytes of padded input rows per band of the direct conv: the band stays in L2 beside the weight.
+constexpr int64_t kDirectBandBytes = int64_t(256) << 10;
+
+// The direct convolution (kernels::DirectConvArgs) where the kernel has one and the conv suits it
+// (stride 1, C a multiple of 64), in bands of output rows: each thread a range of (image, band)
+// units, or, where there are fewer images than threads and the weight outweighs an image (the
+// deep layers at batch 1), every unit over its share of the weight's panels; false where it does
+// not apply.
+bool run_direct(const GemmArgs& g0, const Taps& t, int64_t N) {
+  const auto& k = native::gemm_kernels();
+  if (!k.direct_conv || !g_direct_conv.load(std::memory_order_relaxed) || t.p.stride[0] != 1 || t.p.stride[1] != 1 ||
+      t.C % 64 != 0)
+    return false;
+  kernels::DirectConvArgs a;
+  a.g = g0;
+  a.x = t.x;
+  a.C = t.C, a.H = t.H, a.W = t.W, a.OH = t.OH, a.OW = t.OW, a.KH = t.KH, a.KW = t.KW;
+  a.ph = t.p.padding[0], a.pw = t.p.padding[1], a.dh = t.p.dilation[0], a.dw = t.p.dilation[1];
+  a.pad = t.pad;
+  const int64_t halo = (a.KH - 1) * a.dh, row_bytes = (a.W + 2 * a.pw) * a.C;
+  const int64_t panels = kernels::gemm_num_panels(g0.N);
+  int64_t band = std::clamp<int64_t>(kDirectBandBytes / row_bytes - halo, 1, a.OH);
+  const bool big = N * a.OH * a.OW * g0.N * g0.K >= (int64_t(1) << 22);
+  const int64_t threads = big ? at::get_num_threads() : 1;
+  const bool by_panels = threads > 1 && N < threads && panels >= threads &&
+                         g0.N * g0.K >= (a.OH + halo) * row_bytes;
+  if (!by_panels && N * ((a.OH + band - 1) / band) < threads) {  // too few units: one band per thread at least
+    const int64_t per_image = (threads + N - 1) / N;
+    band = std::max<int64_t>(1, (a.OH + per_image - 1) / per_image);
+  }
+  g_direct_calls.fetch_add(1, std::memory_order_relaxed);
+  const int64_t bands = (a.OH + band - 1) / band, units = N * bands;
+  const int64_t scratch = kernels::direct_conv_scratch_bytes(a, band) + 64;
+  auto run_units = [&](int64_t u0, int64_t u1, int64_t p0, int64_t p1) {
+    uint8_t* s = tap_buffer(scratch);
+    s += (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t n = u / bands, oh0 = u % bands * band;
+      k.direct_conv(a, n, oh0, std::min(a.OH, oh0 + band), p0, p1, s);
+    }
+  };
+  if (threads <= 1 || (units == 1 && !by_panels)) run_units(0, units, 0, panels);
+  else if (by_panels)
+    parallel::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t th = t0; th < t1; ++th) run_units(0, units, panels * th / threads, panels * (th + 1) / threads);
+    });
+  else parallel::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) { run_units(u0, u1, 0, panels); });
+  return true;
+}
+
 // What the checks established, for the kernel call.
 struct Checked {
   std::vector<int64_t> shape;  // the output's [N, OC, OH, OW]
@@ -283,7 +343,7 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
     g.r = rp;
     g.out = yp;
     const Taps t{xp, xp + xc.numel(), C, H, W, OH, OW, w.KH, w.KW, p, static_cast<uint8_t>(x_zero_point)};
-    run_gathered(g, t, N * OH * OW);
+    if (!run_direct(g, t, N)) run_gathered(g, t, N * OH * OW);
     return;
   }
   if (p.stride[0] == 1 && p.stride[1] == 1) {  // every pixel: one GEMM over N*H*W rows
@@ -401,6 +461,12 @@ void native_conv2d_add_(const at::Tensor& x, double x_scale, int64_t x_zero_poin
 }
 
 }  // namespace
+
+namespace native {
+void set_direct_conv(bool enabled) { g_direct_conv.store(enabled, std::memory_order_relaxed); }
+bool direct_conv_enabled() { return g_direct_conv.load(std::memory_order_relaxed); }
+int64_t direct_conv_calls() { return g_direct_calls.load(std::memory_order_relaxed); }
+}  // namespace native
 
 // The schemas: providers/registrations.cpp.
 void register_native_conv2d(torch::Library& m) {

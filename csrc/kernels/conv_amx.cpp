@@ -1,0 +1,202 @@
+// The direct stride-1 convolution on AMX-INT8 tiles (contract: gemm_kernels.h, DirectConvArgs),
+// for the hardware tiles and the emulated ones (amx_tiles_impl.h).
+//
+// A band of output rows is one GEMM over its zero-point-padded input rows: row q of the GEMM is
+// output pixel (oh0 + q / Wp, q % Wp), and the k's of tap (kh, kw), channels c..c + 63, are the
+// bytes of padded pixel q + kh * dh * Wp + kw * dw: an A tile (16 consecutive q's x 64 channels)
+// is loaded in place with the pixel stride C, so no tap is ever gathered. The padding columns
+// (q % Wp >= OW) and the q's past the band are computed and not stored: Wp - OW of every Wp rows
+// (2 of 58 for a 3x3 over 56 x 56). Blocks of 32 q's x 32 columns run over every column of the
+// weight before the next block, so the block's input (its q's and their taps' rows) stays in L1
+// while the weight streams from L1/L2. Sums and epilogue are the GEMM's (gemm_avx512_vnni_impl.h),
+// each row's output written at its pixel: the same bytes as the GEMM over gathered taps.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/gemm_kernels.h"
+#include "cpu/targets.h"
+
+QB_TARGET(QB_ISA_AMX)
+
+#include "kernels/amx_tiles_impl.h"  // after the pragma: compiled for this target
+#include "kernels/gemm_avx512_vnni_impl.h"
+
+namespace qbackend::kernels {
+namespace {
+
+static_assert(kDirectConvRowBlock == kBlockRows, "direct_conv_scratch_bytes rounds the q's to the kernel's block");
+
+// Copies the input rows of output rows [oh0, oh0 + rows) of image n into buf, each padded to Wp
+// pixels with the zero point's byte (rows above or below the image: all padding), and fills the
+// rest of the scratch (what the last block's taps read) with it too.
+void pad_band(const DirectConvArgs& a, int64_t n, int64_t oh0, int64_t rows, uint8_t* buf) {
+  const int64_t C = a.C, Wp = a.W + 2 * a.pw, prows = rows + (a.KH - 1) * a.dh;
+  const size_t row_bytes = static_cast<size_t>(Wp * C), side = static_cast<size_t>(a.pw * C);
+  const uint8_t* image = a.x + n * a.H * a.W * C;
+  for (int64_t i = 0; i < prows; ++i) {
+    uint8_t* d = buf + i * Wp * C;
+    const int64_t ih = oh0 - a.ph + i;
+    if (ih < 0 || ih >= a.H) {
+      std::memset(d, a.pad, row_bytes);
+      continue;
+    }
+    std::memset(d, a.pad, side);
+    std::memcpy(d + side, image + ih * a.W * C, static_cast<size_t>(a.W * C));
+    std::memset(d + side + a.W * C, a.pad, side);
+  }
+  const int64_t total = direct_conv_scratch_bytes(a, rows);
+  std::memset(buf + prows * Wp * C, a.pad, static_cast<size_t>(total - prows * Wp * C));
+}
+
+// Integer output, every column vector full: requant_rows's arithmetic (gemm_avx512_vnni_impl.h) row
+// by row, with the per-column terms in registers across the rows and the residual / output type
+// known at compile time.
+template <int MR, int NV, bool RES, bool U8>
+void requant_mapped(const GemmArgs& g, const __m512i* sums, const int64_t* out_row, int64_t n_base,
+                    const RequantColumn* col) {
+  const RequantOutput o(g);
+  const __m512 q_lo = o.q_lo, q_hi = o.q_hi, r2 = o.r2;
+  const __m512i out_zp = o.out_zp, r_zp = _mm512_set1_epi32(g.r_zp);
+  __m512i zp_colsum[NV];
+  __m512 s2[NV], b2[NV];
+  for (int v = 0; v < NV; ++v) zp_colsum[v] = col[v].zp_colsum, s2[v] = col[v].s2, b2[v] = col[v].b2;
+  const int64_t ldc = g.ldc, ldr = g.ldr;
+  const bool r_int8 = g.r_int8;
+  uint8_t* const out = static_cast<uint8_t*>(g.out) + n_base;
+  const uint8_t* const res = RES ? g.r + n_base : nullptr;
+  for (int r = 0; r < MR; ++r) {
+    const int64_t m = out_row[r];
+    if (m < 0) continue;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums[r * NV + v], zp_colsum[v])), s2[v], b2[v]);
+      if constexpr (RES) {
+        const __m128i rb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(res + m * ldr + v * 16));
+        const __m512i ri = r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
+        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ri, r_zp)), r2, t);
+      }
+      const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, q_lo), q_hi)), out_zp);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + m * ldc + v * 16),
+                       U8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q));
+    }
+  }
+}
+
+// The epilogue of an MR x (NV * 16) block whose row r goes to output row out_row[r] (< 0: dropped).
+template <int MR, int NV>
+void epilogue_mapped(const GemmArgs& g, const __m512i* sums, const int64_t* out_row, int64_t n_base, int32_t a_zp) {
+  if ((g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu) {
+    RequantColumn col[NV];
+    bool full = true;
+    for (int v = 0; v < NV; ++v) {
+      col[v] = RequantColumn(g, n_base + v * 16, a_zp, true);
+      full = full && col[v].mask == static_cast<__mmask16>(0xffff);
+    }
+    const bool u8 = g.out_type == GemmOut::u8;
+    if (full && g.r) {
+      if (u8) requant_mapped<MR, NV, true, true>(g, sums, out_row, n_base, col);
+      else requant_mapped<MR, NV, true, false>(g, sums, out_row, n_base, col);
+      return;
+    }
+    if (full) {
+      if (u8) requant_mapped<MR, NV, false, true>(g, sums, out_row, n_base, col);
+      else requant_mapped<MR, NV, false, false>(g, sums, out_row, n_base, col);
+      return;
+    }
+    const RequantOutput o(g);
+    for (int v = 0; v < NV; ++v)
+      for (int r = 0; r < MR; ++r)
+        if (out_row[r] >= 0) requant_rows<1, NV>(g, sums + r * NV, v, out_row[r], n_base + v * 16, col[v], o);
+    return;
+  }
+  for (int r = 0; r < MR; ++r)
+    if (out_row[r] >= 0) epilogue<1, NV>(g, sums + r * NV, out_row[r], n_base, a_zp);
+}
+
+// One block: q's q0.. (RT x 16 of them) x CT x 16 columns (vectors v0.. of panel p, which has nvp).
+template <class T, int RT, int CT, bool I8>
+void direct_block(const DirectConvArgs& a, const uint8_t* buf, int64_t q0, int64_t p, int64_t v0, int64_t nvp,
+                  const int64_t* out_row) {
+  const GemmArgs& g = a.g;
+  const int64_t ldb = nvp * 64, C = a.C, Wp = a.W + 2 * a.pw;
+  const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K) + v0 * 64;
+  const uint8_t* base = buf + q0 * C;
+  const int64_t a1 = kTileRows * C;
+  T::template zero<0>();
+  if constexpr (CT > 1) T::template zero<1>();
+  if constexpr (RT > 1) T::template zero<2>();
+  if constexpr (RT > 1 && CT > 1) T::template zero<3>();
+  const int8_t* bk = B;
+  for (int64_t kh = 0; kh < a.KH; ++kh)
+    for (int64_t kw = 0; kw < a.KW; ++kw) {
+      const uint8_t* tap = base + (kh * a.dh * Wp + kw * a.dw) * C;
+      for (int64_t c = 0; c < C; c += kTileBytes, bk += kTileRows * ldb) {
+        T::template load<4>(tap + c, C);
+        T::template load<6>(bk, ldb);
+        T::template dot<0, 4, 6, I8>();
+        if constexpr (CT > 1) {
+          T::template load<7>(bk + 64, ldb);
+          T::template dot<1, 4, 7, I8>();
+        }
+        if constexpr (RT > 1) {
+          T::template load<5>(tap + a1 + c, C);
+          T::template dot<2, 5, 6, I8>();
+          if constexpr (CT > 1) T::template dot<3, 5, 7, I8>();
+        }
+      }
+    }
+  alignas(64) __m512i sums[RT * kTileRows * CT];
+  constexpr int64_t ld = CT * 64;
+  T::template store<0>(sums, ld);
+  if constexpr (CT > 1) T::template store<1>(sums + 1, ld);
+  if constexpr (RT > 1) T::template store<2>(sums + kTileRows * CT, ld);
+  if constexpr (RT > 1 && CT > 1) T::template store<3>(sums + kTileRows * CT + 1, ld);
+  epilogue_mapped<RT * kTileRows, CT>(g, sums, out_row, p * kGemmPanel + v0 * 16, g.a_zp - (I8 ? 128 : 0));
+}
+
+template <class T, bool I8>
+void direct_rows(const DirectConvArgs& a, int64_t n, int64_t oh0, int64_t rows, int64_t panel_begin, int64_t panel_end,
+                 const uint8_t* buf) {
+  const GemmArgs& g = a.g;
+  const int64_t Wp = a.W + 2 * a.pw, q_count = rows * Wp;
+  int64_t out_row[kBlockRows];
+  int64_t oh = 0, ow = 0;  // of q0 + r, advanced with r (no division per row)
+  for (int64_t q0 = 0; q0 < q_count; q0 += kBlockRows) {
+    const bool two_rows = q_count - q0 > kTileRows;
+    for (int64_t r = 0; r < kBlockRows; ++r) {
+      out_row[r] = q0 + r < q_count && ow < a.OW ? (n * a.OH + oh0 + oh) * a.OW + ow : -1;
+      if (++ow == Wp) ow = 0, ++oh;
+    }
+    for (int64_t p = panel_begin; p < panel_end; ++p) {
+      const int64_t nvp = (std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel) + 15) / 16;
+      for (int64_t v = 0; v < nvp; v += 2) {
+        const bool two_cols = nvp - v >= 2;
+        if (two_rows && two_cols) direct_block<T, 2, 2, I8>(a, buf, q0, p, v, nvp, out_row);
+        else if (two_rows) direct_block<T, 2, 1, I8>(a, buf, q0, p, v, nvp, out_row);
+        else if (two_cols) direct_block<T, 1, 2, I8>(a, buf, q0, p, v, nvp, out_row);
+        else direct_block<T, 1, 1, I8>(a, buf, q0, p, v, nvp, out_row);
+      }
+    }
+  }
+}
+
+template <class T>
+void direct_conv(const DirectConvArgs& a, int64_t n, int64_t oh_begin, int64_t oh_end, int64_t panel_begin,
+                 int64_t panel_end, uint8_t* scratch) {
+  if (oh_end <= oh_begin || panel_end <= panel_begin) return;
+  pad_band(a, n, oh_begin, oh_end - oh_begin, scratch);
+  T::configure(tile_config());
+  struct Release {
+    ~Release() { T::release(); }  // also when the emulation raises
+  } release;
+  if (a.g.a_int8) direct_rows<T, true>(a, n, oh_begin, oh_end - oh_begin, panel_begin, panel_end, scratch);
+  else direct_rows<T, false>(a, n, oh_begin, oh_end - oh_begin, panel_begin, panel_end, scratch);
+}
+
+}  // namespace
+
+DirectConvFn direct_conv_amx() { return &direct_conv<HwTiles>; }
+DirectConvFn direct_conv_amx_emulated() { return &direct_conv<EmuTiles>; }
+
+}  // namespace qbackend::kernels
