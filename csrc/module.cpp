@@ -195,7 +195,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "avx512_vnni, avx2_vnni, avx2_vnni_evex: the AVX-VNNI kernel's code on EVEX, avx2: int16 products), '' = "
         "this CPU's choice");
   m.def("set_native_direct_conv", &qbackend::native::set_direct_conv, py::arg("enabled"),
-        "tests and benchmarks: whether stride-1 KxK convs over a multiple of 64 channels use the native kernel's "
+        "tests and benchmarks: whether KxK convs of stride 1 or 2 over a multiple of 64 channels use the native kernel's "
         "direct convolution (AMX) instead of gathered taps; True by default");
   m.def("native_direct_conv", &qbackend::native::direct_conv_enabled,
         "whether the native direct convolution is switched on (set_native_direct_conv)");

@@ -1,15 +1,16 @@
-// The direct stride-1 convolution on AMX-INT8 tiles (contract: gemm_kernels.h, DirectConvArgs),
+// The direct convolution on AMX-INT8 tiles (contract and layout: gemm_kernels.h, DirectConvArgs),
 // for the hardware tiles and the emulated ones (amx_tiles_impl.h).
 //
-// A band of output rows is one GEMM over its zero-point-padded input rows: row q of the GEMM is
-// output pixel (oh0 + q / Wp, q % Wp), and the k's of tap (kh, kw), channels c..c + 63, are the
-// bytes of padded pixel q + kh * dh * Wp + kw * dw: an A tile (16 consecutive q's x 64 channels)
-// is loaded in place with the pixel stride C, so no tap is ever gathered. The padding columns
-// (q % Wp >= OW) and the q's past the band are computed and not stored: Wp - OW of every Wp rows
-// (2 of 58 for a 3x3 over 56 x 56). Blocks of 32 q's x 32 columns; each 32-column block of the
-// weight runs over a group of q-blocks (direct_rows) while the group's input rows stay in L1. Sums
-// and epilogue are the GEMM's (gemm_avx512_vnni_impl.h), each row's output written at its pixel:
-// the same bytes as the GEMM over gathered taps.
+// A band of output rows is one GEMM over its input's phase planes (stride 1: the zero-point-padded
+// rows): row q of the GEMM is output pixel (oh0 + q / Wq, q % Wq), and the k's of tap (kh, kw),
+// channels c..c + 63, are the bytes of one plane's pixel at a constant offset from q, so an A tile
+// (16 consecutive q's x 64 channels) is loaded in place with the pixel stride C and no tap is ever
+// gathered. The columns q % Wq >= OW (the kernel's reach past the output) and the q's past the band
+// are computed and not stored: 2 of every 58 rows for a 3x3 over 56 x 56, 1 of 29 at stride 2.
+// Blocks of 32 q's x 32 columns; each 32-column block of the weight runs over a group of q-blocks
+// (direct_rows) while the group's input rows stay in L1. Sums and epilogue are the GEMM's
+// (gemm_avx512_vnni_impl.h), each row's output written at its pixel: the same bytes as the GEMM
+// over gathered taps.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -25,29 +26,52 @@ QB_TARGET(QB_ISA_AMX)
 namespace qbackend::kernels {
 namespace {
 
-static_assert(kDirectConvRowBlock == kBlockRows, "direct_conv_scratch_bytes rounds the q's to the kernel's block");
+static_assert(kDirectConvRowBlock == kBlockRows, "direct_plane_pixels reserves one block of the kernel's q's");
 
-// Copies the input rows of output rows [oh0, oh0 + rows) of image n into buf, each padded to Wp
-// pixels with the zero point's byte (rows above or below the image: all padding), and fills the
-// rest of the scratch (what the last block's taps read) with it too.
-void pad_band(const DirectConvArgs& a, int64_t n, int64_t oh0, int64_t rows, uint8_t* buf) {
-  const int64_t C = a.C, Wp = a.W + 2 * a.pw, prows = rows + (a.KH - 1) * a.dh;
-  const size_t row_bytes = static_cast<size_t>(Wp * C), side = static_cast<size_t>(a.pw * C);
+// Copies the input of output rows [oh0, oh0 + rows) of image n into its phase planes at buf
+// (DirectConvArgs), the zero point's byte wherever a plane's pixel lies in the padding or past it.
+void fill_planes(const DirectConvArgs& a, int64_t n, int64_t oh0, int64_t rows, uint8_t* buf) {
+  const int64_t C = a.C, Wq = direct_plane_width(a), plane = direct_plane_pixels(a, rows);
+  const int64_t prows = rows + (a.KH - 1) * a.dh / a.sh;
   const uint8_t* image = a.x + n * a.H * a.W * C;
-  for (int64_t i = 0; i < prows; ++i) {
-    uint8_t* d = buf + i * Wp * C;
-    const int64_t ih = oh0 - a.ph + i;
-    if (ih < 0 || ih >= a.H) {
-      std::memset(d, a.pad, row_bytes);
-      continue;
+  for (int64_t py = 0; py < a.sh; ++py)
+    for (int64_t px = 0; px < a.sw; ++px) {
+      uint8_t* base = buf + (py * a.sw + px) * plane * C;
+      // the plane's columns inside the image: iw = sw * X + px - pw in [0, W)
+      const int64_t x_lo = std::min(Wq, std::max<int64_t>(0, (a.pw - px + a.sw - 1) / a.sw));
+      const int64_t x_hi = std::max(x_lo, std::min(Wq, (a.W + a.pw - px + a.sw - 1) / a.sw));
+      for (int64_t y = 0; y < prows; ++y) {
+        uint8_t* d = base + y * Wq * C;
+        const int64_t ih = a.sh * (oh0 + y) + py - a.ph;
+        if (ih < 0 || ih >= a.H || x_lo == x_hi) {
+          std::memset(d, a.pad, static_cast<size_t>(Wq * C));
+          continue;
+        }
+        std::memset(d, a.pad, static_cast<size_t>(x_lo * C));
+        const uint8_t* src = image + (ih * a.W + a.sw * x_lo + px - a.pw) * C;
+        if (a.sw == 1) std::memcpy(d + x_lo * C, src, static_cast<size_t>((x_hi - x_lo) * C));
+        else
+          for (int64_t x = x_lo; x < x_hi; ++x, src += a.sw * C) std::memcpy(d + x * C, src, static_cast<size_t>(C));
+        std::memset(d + x_hi * C, a.pad, static_cast<size_t>((Wq - x_hi) * C));
+      }
+      std::memset(base + prows * Wq * C, a.pad, static_cast<size_t>((plane - prows * Wq) * C));
     }
-    std::memset(d, a.pad, side);
-    std::memcpy(d + side, image + ih * a.W * C, static_cast<size_t>(a.W * C));
-    std::memset(d + side + a.W * C, a.pad, side);
-  }
-  const int64_t total = direct_conv_scratch_bytes(a, rows);
-  std::memset(buf + prows * Wp * C, a.pad, static_cast<size_t>(total - prows * Wp * C));
 }
+
+// Each tap's first pixel for q = 0, from the scratch's start (DirectConvArgs), in the weight's
+// k order (kh, then kw).
+struct TapOffsets {
+  int64_t pixel[kDirectConvMaxTaps];
+
+  TapOffsets(const DirectConvArgs& a, int64_t rows) {
+    const int64_t Wq = direct_plane_width(a), plane = direct_plane_pixels(a, rows);
+    for (int64_t kh = 0; kh < a.KH; ++kh)
+      for (int64_t kw = 0; kw < a.KW; ++kw) {
+        const int64_t p = (kh * a.dh % a.sh) * a.sw + kw * a.dw % a.sw;
+        pixel[kh * a.KW + kw] = p * plane + kh * a.dh / a.sh * Wq + kw * a.dw / a.sw;
+      }
+  }
+};
 
 // Integer output, every column vector full: requant_rows's arithmetic (gemm_avx512_vnni_impl.h) row
 // by row, with the per-column terms in registers across the rows and the residual / output type
@@ -116,10 +140,10 @@ void epilogue_mapped(const GemmArgs& g, const __m512i* sums, const int64_t* out_
 
 // One block: q's q0.. (RT x 16 of them) x CT x 16 columns (vectors v0.. of panel p, which has nvp).
 template <class T, int RT, int CT, bool I8>
-void direct_block(const DirectConvArgs& a, const uint8_t* buf, int64_t q0, int64_t p, int64_t v0, int64_t nvp,
-                  const int64_t* out_row) {
+void direct_block(const DirectConvArgs& a, const uint8_t* buf, const TapOffsets& taps, int64_t q0, int64_t p,
+                  int64_t v0, int64_t nvp, const int64_t* out_row) {
   const GemmArgs& g = a.g;
-  const int64_t ldb = nvp * 64, C = a.C, Wp = a.W + 2 * a.pw;
+  const int64_t ldb = nvp * 64, C = a.C, ntaps = a.KH * a.KW;
   const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K) + v0 * 64;
   const uint8_t* base = buf + q0 * C;
   const int64_t a1 = kTileRows * C;
@@ -128,24 +152,23 @@ void direct_block(const DirectConvArgs& a, const uint8_t* buf, int64_t q0, int64
   if constexpr (RT > 1) T::template zero<2>();
   if constexpr (RT > 1 && CT > 1) T::template zero<3>();
   const int8_t* bk = B;
-  for (int64_t kh = 0; kh < a.KH; ++kh)
-    for (int64_t kw = 0; kw < a.KW; ++kw) {
-      const uint8_t* tap = base + (kh * a.dh * Wp + kw * a.dw) * C;
-      for (int64_t c = 0; c < C; c += kTileBytes, bk += kTileRows * ldb) {
-        T::template load<4>(tap + c, C);
-        T::template load<6>(bk, ldb);
-        T::template dot<0, 4, 6, I8>();
-        if constexpr (CT > 1) {
-          T::template load<7>(bk + 64, ldb);
-          T::template dot<1, 4, 7, I8>();
-        }
-        if constexpr (RT > 1) {
-          T::template load<5>(tap + a1 + c, C);
-          T::template dot<2, 5, 6, I8>();
-          if constexpr (CT > 1) T::template dot<3, 5, 7, I8>();
-        }
+  for (int64_t t = 0; t < ntaps; ++t) {
+    const uint8_t* tap = base + taps.pixel[t] * C;
+    for (int64_t c = 0; c < C; c += kTileBytes, bk += kTileRows * ldb) {
+      T::template load<4>(tap + c, C);
+      T::template load<6>(bk, ldb);
+      T::template dot<0, 4, 6, I8>();
+      if constexpr (CT > 1) {
+        T::template load<7>(bk + 64, ldb);
+        T::template dot<1, 4, 7, I8>();
+      }
+      if constexpr (RT > 1) {
+        T::template load<5>(tap + a1 + c, C);
+        T::template dot<2, 5, 6, I8>();
+        if constexpr (CT > 1) T::template dot<3, 5, 7, I8>();
       }
     }
+  }
   alignas(64) __m512i sums[RT * kTileRows * CT];
   constexpr int64_t ld = CT * 64;
   T::template store<0>(sums, ld);
@@ -167,7 +190,8 @@ template <class T, bool I8>
 void direct_rows(const DirectConvArgs& a, int64_t n, int64_t oh0, int64_t rows, int64_t panel_begin, int64_t panel_end,
                  const uint8_t* buf) {
   const GemmArgs& g = a.g;
-  const int64_t Wp = a.W + 2 * a.pw, q_count = rows * Wp;
+  const int64_t Wq = direct_plane_width(a), q_count = rows * Wq;
+  const TapOffsets taps(a, rows);
   int64_t out_row[kGroupBlocks][kBlockRows];
   int64_t oh = 0, ow = 0;  // of the next q, advanced q by q (no division per row)
   const int group = g.N * g.K <= kSmallWeight ? 1 : kGroupBlocks;
@@ -177,7 +201,7 @@ void direct_rows(const DirectConvArgs& a, int64_t n, int64_t oh0, int64_t rows, 
       for (int64_t r = 0; r < kBlockRows; ++r) {
         const int64_t q = g0 + b * kBlockRows + r;
         out_row[b][r] = q < q_count && ow < a.OW ? (n * a.OH + oh0 + oh) * a.OW + ow : -1;
-        if (++ow == Wp) ow = 0, ++oh;
+        if (++ow == Wq) ow = 0, ++oh;
       }
     for (int64_t p = panel_begin; p < panel_end; ++p) {
       const int64_t nvp = (std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel) + 15) / 16;
@@ -186,10 +210,10 @@ void direct_rows(const DirectConvArgs& a, int64_t n, int64_t oh0, int64_t rows, 
         for (int b = 0; b < blocks; ++b) {
           const int64_t q0 = g0 + b * kBlockRows;
           const bool two_rows = q_count - q0 > kTileRows;
-          if (two_rows && two_cols) direct_block<T, 2, 2, I8>(a, buf, q0, p, v, nvp, out_row[b]);
-          else if (two_rows) direct_block<T, 2, 1, I8>(a, buf, q0, p, v, nvp, out_row[b]);
-          else if (two_cols) direct_block<T, 1, 2, I8>(a, buf, q0, p, v, nvp, out_row[b]);
-          else direct_block<T, 1, 1, I8>(a, buf, q0, p, v, nvp, out_row[b]);
+          if (two_rows && two_cols) direct_block<T, 2, 2, I8>(a, buf, taps, q0, p, v, nvp, out_row[b]);
+          else if (two_rows) direct_block<T, 2, 1, I8>(a, buf, taps, q0, p, v, nvp, out_row[b]);
+          else if (two_cols) direct_block<T, 1, 2, I8>(a, buf, taps, q0, p, v, nvp, out_row[b]);
+          else direct_block<T, 1, 1, I8>(a, buf, taps, q0, p, v, nvp, out_row[b]);
         }
       }
     }
@@ -200,7 +224,7 @@ template <class T>
 void direct_conv(const DirectConvArgs& a, int64_t n, int64_t oh_begin, int64_t oh_end, int64_t panel_begin,
                  int64_t panel_end, uint8_t* scratch) {
   if (oh_end <= oh_begin || panel_end <= panel_begin) return;
-  pad_band(a, n, oh_begin, oh_end - oh_begin, scratch);
+  fill_planes(a, n, oh_begin, oh_end - oh_begin, scratch);
   T::configure(tile_config());
   struct Release {
     ~Release() { T::release(); }  // also when the emulation raises

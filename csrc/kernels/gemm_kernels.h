@@ -62,30 +62,37 @@ struct GemmArgs {
 using GemmFn = void (*)(const GemmArgs&, int64_t m_begin, int64_t m_end, int64_t panel_begin,
                         int64_t panel_end);
 
-// A stride-1 convolution with groups 1 and C a multiple of 64 as one GEMM per band of output rows,
-// without gathered taps ("direct"; conv_amx.cpp): the band's input rows are copied into `scratch`
-// padded with the zero point's byte (Wp = W + 2 pw pixels a row), output pixel (oh, ow) is row
-// q = (oh - oh_begin) * Wp + ow, and tap (kh, kw) of row q is padded pixel q + kh * dh * Wp + kw * dw,
-// read in place with the pixel stride C. g: the GEMM's weight (the packed conv weight, K = KH * KW * C),
-// scales, bias, post-op and output type; g.out / g.r are the channels-last output and residual
+// A convolution with groups 1 and C a multiple of 64 as one GEMM per band of output rows, without
+// gathered taps ("direct"; conv_amx.cpp). The band's input is copied into `scratch` as sh x sw
+// phase planes padded with the zero point's byte: plane (py, px) holds padded input pixel
+// (sh * (oh_begin + Y) + py, sw * X + px) at (Y, X), Wq = direct_plane_width() pixels a row (stride 1:
+// one plane, the padded rows themselves). Output pixel (oh, ow) is row q = (oh - oh_begin) * Wq + ow,
+// and tap (kh, kw) of row q is pixel q + (kh * dh / sh) * Wq + kw * dw / sw of plane
+// ((kh * dh) % sh, (kw * dw) % sw): every tap of every row at a constant offset, read in place with
+// the pixel stride C. g: the GEMM's weight (the packed conv weight, K = KH * KW * C), scales, bias,
+// post-op and output type; g.out / g.r are the channels-last output and residual
 // [N, OH, OW, N_out] (ldc = ldr = N_out); g.M, g.a and g.lda are not read. Same sums and epilogue as
-// the GEMM over gathered taps, so the same output bytes.
+// the GEMM over gathered taps, so the same output bytes. At most kDirectConvMaxTaps taps.
 struct DirectConvArgs {
   GemmArgs g;
   const uint8_t* x = nullptr;  // channels-last [batch, H, W, C]
-  int64_t C = 0, H = 0, W = 0, OH = 0, OW = 0, KH = 1, KW = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  int64_t C = 0, H = 0, W = 0, OH = 0, OW = 0, KH = 1, KW = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   uint8_t pad = 0;  // the activation's zero point as a byte
 };
 
 constexpr int64_t kDirectConvRowBlock = 32;  // q's per block of the direct conv
+constexpr int64_t kDirectConvMaxTaps = 64;
 
-// Bytes of scratch a band of `rows` output rows needs (64-byte aligned by the caller): the padded
-// rows, and what the taps of the last block read beyond them.
+// Pixels per row of a phase plane: the output's columns and the kernel's reach beyond them.
+inline int64_t direct_plane_width(const DirectConvArgs& a) { return a.OW + (a.KW - 1) * a.dw / a.sw; }
+// Pixels per phase plane for a band of `rows` output rows: its rows, one more, and a block of q's
+// (what the taps of the band's last block read past its rows).
+inline int64_t direct_plane_pixels(const DirectConvArgs& a, int64_t rows) {
+  return (rows + (a.KH - 1) * a.dh / a.sh + 1) * direct_plane_width(a) + kDirectConvRowBlock;
+}
+// Bytes of scratch a band of `rows` output rows needs (64-byte aligned by the caller).
 inline int64_t direct_conv_scratch_bytes(const DirectConvArgs& a, int64_t rows) {
-  const int64_t Wp = a.W + 2 * a.pw;
-  const int64_t q_end = (rows * Wp + kDirectConvRowBlock - 1) / kDirectConvRowBlock * kDirectConvRowBlock;
-  const int64_t reach = q_end + (a.KH - 1) * a.dh * Wp + (a.KW - 1) * a.dw;
-  return std::max((rows + (a.KH - 1) * a.dh) * Wp, reach) * a.C;
+  return a.sh * a.sw * direct_plane_pixels(a, rows) * a.C;
 }
 
 // Computes output rows [oh_begin, oh_end) of image n, columns of panels [panel_begin, panel_end)

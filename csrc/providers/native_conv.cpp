@@ -3,9 +3,9 @@
 // the residual add and relu fused in its epilogue.
 //   * Unpadded 1x1, stride 1: the pixels are the GEMM's rows, read in place.
 //   * Unpadded 1x1, strided: the pixels read are gathered into one block first.
-//   * Stride 1 over a multiple of 64 channels, on a kernel with a direct convolution (AMX): bands
-//     of output rows over a zero-point-padded copy of their input rows, no taps gathered
-//     (kernels::DirectConvArgs, csrc/kernels/conv_amx.cpp).
+//   * Stride 1 or 2 over a multiple of 64 channels, on a kernel with a direct convolution (AMX):
+//     bands of output rows over a zero-point-padded copy of their input (split into phase planes
+//     at stride 2), no taps gathered (kernels::DirectConvArgs, csrc/kernels/conv_amx.cpp).
 //   * Otherwise: each output pixel's taps (KH x KW x C bytes; the activation's zero point where a
 //     tap falls in the padding, which adds nothing to the sums) are gathered into a row, in blocks
 //     of rows that stay in L2 (per thread, in a reused buffer: nothing allocated per call but the
@@ -234,7 +234,7 @@ void run_gathered(const GemmArgs& g0, const Taps& t, int64_t pixels) {
   });
 }
 
-// Whether stride-1 convs over a multiple of 64 channels run on the kernel's direct convolution
+// Whether stride-1 and -2 convs over a multiple of 64 channels run on the kernel's direct convolution
 // where it has one (set_direct_conv: tests and benchmarks compare it with the gathered taps).
 std::atomic<bool> g_direct_conv{true};
 // Convs that ran on the direct convolution since the process started (tests check the route).
@@ -244,28 +244,29 @@ std::atomic<int64_t> g_direct_calls{0};
 constexpr int64_t kDirectBandBytes = int64_t(256) << 10;
 
 // The direct convolution (kernels::DirectConvArgs) where the kernel has one and the conv suits it
-// (stride 1, C a multiple of 64), in bands of output rows: each thread a range of (image, band)
-// units, or, where there are fewer images than threads and the weight outweighs an image (the
-// deep layers at batch 1), every unit over its share of the weight's panels; false where it does
-// not apply.
+// (stride 1 or 2, C a multiple of 64, at most kDirectConvMaxTaps taps), in bands of output rows:
+// each thread a range of (image, band) units, or, where there are fewer images than threads and the
+// weight outweighs an image's planes (the deep layers at batch 1), every unit over its share of the
+// weight's panels; false where it does not apply.
 bool run_direct(const GemmArgs& g0, const Taps& t, int64_t N) {
   const auto& k = native::gemm_kernels();
-  if (!k.direct_conv || !g_direct_conv.load(std::memory_order_relaxed) || t.p.stride[0] != 1 || t.p.stride[1] != 1 ||
-      t.C % 64 != 0)
+  if (!k.direct_conv || !g_direct_conv.load(std::memory_order_relaxed) || t.p.stride[0] > 2 || t.p.stride[1] > 2 ||
+      t.C % 64 != 0 || t.KH * t.KW > kernels::kDirectConvMaxTaps)
     return false;
   kernels::DirectConvArgs a;
   a.g = g0;
   a.x = t.x;
   a.C = t.C, a.H = t.H, a.W = t.W, a.OH = t.OH, a.OW = t.OW, a.KH = t.KH, a.KW = t.KW;
-  a.ph = t.p.padding[0], a.pw = t.p.padding[1], a.dh = t.p.dilation[0], a.dw = t.p.dilation[1];
+  a.sh = t.p.stride[0], a.sw = t.p.stride[1], a.ph = t.p.padding[0], a.pw = t.p.padding[1];
+  a.dh = t.p.dilation[0], a.dw = t.p.dilation[1];
   a.pad = t.pad;
-  const int64_t halo = (a.KH - 1) * a.dh, row_bytes = (a.W + 2 * a.pw) * a.C;
   const int64_t panels = kernels::gemm_num_panels(g0.N);
-  int64_t band = std::clamp<int64_t>(kDirectBandBytes / row_bytes - halo, 1, a.OH);
+  const int64_t row_bytes = a.sh * a.sw * kernels::direct_plane_width(a) * a.C;  // of planes, per output row
+  int64_t band = std::clamp<int64_t>(kDirectBandBytes / row_bytes - (a.KH - 1) * a.dh / a.sh, 1, a.OH);
   const bool big = N * a.OH * a.OW * g0.N * g0.K >= (int64_t(1) << 22);
   const int64_t threads = big ? at::get_num_threads() : 1;
   const bool by_panels = threads > 1 && N < threads && panels >= threads &&
-                         g0.N * g0.K >= (a.OH + halo) * row_bytes;
+                         g0.N * g0.K >= kernels::direct_conv_scratch_bytes(a, a.OH);
   if (!by_panels && N * ((a.OH + band - 1) / band) < threads) {  // too few units: one band per thread at least
     const int64_t per_image = (threads + N - 1) / N;
     band = std::max<int64_t>(1, (a.OH + per_image - 1) / per_image);

@@ -47,7 +47,7 @@ const kernels::GemmKernels& gemm_kernels();
 // Tests: run every native GEMM on the named kernel ("amx", "amx_emulated", "avx512_vnni", "avx2_vnni",
 // "avx2_vnni_evex", "avx2"), or "" for this CPU's choice; a ValueError if the CPU cannot run it.
 void set_kernel_override(const std::string& name);
-// Whether stride-1 KxK convs over a multiple of 64 channels run on the kernel's direct convolution
+// Whether KxK convs of stride 1 or 2 over a multiple of 64 channels run on the kernel's direct convolution
 // (kernels::DirectConvArgs; the AMX kernels have one) or on gathered taps like every other conv:
 // on by default; tests and benchmarks switch it to compare the two (native_conv.cpp).
 void set_direct_conv(bool enabled);

@@ -1,5 +1,6 @@
-"""The native direct convolution (csrc/kernels/conv_amx.cpp): stride-1 convs over a multiple of 64
-channels as a GEMM over zero-point-padded input rows, A tiles read in place with the pixel stride.
+"""The native direct convolution (csrc/kernels/conv_amx.cpp): convs of stride 1 or 2 over a multiple of
+64 channels as a GEMM over the zero-point-padded input (split into phase planes at stride 2), A tiles
+read in place with the pixel stride.
 
 Run on the AMX kernel over emulated tiles (any AVX512-VNNI CPU) and, where the CPU has AMX, on the
 hardware tiles. Held to:
@@ -8,7 +9,8 @@ hardware tiles. Held to:
   * the same output bytes as the gathered-taps GEMM on the AVX512-VNNI kernel for every epilogue
     (uint8 / int8 / fp32 / bf16 output, relu, gelu, a fused residual, int8 and uint8 input);
   * every split of the work: bands of rows over threads, several images, the weight's panels over
-    threads (one image, a large weight), partial column vectors, padding and dilation of any size.
+    threads (one image, a large weight), partial column vectors, padding and dilation of any size,
+    strides 1 and 2 in either direction, odd sizes.
 The route itself is checked by the op's counter of direct convs.
 """
 from __future__ import annotations
@@ -26,22 +28,30 @@ pytestmark = pytest.mark.skipif(int(_C.usable_isa()) < 3, reason="the AMX kernel
 
 KERNELS = ["amx_emulated"] + (["amx"] if _C.native_amx_self_check(False) == "" else [])
 
-# (batch, C, OC, H, W, kernel, padding, dilation): bands over threads (one image), several images,
-# the panels split (one image, weight larger than the image), 5x5 kernels, dilation, no padding,
-# padding larger than the kernel's reach, a partial column vector (OC 40), 128 channels.
+# (batch, C, OC, H, W, kernel, padding, dilation, stride): bands over threads (one image), several
+# images, the panels split (one image, weight larger than the image), 5x5 kernels, dilation, no
+# padding, padding larger than the kernel's reach, a partial column vector (OC 40), 128 channels;
+# stride 2 on odd and even sizes, with dilation, split by panels, and strides (1, 2) / (2, 1).
 GEOMETRIES = [
-    (1, 64, 32, 16, 16, 3, 1, 1),
-    (3, 64, 48, 9, 7, 3, 1, 1),
-    (1, 64, 128, 9, 9, 3, 1, 1),
-    (2, 64, 40, 8, 10, 5, 2, 1),
-    (1, 64, 64, 12, 12, 3, 2, 2),
-    (1, 64, 16, 6, 6, 3, 0, 1),
-    (1, 128, 80, 7, 7, 3, 3, 1),
+    (1, 64, 32, 16, 16, 3, 1, 1, (1, 1)),
+    (3, 64, 48, 9, 7, 3, 1, 1, (1, 1)),
+    (1, 64, 128, 9, 9, 3, 1, 1, (1, 1)),
+    (2, 64, 40, 8, 10, 5, 2, 1, (1, 1)),
+    (1, 64, 64, 12, 12, 3, 2, 2, (1, 1)),
+    (1, 64, 16, 6, 6, 3, 0, 1, (1, 1)),
+    (1, 128, 80, 7, 7, 3, 3, 1, (1, 1)),
+    (1, 64, 64, 15, 14, 3, 1, 1, (2, 2)),
+    (2, 64, 48, 9, 9, 3, 1, 1, (2, 2)),
+    (1, 128, 64, 10, 11, 5, 2, 1, (2, 2)),
+    (1, 64, 32, 13, 13, 3, 2, 2, (2, 2)),
+    (1, 64, 128, 14, 14, 3, 1, 1, (2, 2)),
+    (2, 64, 32, 9, 8, 3, 1, 1, (1, 2)),
+    (1, 64, 32, 8, 9, 3, 0, 1, (2, 1)),
 ]
 
 
 def _conv_case(geometry, x_dtype, seed):
-    n, c, oc, h, w, k, pad, dil = geometry
+    n, c, oc, h, w, k, pad, dil, stride = geometry
     g = torch.Generator().manual_seed(seed)
     weight = torch.randint(-128, 128, (oc, c, k, k), dtype=torch.int8, generator=g)
     weight[0, 0, 0, 0] = -128
@@ -51,23 +61,27 @@ def _conv_case(geometry, x_dtype, seed):
     return weight, x, g
 
 
-def _packed(weight, scales, bias, pad, dil):
-    return PackedConv2dWeight(weight, scales, bias, (1, 1), (pad, pad), (dil, dil), 1, "native")
+def _packed(weight, scales, bias, pad, dil, stride=(1, 1)):
+    return PackedConv2dWeight(weight, scales, bias, stride, (pad, pad), (dil, dil), 1, "native")
+
+
+def _out_size(size, k, pad, dil, stride):
+    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 @pytest.mark.parametrize("x_dtype", [torch.uint8, torch.int8])
 def test_sums_are_exact(kernel, geometry, x_dtype):
-    n, c, oc, h, w, k, pad, dil = geometry
+    n, c, oc, h, w, k, pad, dil, stride = geometry
     weight, x, _ = _conv_case(geometry, x_dtype, seed=oc + h)
     zp = 7 if x_dtype == torch.int8 else 131
-    pw = _packed(weight, torch.ones(oc), None, pad, dil)
+    pw = _packed(weight, torch.ones(oc), None, pad, dil, stride)
     before = _C.native_direct_conv_calls()
     with native_kernel(kernel), all_threads():
         got = pw.conv2d(x, 1.0, zp, 1.0, 0, torch.float32, "none")
     assert _C.native_direct_conv_calls() == before + 1, "the conv did not take the direct route"
-    ref = torch.nn.functional.conv2d(x.double() - zp, weight.double(), padding=pad, dilation=dil)
+    ref = torch.nn.functional.conv2d(x.double() - zp, weight.double(), padding=pad, dilation=dil, stride=stride)
     assert got.shape == ref.shape
     assert torch.equal(got.double(), ref), float((got.double() - ref).abs().max())
 
@@ -84,14 +98,14 @@ EPILOGUES = [  # (x dtype, output dtype, post-op, residual dtype or None)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("geometry", GEOMETRIES[:4] + GEOMETRIES[6:])
+@pytest.mark.parametrize("geometry", GEOMETRIES[:4] + GEOMETRIES[6:9] + GEOMETRIES[10:])
 @pytest.mark.parametrize("epilogue", EPILOGUES)
 def test_bytes_equal_the_gathered_taps(kernel, geometry, epilogue):
     x_dtype, out_dtype, post, res_dtype = epilogue
-    n, c, oc, h, w, k, pad, dil = geometry
+    n, c, oc, h, w, k, pad, dil, stride = geometry
     weight, x, g = _conv_case(geometry, x_dtype, seed=k + oc)
-    pw = _packed(weight, torch.rand(oc, generator=g) * 0.01 + 1e-3, torch.randn(oc, generator=g), pad, dil)
-    oh, ow = h + 2 * pad - dil * (k - 1), w + 2 * pad - dil * (k - 1)
+    pw = _packed(weight, torch.rand(oc, generator=g) * 0.01 + 1e-3, torch.randn(oc, generator=g), pad, dil, stride)
+    oh, ow = _out_size(h, k, pad, dil, stride[0]), _out_size(w, k, pad, dil, stride[1])
     zp = -5 if x_dtype == torch.int8 else 120
     integer_out = out_dtype in (torch.uint8, torch.int8)
     args = [x, 0.02, zp, 0.05 if integer_out else 1.0, 3 if out_dtype == torch.uint8 else 0, out_dtype, post]
@@ -113,7 +127,7 @@ def test_bytes_equal_the_gathered_taps(kernel, geometry, epilogue):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_residual_written_in_place(kernel):
     """conv2d_add_ (the residual conv writing into accum) on the direct route."""
-    geometry = (2, 64, 64, 10, 10, 3, 1, 1)
+    geometry = (2, 64, 64, 10, 10, 3, 1, 1, (1, 1))
     weight, x, g = _conv_case(geometry, torch.uint8, seed=3)
     pw = _packed(weight, torch.rand(64, generator=g) * 0.01 + 1e-3, torch.randn(64, generator=g), 1, 1)
     acc = torch.randint(0, 256, (2, 64, 10, 10), dtype=torch.uint8, generator=g).contiguous(
@@ -131,9 +145,9 @@ def test_residual_written_in_place(kernel):
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_switched_off_and_unsuited_convs_take_the_gathered_taps(kernel):
-    """Stride 2, channels not a multiple of 64, and the switch off: no direct conv, same bytes."""
+    """Stride 3, channels not a multiple of 64, and the switch off: no direct conv, same bytes."""
     g = torch.Generator().manual_seed(9)
-    cases = [((1, 64, 32, 9, 9), (2, 2), True), ((1, 48, 32, 9, 9), (1, 1), True), ((1, 64, 32, 9, 9), (1, 1), False)]
+    cases = [((1, 64, 32, 9, 9), (3, 3), True), ((1, 48, 32, 9, 9), (1, 1), True), ((1, 64, 32, 9, 9), (1, 1), False)]
     for (n, c, oc, h, w), stride, switch in cases:
         weight = torch.randint(-128, 128, (oc, c, 3, 3), dtype=torch.int8, generator=g)
         pw = PackedConv2dWeight(weight, torch.rand(oc, generator=g) * 0.01 + 1e-3, torch.randn(oc, generator=g),
