@@ -122,12 +122,12 @@ RULES: tuple[Rule, ...] = (
          "on the 7x7 ImageNet stem at batch 32 (25.7M)", "xeon_amx/kxk_conv.md",
          (groups == 1) & (c_in < 16) & (OUT_VALUES <= 16_000_000)),
     Rule("conv2d", AMX, "native", "residual 3x3s over 64 and 128 channels on the direct conv (AMX tiles reading the "
-         "padded input in place), the int8 residual fused: 1.28x and 1.05x oneDNN at batch 32 (6.4M and 3.2M output "
-         "values); over 256 channels oneDNN 1.07x", "xeon_amx/kxk_conv.md",
-         (groups == 1) & (stride == 1) & (c_in % 64 == 0) & (c_in <= 128) & int8_residual),
-    Rule("conv2d", AMX, "native", "KxK convs on AMX tiles (direct or gathered taps): 1.25-2.30x oneDNN on every ResNet 3x3 "
-         "at batch 1, 1.01-1.51x up to 0.8M output values at batch 32; from 1.6M oneDNN is 1.10-1.33x faster", "xeon_amx/kxk_conv.md",
-         (groups == 1) & (c_in >= 16) & (OUT_VALUES <= 1_000_000)),
+         "padded input in place), the int8 residual fused: 1.38x and 1.10x oneDNN at batch 32 (6.4M and 3.2M output "
+         "values); over 256 channels oneDNN 1.09x", "xeon_amx/kxk_conv.md",
+         (groups == 1) & (stride <= 2) & (c_in % 64 == 0) & (c_in <= 128) & int8_residual),
+    Rule("conv2d", AMX, "native", "KxK convs on AMX tiles (direct or gathered taps): 1.78-2.57x oneDNN on every "
+         "ResNet 3x3 at batch 1, 1.04-1.47x up to 0.8M output values at batch 32; from 1.6M 0.85-1.02x oneDNN",
+         "xeon_amx/kxk_conv.md", (groups == 1) & (c_in >= 16) & (OUT_VALUES <= 1_000_000)),
     Rule("conv2d", VNNI, "onednn", "thin 1x1 convs over many pixels (MobileNetV2's 32 -> 16 @112 from batch 8): "
          "oneDNN 1.27x native on an Intel Xeon, 1.03x on AMD EPYC", "xeon/dispatch.md#mobilenet_v2 batch 32 @224, "
          "2 threads", ONE_BY_ONE & (c_out <= 16) & (OUT_PIXELS > 100_000)),
