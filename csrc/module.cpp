@@ -185,6 +185,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa_cap", &qbackend::cpu::isa_cap);
   m.def("fbgemm_isa", &fbgemm_isa, "the instruction set FBGEMM dispatches to");
   m.def("native_packed_size", &native_packed_size, "bytes of the native provider's packed N x K weight");
+  m.def("native_conv_gemm_k", &qbackend::native::conv_gemm_k, py::arg("in_channels"), py::arg("kh"), py::arg("kw"),
+        "the K of the native provider's GEMM weight for a conv (kh * kw * in_channels, or more: zero columns that "
+        "let the AMX tiles cover every k)");
   m.def("native_isa", &native_isa, "the native GEMM's instruction set here, or '' where it has none");
   m.def("woq_isa", [] { return std::string(qbackend::ops::woq_kernel_name()); },
         "the instruction set of the weight-only int8 kernels in use (avx512, avx2 or scalar)");

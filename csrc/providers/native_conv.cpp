@@ -73,16 +73,18 @@ inline void copy_segment(uint8_t* d, const uint8_t* src, int64_t n, const uint8_
   else std::memcpy(d, src, static_cast<size_t>(n));
 }
 
-// The taps of output pixels [p0, p1) (pixel = (n * OH + oh) * OW + ow) as rows of dst, row-major
-// [p1 - p0, KH * KW * C]: row entry (kh * KW + kw) * C + c = x[n, c, oh * sh - ph + kh * dh,
-// ow * sw - pw + kw * dw], or `pad` (the zero point's byte) outside the image. dst holds
-// kTapSlack bytes beyond the rows.
+// The taps of output pixels [p0, p1) (pixel = (n * OH + oh) * OW + ow) as rows of dst, `stride`
+// bytes apart: row entry (kh * KW + kw) * C + c = x[n, c, oh * sh - ph + kh * dh,
+// ow * sw - pw + kw * dw], or `pad` (the zero point's byte) outside the image. A row's bytes past
+// KH * KW * C (a padded GEMM K) hold whatever the buffer held: the weight's zero columns multiply
+// them. dst holds kTapSlack bytes beyond the rows.
 struct Taps {
   const uint8_t* x;  // channels-last [N, H, W, C]
   const uint8_t* x_end;  // one past x's last byte
   int64_t C, H, W, OH, OW, KH, KW;
   Conv2dParams p;
   uint8_t pad;
+  int64_t stride;  // bytes from one pixel's row to the next: KH * KW * C, or the GEMM's padded K
 
   int64_t row_bytes() const { return KH * KW * C; }
 
@@ -121,7 +123,7 @@ struct Taps {
   template <int B, int RH>
   void gather_inside(int64_t n, int64_t oh, int64_t ow0, int64_t ow1, uint8_t* dst) const {
     const int64_t rows = RH > 0 ? RH : KH;
-    const int64_t seg = KW * C, K = row_bytes(), step = p.stride[1] * C;
+    const int64_t seg = KW * C, K = stride, step = p.stride[1] * C;
     const uint8_t* src[RH > 0 ? RH : 64];
     for (int64_t kh = 0; kh < rows; ++kh)
       src[kh] = x + ((n * H + oh * p.stride[0] - p.padding[0] + kh * p.dilation[0]) * W +
@@ -147,7 +149,7 @@ struct Taps {
 
   void gather(int64_t p0, int64_t p1, uint8_t* dst) const {
     const int64_t sh = p.stride[0], sw = p.stride[1], ph = p.padding[0], pw = p.padding[1];
-    const int64_t seg = KW * C, K = row_bytes();
+    const int64_t seg = KW * C, K = stride;
     // output columns whose taps are all inside horizontally: [lo, hi)
     const int64_t lo = std::min(OW, (pw + sw - 1) / sw);
     const int64_t hi = std::max(lo, std::min(OW, W - (KW - 1) * p.dilation[1] + pw > 0
@@ -196,7 +198,7 @@ int64_t out_element_bytes(kernels::GemmOut t) {
 // then GEMM over every panel); otherwise the caller gathers every pixel and the GEMM splits over
 // the threads as a Linear would (by panels when the rows are few).
 void run_gathered(const GemmArgs& g0, const Taps& t, int64_t pixels) {
-  const int64_t K = t.row_bytes(), esize = out_element_bytes(g0.out_type);
+  const int64_t K = t.stride, esize = out_element_bytes(g0.out_type);
   const auto& k = native::gemm_kernels();
   const int64_t rt = k.row_tile;
   const int64_t block = std::max<int64_t>(rt, kTapBlockBytes / K / rt * rt);
@@ -343,7 +345,7 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
   if (w.KH != 1 || w.KW != 1 || p.padding[0] != 0 || p.padding[1] != 0) {
     g.r = rp;
     g.out = yp;
-    const Taps t{xp, xp + xc.numel(), C, H, W, OH, OW, w.KH, w.KW, p, static_cast<uint8_t>(x_zero_point)};
+    const Taps t{xp, xp + xc.numel(), C, H, W, OH, OW, w.KH, w.KW, p, static_cast<uint8_t>(x_zero_point), w.Kg};
     if (!run_direct(g, t, N)) run_gathered(g, t, N * OH * OW);
     return;
   }

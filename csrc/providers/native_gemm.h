@@ -2,10 +2,13 @@
 // weight as a plain uint8 tensor, the kernel choice for this CPU, and the split over threads.
 //
 // Packed weight tensor (uint8), made by native_linear_prepack (1-D) / native_conv2d_prepack (3-D):
-//   [0, 64)                   header: "QBNGEMM1", int64 N, int64 K, int64 KH, int64 KW, zeros
-//                             (KH = KW = 0 for a Linear weight)
+//   [0, 64)                   header: "QBNGEMM1", int64 N, int64 K, int64 KH, int64 KW, int64 Kg,
+//                             zeros (KH = KW = 0 for a Linear weight; Kg = 0 for Kg = K)
 //   [64, 64 + 4 Np)           colsum, int32 [Np]
-//   [64 + 4 Np, ... + Np Kp)  panels (csrc/kernels/gemm_kernels.h)
+//   [64 + 4 Np, ... + Np Kp)  panels (csrc/kernels/gemm_kernels.h) of the GEMM weight [N, Kg]
+// Kg: the GEMM's K, the weight's K padded with zero columns where the tile kernel runs whole
+// 64-k steps instead of a VNNI tail (a conv over 1-15 channels on AMX: pack_conv); the rows of
+// gathered taps are then Kg bytes apart, their bytes past K multiplied by the zeros.
 // A conv weight [OC, C, KH, KW] is the GEMM weight [OC, KH * KW * C] (k = (kh * KW + kw) * C + c,
 // the order of the gathered taps), and its tensor is shaped [KH, KW, L] over the same bytes (padded
 // to a multiple of KH * KW), so that the fake impls know the kernel size. Earlier 1x1 conv weights
@@ -23,6 +26,7 @@ namespace qbackend::native {
 
 struct PackedView {
   int64_t N = 0, K = 0;
+  int64_t Kg = 0;          // the GEMM's K (>= K: zero columns past K)
   int64_t KH = 1, KW = 1;  // a conv weight's kernel size (1 x 1 for Linear weights)
   const int32_t* colsum = nullptr;
   const int8_t* panels = nullptr;
@@ -32,8 +36,12 @@ constexpr int64_t kHeaderBytes = 64;
 int64_t packed_bytes(int64_t N, int64_t K);
 // Packs w [N, K] (int8, contiguous) into a new 1-D packed tensor.
 at::Tensor pack(const at::Tensor& w2d);
-// Packs a conv weight [OC, C, KH, KW] (int8, groups 1) into a new [KH, KW, L] packed tensor.
+// Packs a conv weight [OC, C, KH, KW] (int8, groups 1) into a new [KH, KW, L] packed tensor; a KxK
+// weight over 1-15 channels whose K is not a multiple of 64 gets Kg = K rounded up to 64 where this
+// CPU's kernel is the AMX one (its tiles then cover every k).
 at::Tensor pack_conv(const at::Tensor& weight);
+// The GEMM's K for a conv weight over C channels with a KH x KW kernel (pack_conv's Kg).
+int64_t conv_gemm_k(int64_t C, int64_t KH, int64_t KW);
 // Validates `packed` (dtype, contiguity, header, size) and returns its view; `name` is the argument.
 PackedView unpack(const at::Tensor& packed, const char* name);
 // The same for a conv weight (3-D, or the 1-D 1x1 weights of earlier versions).

@@ -64,10 +64,12 @@ def _onednn_conv2d_fake(x, x_scale, x_zero_point, w_packed, w_scales, bias, stri
 
 @torch.library.register_fake("qbackend::native_conv2d_prepack")
 def _native_conv2d_prepack_fake(weight, stride, padding, dilation, groups):
-    # [kH, kW, L]: the bytes of the GEMM weight [OC, kH * kW * IC], padded to a multiple of kH * kW.
+    # [kH, kW, L]: the bytes of the GEMM weight [OC, Kg] (Kg >= kH * kW * IC: native_conv_gemm_k),
+    # padded to a multiple of kH * kW.
     oc, ic, kh, kw = weight.shape
     taps = kh * kw
-    return weight.new_empty((kh, kw, -(-_C.native_packed_size(oc, ic * taps) // taps)), dtype=torch.uint8)
+    return weight.new_empty((kh, kw, -(-_C.native_packed_size(oc, _C.native_conv_gemm_k(ic, kh, kw)) // taps)),
+                            dtype=torch.uint8)
 
 
 @torch.library.register_fake("qbackend::native_conv2d")
