@@ -29,13 +29,20 @@ namespace {
 static_assert(kDirectConvRowBlock == kBlockRows, "direct_plane_pixels reserves one block of the kernel's q's");
 
 // Copies the input of output rows [oh0, oh0 + rows) of image n into its phase planes at buf
-// (DirectConvArgs), the zero point's byte wherever a plane's pixel lies in the padding or past it.
+// (DirectConvArgs), the zero point's byte wherever a plane's pixel lies in the padding or past it;
+// planes no tap reads (a 1x1 kernel at stride 2 reads one of four) are left as they are.
 void fill_planes(const DirectConvArgs& a, int64_t n, int64_t oh0, int64_t rows, uint8_t* buf) {
   const int64_t C = a.C, Wq = direct_plane_width(a), plane = direct_plane_pixels(a, rows);
   const int64_t prows = rows + (a.KH - 1) * a.dh / a.sh;
   const uint8_t* image = a.x + n * a.H * a.W * C;
+  auto read = [](int64_t phase, int64_t taps, int64_t dilation, int64_t stride) {  // does a tap read this phase?
+    for (int64_t k = 0; k < taps; ++k)
+      if (k * dilation % stride == phase) return true;
+    return false;
+  };
   for (int64_t py = 0; py < a.sh; ++py)
     for (int64_t px = 0; px < a.sw; ++px) {
+      if (!read(py, a.KH, a.dh, a.sh) || !read(px, a.KW, a.dw, a.sw)) continue;  // a plane no tap reads
       uint8_t* base = buf + (py * a.sw + px) * plane * C;
       // the plane's columns inside the image: iw = sw * X + px - pw in [0, W)
       const int64_t x_lo = std::min(Wq, std::max<int64_t>(0, (a.pw - px + a.sw - 1) / a.sw));

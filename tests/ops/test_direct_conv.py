@@ -31,7 +31,8 @@ KERNELS = ["amx_emulated"] + (["amx"] if _C.native_amx_self_check(False) == "" e
 # (batch, C, OC, H, W, kernel, padding, dilation, stride): bands over threads (one image), several
 # images, the panels split (one image, weight larger than the image), 5x5 kernels, dilation, no
 # padding, padding larger than the kernel's reach, a partial column vector (OC 40), 128 channels;
-# stride 2 on odd and even sizes, with dilation, split by panels, and strides (1, 2) / (2, 1).
+# stride 2 on odd and even sizes, with dilation, split by panels, and strides (1, 2) / (2, 1); a padded
+# 1x1 at stride 2 (one phase plane of four read).
 GEOMETRIES = [
     (1, 64, 32, 16, 16, 3, 1, 1, (1, 1)),
     (3, 64, 48, 9, 7, 3, 1, 1, (1, 1)),
@@ -47,6 +48,7 @@ GEOMETRIES = [
     (1, 64, 128, 14, 14, 3, 1, 1, (2, 2)),
     (2, 64, 32, 9, 8, 3, 1, 1, (1, 2)),
     (1, 64, 32, 8, 9, 3, 0, 1, (2, 1)),
+    (2, 64, 32, 9, 9, 1, 1, 1, (2, 2)),
 ]
 
 
