@@ -117,16 +117,15 @@ RULES: tuple[Rule, ...] = (
          "1.15-2.89x oneDNN on all of MobileNetV2's at batch 1 and 1.32-1.77x on those up to 4.8M input values at "
          "batch 32; oneDNN 1.1-1.6x faster from 12.8M", "xeon_amx/depthwise_conv.md",
          DEPTHWISE & (n * h * w * c_in <= 8_000_000)),
-    Rule("conv2d", AMX, "native", "stems (1-15 input channels) as GEMMs over gathered taps on AMX tiles: 1.18-3.80x "
-         "the best library on every stem at batch 1, 1.19-1.70x at batch 32 up to 12.8M output values; oneDNN 1.12x "
-         "on the 7x7 ImageNet stem at batch 32 (25.7M)", "xeon_amx/kxk_conv.md",
-         (groups == 1) & (c_in < 16) & (OUT_VALUES <= 16_000_000)),
+    Rule("conv2d", AMX, "native", "stems (1-15 input channels) as GEMMs over gathered taps on AMX tiles, K padded to "
+         "whole tile steps: 1.36-3.69x the best library on every stem at batch 1, 1.01-1.84x at batch 32",
+         "xeon_amx/kxk_conv.md", (groups == 1) & (c_in < 16)),
     Rule("conv2d", AMX, "native", "residual 3x3s over 64 and 128 channels on the direct conv (AMX tiles reading the "
-         "padded input in place), the int8 residual fused: 1.38x and 1.10x oneDNN at batch 32 (6.4M and 3.2M output "
-         "values); over 256 channels oneDNN 1.09x", "xeon_amx/kxk_conv.md",
+         "padded input in place), the int8 residual fused: 1.34x and 1.08x oneDNN at batch 32 (6.4M and 3.2M output "
+         "values); over 256 channels oneDNN 1.10x", "xeon_amx/kxk_conv.md",
          (groups == 1) & (stride <= 2) & (c_in % 64 == 0) & (c_in <= 128) & int8_residual),
-    Rule("conv2d", AMX, "native", "KxK convs on AMX tiles (direct or gathered taps): 1.78-2.57x oneDNN on every "
-         "ResNet 3x3 at batch 1, 1.04-1.47x up to 0.8M output values at batch 32; from 1.6M 0.85-1.02x oneDNN",
+    Rule("conv2d", AMX, "native", "KxK convs on AMX tiles (direct or gathered taps): 1.70-2.57x oneDNN on every "
+         "ResNet 3x3 at batch 1, 1.07-1.47x up to 0.8M output values at batch 32; from 1.6M 0.82-1.00x oneDNN",
          "xeon_amx/kxk_conv.md", (groups == 1) & (c_in >= 16) & (OUT_VALUES <= 1_000_000)),
     Rule("conv2d", VNNI, "onednn", "thin 1x1 convs over many pixels (MobileNetV2's 32 -> 16 @112 from batch 8): "
          "oneDNN 1.27x native on an Intel Xeon, 1.03x on AMD EPYC", "xeon/dispatch.md#mobilenet_v2 batch 32 @224, "
