@@ -152,5 +152,43 @@ struct EmuTiles {
   }
 };
 
+// The C tiles of a block of RT x 16 rows and CT x 16 columns (C[i][j] = 2 i + j), zeroed.
+template <class T, int RT, int CT>
+inline void zero_block() {
+  T::template zero<0>();
+  if constexpr (CT > 1) T::template zero<1>();
+  if constexpr (RT > 1) T::template zero<2>();
+  if constexpr (RT > 1 && CT > 1) T::template zero<3>();
+}
+
+// One 64-k step of the block: A tiles of its 16-row halves from a and a + a1 (rows lda bytes
+// apart), B tiles of its 16-column halves from bk and bk + 64 (k-groups ldb bytes apart).
+template <class T, int RT, int CT, bool I8>
+inline void block_step(const uint8_t* a, int64_t a1, int64_t lda, const int8_t* bk, int64_t ldb) {
+  T::template load<4>(a, lda);
+  T::template load<6>(bk, ldb);
+  T::template dot<0, 4, 6, I8>();
+  if constexpr (CT > 1) {
+    T::template load<7>(bk + 64, ldb);
+    T::template dot<1, 4, 7, I8>();
+  }
+  if constexpr (RT > 1) {
+    T::template load<5>(a + a1, lda);
+    T::template dot<2, 5, 6, I8>();
+    if constexpr (CT > 1) T::template dot<3, 5, 7, I8>();
+  }
+}
+
+// The block's sums into `sums`, row-major: row r's CT vectors at sums[r * CT ..].
+template <class T, int RT, int CT>
+inline void store_block(void* sums) {
+  constexpr int64_t ld = CT * 64;
+  uint8_t* s = static_cast<uint8_t*>(sums);
+  T::template store<0>(s, ld);
+  if constexpr (CT > 1) T::template store<1>(s + 64, ld);
+  if constexpr (RT > 1) T::template store<2>(s + kTileRows * ld, ld);
+  if constexpr (RT > 1 && CT > 1) T::template store<3>(s + kTileRows * ld + 64, ld);
+}
+
 }  // namespace
 }  // namespace qbackend::kernels

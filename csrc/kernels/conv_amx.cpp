@@ -154,34 +154,14 @@ void direct_block(const DirectConvArgs& a, const uint8_t* buf, const TapOffsets&
   const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K) + v0 * 64;
   const uint8_t* base = buf + q0 * C;
   const int64_t a1 = kTileRows * C;
-  T::template zero<0>();
-  if constexpr (CT > 1) T::template zero<1>();
-  if constexpr (RT > 1) T::template zero<2>();
-  if constexpr (RT > 1 && CT > 1) T::template zero<3>();
+  zero_block<T, RT, CT>();
   const int8_t* bk = B;
   for (int64_t t = 0; t < ntaps; ++t) {
     const uint8_t* tap = base + taps.pixel[t] * C;
-    for (int64_t c = 0; c < C; c += kTileBytes, bk += kTileRows * ldb) {
-      T::template load<4>(tap + c, C);
-      T::template load<6>(bk, ldb);
-      T::template dot<0, 4, 6, I8>();
-      if constexpr (CT > 1) {
-        T::template load<7>(bk + 64, ldb);
-        T::template dot<1, 4, 7, I8>();
-      }
-      if constexpr (RT > 1) {
-        T::template load<5>(tap + a1 + c, C);
-        T::template dot<2, 5, 6, I8>();
-        if constexpr (CT > 1) T::template dot<3, 5, 7, I8>();
-      }
-    }
+    for (int64_t c = 0; c < C; c += kTileBytes, bk += kTileRows * ldb) block_step<T, RT, CT, I8>(tap + c, a1, C, bk, ldb);
   }
   alignas(64) __m512i sums[RT * kTileRows * CT];
-  constexpr int64_t ld = CT * 64;
-  T::template store<0>(sums, ld);
-  if constexpr (CT > 1) T::template store<1>(sums + 1, ld);
-  if constexpr (RT > 1) T::template store<2>(sums + kTileRows * CT, ld);
-  if constexpr (RT > 1 && CT > 1) T::template store<3>(sums + kTileRows * CT + 1, ld);
+  store_block<T, RT, CT>(sums);
   epilogue_mapped<RT * kTileRows, CT>(g, sums, out_row, p * kGemmPanel + v0 * 16, g.a_zp - (I8 ? 128 : 0));
 }
 

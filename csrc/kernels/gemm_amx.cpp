@@ -71,31 +71,10 @@ void amx_block(const GemmArgs& g, int64_t m0, int64_t p, int64_t v0, int64_t nvp
   const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K) + v0 * 64;
   const uint8_t* a = g.a + m0 * g.lda;
   const int64_t a1 = kTileRows * g.lda;
-  T::template zero<0>();
-  if constexpr (CT > 1) T::template zero<1>();
-  if constexpr (RT > 1) T::template zero<2>();
-  if constexpr (RT > 1 && CT > 1) T::template zero<3>();
-  for (int64_t k = 0; k < kmain; k += kTileBytes) {
-    const int8_t* bk = B + k / 4 * ldb;
-    T::template load<4>(a + k, g.lda);
-    T::template load<6>(bk, ldb);
-    T::template dot<0, 4, 6, I8>();
-    if constexpr (CT > 1) {
-      T::template load<7>(bk + 64, ldb);
-      T::template dot<1, 4, 7, I8>();
-    }
-    if constexpr (RT > 1) {
-      T::template load<5>(a + a1 + k, g.lda);
-      T::template dot<2, 5, 6, I8>();
-      if constexpr (CT > 1) T::template dot<3, 5, 7, I8>();
-    }
-  }
+  zero_block<T, RT, CT>();
+  for (int64_t k = 0; k < kmain; k += kTileBytes) block_step<T, RT, CT, I8>(a + k, a1, g.lda, B + k / 4 * ldb, ldb);
   alignas(64) __m512i sums[RT * kTileRows * CT];
-  constexpr int64_t ld = CT * 64;  // bytes per row of sums
-  T::template store<0>(sums, ld);
-  if constexpr (CT > 1) T::template store<1>(sums + 1, ld);
-  if constexpr (RT > 1) T::template store<2>(sums + kTileRows * CT, ld);
-  if constexpr (RT > 1 && CT > 1) T::template store<3>(sums + kTileRows * CT + 1, ld);
+  store_block<T, RT, CT>(sums);
   if (kmain < g.K) add_k_tail<RT * kTileRows, CT, I8>(g, sums, m0, B, ldb, kmain);
   epilogue<RT * kTileRows, CT>(g, sums, m0, p * kGemmPanel + v0 * 16, g.a_zp - (I8 ? 128 : 0));
 }
