@@ -200,8 +200,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_native_direct_conv", &qbackend::native::set_direct_conv, py::arg("enabled"),
         "tests and benchmarks: whether KxK convs of stride 1 or 2 over a multiple of 64 channels use the native kernel's "
         "direct convolution (AMX) instead of gathered taps; True by default");
-  m.def("native_direct_conv", &qbackend::native::direct_conv_enabled,
-        "whether the native direct convolution is switched on (set_native_direct_conv)");
   m.def("native_direct_conv_calls", &qbackend::native::direct_conv_calls,
         "how many native conv calls ran on the direct convolution in this process");
   m.def("native_amx_self_check", &qbackend::kernels::gemm_amx_self_check, py::arg("emulated"),

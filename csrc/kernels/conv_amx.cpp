@@ -80,9 +80,9 @@ struct TapOffsets {
   }
 };
 
-// Integer output, every column vector full: requant_rows's arithmetic (gemm_avx512_vnni_impl.h) row
-// by row, with the per-column terms in registers across the rows and the residual / output type
-// known at compile time.
+// Integer output, every column vector full: requant_rows's arithmetic (add_residual, requant_q in
+// gemm_avx512_vnni_impl.h) row by row, each row to its own output row, with the per-column terms in
+// registers across the rows and the residual / output type known at compile time.
 template <int MR, int NV, bool RES, bool U8>
 void requant_mapped(const GemmArgs& g, const __m512i* sums, const int64_t* out_row, int64_t n_base,
                     const RequantColumn* col) {
@@ -102,12 +102,9 @@ void requant_mapped(const GemmArgs& g, const __m512i* sums, const int64_t* out_r
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums[r * NV + v], zp_colsum[v])), s2[v], b2[v]);
-      if constexpr (RES) {
-        const __m128i rb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(res + m * ldr + v * 16));
-        const __m512i ri = r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
-        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ri, r_zp)), r2, t);
-      }
-      const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, q_lo), q_hi)), out_zp);
+      if constexpr (RES)
+        t = add_residual(t, _mm_loadu_si128(reinterpret_cast<const __m128i*>(res + m * ldr + v * 16)), r_int8, r_zp, r2);
+      const __m512i q = requant_q(t, q_lo, q_hi, out_zp);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + m * ldc + v * 16),
                        U8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q));
     }

@@ -220,6 +220,18 @@ struct RequantOutput {
   }
 };
 
+// y + (r - r_zp) * r', the residual's 16 bytes rb (int8 or uint8) widened.
+__attribute__((always_inline)) inline __m512 add_residual(__m512 y, __m128i rb, bool r_int8, __m512i r_zp, __m512 r2) {
+  const __m512i ri = r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ri, r_zp)), r2, y);
+}
+
+// The output integers of y (in units of the output scale): clamped in float to [q_lo, q_hi] (the
+// output type's range less out_zp, relu's lower bound included), rounded half to even, out_zp added.
+__attribute__((always_inline)) inline __m512i requant_q(__m512 y, __m512 q_lo, __m512 q_hi, __m512i out_zp) {
+  return _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, q_lo), q_hi)), out_zp);
+}
+
 // Rows m0 .. m0 + MR of column vector v (columns n0..) of a block of sums, requantized and stored.
 // Every term is read into a local first: the stores go through byte pointers, which may alias g, c
 // and o, so their fields would otherwise be loaded again after each row's store.
@@ -239,10 +251,9 @@ __attribute__((always_inline)) inline void requant_rows(const GemmArgs& g, const
     if (res) {
       const uint8_t* rp = res + r * ldr;
       const __m128i rb = full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rp)) : _mm_maskz_loadu_epi8(mask, rp);
-      const __m512i ri = r_int8 ? _mm512_cvtepi8_epi32(rb) : _mm512_cvtepu8_epi32(rb);
-      t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ri, r_zp)), r2, t);
+      t = add_residual(t, rb, r_int8, r_zp, r2);
     }
-    const __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, q_lo), q_hi)), out_zp);
+    const __m512i q = requant_q(t, q_lo, q_hi, out_zp);
     avx512::store(out + r * ldc, mask, u8 ? _mm512_cvtusepi32_epi8(q) : _mm512_cvtsepi32_epi8(q));
   }
 }

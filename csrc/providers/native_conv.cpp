@@ -55,6 +55,9 @@ at::Tensor native_conv2d_prepack(const at::Tensor& weight, at::IntArrayRef strid
   return native::pack_depthwise(weight);
 }
 
+// Multiply-adds from which a conv (gathered taps or direct) runs on every thread.
+constexpr int64_t kParallelConvWork = int64_t(1) << 22;
+
 // Bytes of gathered taps per block of rows: the block stays in L2 with the weight's panel.
 constexpr int64_t kTapBlockBytes = int64_t(192) << 10;
 
@@ -85,8 +88,6 @@ struct Taps {
   Conv2dParams p;
   uint8_t pad;
   int64_t stride;  // bytes from one pixel's row to the next: KH * KW * C, or the GEMM's padded K
-
-  int64_t row_bytes() const { return KH * KW * C; }
 
   // One pixel's row, any position (padding written as `pad`).
   void gather_pixel(int64_t n, int64_t oh, int64_t ow, uint8_t* row) const {
@@ -202,7 +203,7 @@ void run_gathered(const GemmArgs& g0, const Taps& t, int64_t pixels) {
   const auto& k = native::gemm_kernels();
   const int64_t rt = k.row_tile;
   const int64_t block = std::max<int64_t>(rt, kTapBlockBytes / K / rt * rt);
-  const bool big = pixels * g0.N * K >= (int64_t(1) << 22);
+  const bool big = pixels * g0.N * K >= kParallelConvWork;
   const int threads = big ? at::get_num_threads() : 1;
   auto rows_at = [&](GemmArgs& g, int64_t p0, int64_t rows, uint8_t* taps) {
     g.M = rows;
@@ -265,7 +266,7 @@ bool run_direct(const GemmArgs& g0, const Taps& t, int64_t N) {
   const int64_t panels = kernels::gemm_num_panels(g0.N);
   const int64_t row_bytes = a.sh * a.sw * kernels::direct_plane_width(a) * a.C;  // of planes, per output row
   int64_t band = std::clamp<int64_t>(kDirectBandBytes / row_bytes - (a.KH - 1) * a.dh / a.sh, 1, a.OH);
-  const bool big = N * a.OH * a.OW * g0.N * g0.K >= (int64_t(1) << 22);
+  const bool big = N * a.OH * a.OW * g0.N * g0.K >= kParallelConvWork;
   const int64_t threads = big ? at::get_num_threads() : 1;
   const bool by_panels = threads > 1 && N < threads && panels >= threads &&
                          g0.N * g0.K >= kernels::direct_conv_scratch_bytes(a, a.OH);
@@ -467,7 +468,6 @@ void native_conv2d_add_(const at::Tensor& x, double x_scale, int64_t x_zero_poin
 
 namespace native {
 void set_direct_conv(bool enabled) { g_direct_conv.store(enabled, std::memory_order_relaxed); }
-bool direct_conv_enabled() { return g_direct_conv.load(std::memory_order_relaxed); }
 int64_t direct_conv_calls() { return g_direct_calls.load(std::memory_order_relaxed); }
 }  // namespace native
 

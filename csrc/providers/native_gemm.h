@@ -59,7 +59,6 @@ void set_kernel_override(const std::string& name);
 // (kernels::DirectConvArgs; the AMX kernels have one) or on gathered taps like every other conv:
 // on by default; tests and benchmarks switch it to compare the two (native_conv.cpp).
 void set_direct_conv(bool enabled);
-bool direct_conv_enabled();
 // How many conv calls ran on the direct convolution in this process (tests check the route taken).
 int64_t direct_conv_calls();
 // Runs g over all rows and columns, on one thread below the size where a second one pays off.

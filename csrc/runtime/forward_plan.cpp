@@ -19,8 +19,9 @@
 //
 // `run_if_matches`, called through the plan's `entry` (a plain CPython callable), is the eager fast
 // path: given the recorded inputs' signature (`expect_inputs`: each input's dtype, sizes and
-// strides, and the grad mode), it checks a call's positional arguments against it in C++ (plain CPU tensors, nothing requiring grad with grad mode on, no
-// tracer, no CPU autocast, no dispatch mode: what nn/forward_plan.py's `signature` and
+// strides, and the grad mode), it checks a call's positional arguments against it in C++ (plain
+// CPU tensors, nothing requiring grad with grad mode on, no tracer, no CPU autocast, no dispatch
+// mode: what nn/forward_plan.py's `signature` and
 // `plans_apply` check), that the dicts given to `expect_empty` (the hook tables of the modules
 // the plan stands for) are empty and that the values given to `expect_same` are still the objects
 // they were (the model's generation, the graph's forward), and replays, or returns
