@@ -54,7 +54,11 @@ struct HwTiles {
   }
   template <int T>
   static void load(const void* p, int64_t stride) {
-    static_assert(T >= 4 && T < 8);
+    static_assert(T >= 0 && T < 8);
+    if constexpr (T == 0) _tile_loadd(0, p, stride);
+    if constexpr (T == 1) _tile_loadd(1, p, stride);
+    if constexpr (T == 2) _tile_loadd(2, p, stride);
+    if constexpr (T == 3) _tile_loadd(3, p, stride);
     if constexpr (T == 4) _tile_loadd(4, p, stride);
     if constexpr (T == 5) _tile_loadd(5, p, stride);
     if constexpr (T == 6) _tile_loadd(6, p, stride);
@@ -161,6 +165,16 @@ inline void zero_block() {
   if constexpr (RT > 1 && CT > 1) T::template zero<3>();
 }
 
+// The C tiles of a block, every row of C[i][j] set to the 16 int32 at row + 16 j (loads with
+// stride 0).
+template <class T, int RT, int CT>
+inline void init_block(const int32_t* row) {
+  T::template load<0>(row, 0);
+  if constexpr (CT > 1) T::template load<1>(row + 16, 0);
+  if constexpr (RT > 1) T::template load<2>(row, 0);
+  if constexpr (RT > 1 && CT > 1) T::template load<3>(row + 16, 0);
+}
+
 // One 64-k step of the block: A tiles of its 16-row halves from a and a + a1 (rows lda bytes
 // apart), B tiles of its 16-column halves from bk and bk + 64 (k-groups ldb bytes apart).
 template <class T, int RT, int CT, bool I8>
@@ -179,10 +193,10 @@ inline void block_step(const uint8_t* a, int64_t a1, int64_t lda, const int8_t* 
   }
 }
 
-// The block's sums into `sums`, row-major: row r's CT vectors at sums[r * CT ..].
+// The block's sums into `sums`, row-major: row r's CT vectors at sums[r * CT ..] (or, with ld,
+// rows ld bytes apart).
 template <class T, int RT, int CT>
-inline void store_block(void* sums) {
-  constexpr int64_t ld = CT * 64;
+inline void store_block(void* sums, int64_t ld = CT * 64) {
   uint8_t* s = static_cast<uint8_t*>(sums);
   T::template store<0>(s, ld);
   if constexpr (CT > 1) T::template store<1>(s + 64, ld);

@@ -79,13 +79,48 @@ void amx_block(const GemmArgs& g, int64_t m0, int64_t p, int64_t v0, int64_t nvp
   epilogue<RT * kTileRows, CT>(g, sums, m0, p * kGemmPanel + v0 * 16, g.a_zp - (I8 ? 128 : 0));
 }
 
+// One block of RT x 16 rows (m0..) and a whole panel p of 64 columns with the 64-column requantizing
+// epilogue (requant64_applies): the tiles start from - a_zp x colsum (zc, the panel's 64 columns),
+// so the epilogue has no correction to subtract; the panel's two 32-column halves accumulate one
+// after the other into one row-major array of 4 vectors per row.
+template <class T, int RT, bool I8>
+void amx_block4(const GemmArgs& g, int64_t m0, int64_t p, int64_t kmain, const int32_t* zc, const Requant64& t) {
+  constexpr int64_t ldb = 4 * 64;
+  const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K);
+  const uint8_t* a = g.a + m0 * g.lda;
+  const int64_t a1 = kTileRows * g.lda;
+  alignas(64) __m512i sums[RT * kTileRows * 4];
+  for (int h = 0; h < 2; ++h) {
+    const int8_t* Bh = B + h * 128;
+    init_block<T, RT, 2>(zc + 32 * h);
+    for (int64_t k = 0; k < kmain; k += kTileBytes) block_step<T, RT, 2, I8>(a + k, a1, g.lda, Bh + k / 4 * ldb, ldb);
+    store_block<T, RT, 2>(sums + 2 * h, ldb);
+  }
+  if (kmain < g.K) add_k_tail<RT * kTileRows, 4, I8>(g, sums, m0, B, ldb, kmain);
+  requant64<RT * kTileRows, false>(g, sums, nullptr, m0, p * kGemmPanel, t);
+}
+
 // Rows [mb, me) of panel p: blocks of 32 (then 16) rows on the tiles, the rest on VNNI.
 template <class T, bool I8>
 void amx_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, int64_t kmain) {
   const int64_t nvp = (std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel) + 15) / 16;
+  const bool wide = nvp == 4 && requant64_applies(g, p * kGemmPanel);
+  alignas(64) int32_t zc[kGemmPanel];
+  Requant64 t64;
+  if (wide) {
+    const int32_t a_zp = g.a_zp - (I8 ? 128 : 0);
+    for (int64_t n = 0; n < kGemmPanel; ++n) zc[n] = static_cast<int32_t>(-int64_t(a_zp) * g.colsum[p * kGemmPanel + n]);
+    t64 = Requant64(g, p * kGemmPanel, a_zp, true);
+  }
   int64_t m = mb;
   for (; me - m >= kTileRows;) {
     const bool two_rows = me - m >= kBlockRows;
+    if (wide) {
+      if (two_rows) amx_block4<T, 2, I8>(g, m, p, kmain, zc, t64);
+      else amx_block4<T, 1, I8>(g, m, p, kmain, zc, t64);
+      m += two_rows ? kBlockRows : kTileRows;
+      continue;
+    }
     for (int64_t v = 0; v < nvp; v += 2) {
       const bool two_cols = nvp - v >= 2;
       if (two_rows && two_cols) amx_block<T, 2, 2, I8>(g, m, p, v, nvp, kmain);
@@ -97,6 +132,12 @@ void amx_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, int64_
   }
   if (m < me) vnni_panel_rows(g, p, m, me);
 }
+
+// With integer output, a weight of at most kRowMajorWeight bytes (L1) runs row-major: kRowMajorRows rows over every
+// panel before the next rows, so that the output rows (and a residual's) are written (read) whole,
+// line after line, instead of a panel's share of each row per pass.
+constexpr int64_t kRowMajorWeight = int64_t(32) << 10;
+constexpr int64_t kRowMajorRows = 4 * kBlockRows;
 
 template <class T>
 void gemm_amx(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
@@ -110,10 +151,17 @@ void gemm_amx(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_b
   struct Release {
     ~Release() { T::release(); }  // also when the emulation raises
   } release;
-  sweep(g, m_begin, m_end, panel_begin, panel_end, kBlockRows, [&](int64_t p, int64_t mb, int64_t me) {
+  auto panel_rows = [&](int64_t p, int64_t mb, int64_t me) {
     if (g.a_int8) amx_panel_rows<T, true>(g, p, mb, me, kmain);
     else amx_panel_rows<T, false>(g, p, mb, me, kmain);
-  });
+  };
+  if ((g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) &&
+      (panel_end - panel_begin) * kGemmPanel * gemm_kp(g.K) <= kRowMajorWeight) {
+    for (int64_t mb = m_begin; mb < m_end; mb += kRowMajorRows)
+      for (int64_t p = panel_begin; p < panel_end; ++p) panel_rows(p, mb, std::min(m_end, mb + kRowMajorRows));
+    return;
+  }
+  sweep(g, m_begin, m_end, panel_begin, panel_end, kBlockRows, panel_rows);
 }
 
 // The AMX peak: 4 independent tdpbusd chains (C tiles 0-3 from A tiles 4, 5 and B tiles 6, 7),
