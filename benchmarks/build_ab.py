@@ -1,0 +1,120 @@
+"""Two builds of qbackend compared on the native provider's 1x1 convs (ResNet-50's distinct ones, batch
+32, uint8 output with relu, alone and with an in-place int8-residual add): the measurement behind a
+kernel change that only one build has, where no peer differs between the builds.
+
+Each build is a copy of the `qbackend` package (its compiled extension included) in its own folder;
+the builds run in turn in fresh processes (A, B, A, B, ... or B first with --b-first: the order
+is reported), each process timing every layer (minimum over blocks of calls), and the table gives
+the medians over the rounds and B / A.
+
+    python benchmarks/build_ab.py --a DIR_A --b DIR_B [--rounds 4] [--threads 2] [--out FILE]
+
+To make the two folders: copy `qbackend/` after building each commit (`python setup.py build_ext
+--inplace`), e.g. `cp -r qbackend /tmp/a/` at the old commit and `cp -r qbackend /tmp/b/` at the new.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+# (c_in, c_out, input h = w): ResNet-50's distinct stride-1 1x1 convs
+LAYERS = [(64, 64, 56), (64, 256, 56), (256, 64, 56), (256, 128, 56), (128, 512, 28), (512, 128, 28),
+          (512, 256, 28), (256, 1024, 14), (1024, 256, 14), (1024, 512, 14), (512, 2048, 7), (2048, 512, 7)]
+BATCH = 32
+
+
+def child(threads: int) -> None:
+    """Times every layer on the qbackend found first on sys.path; prints one JSON line."""
+    import time
+
+    import torch
+
+    import qbackend
+    from qbackend.ops import PackedConv2dWeight
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cl = torch.channels_last
+    out = {"qbackend": os.path.dirname(qbackend.__file__)}
+
+    def best_us(f, calls=8, blocks=6):
+        f()
+        best = float("inf")
+        for _ in range(blocks):
+            t = time.perf_counter()
+            for _ in range(calls):
+                f()
+            best = min(best, (time.perf_counter() - t) / calls)
+        return best * 1e6
+
+    with torch.inference_mode():
+        for ci, co, hw in LAYERS:
+            w = torch.randint(-127, 128, (co, ci, 1, 1), dtype=torch.int8)
+            ws, b = torch.rand(co) * 0.01 + 1e-3, torch.randn(co)
+            x = torch.randint(0, 256, (BATCH, ci, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
+            acc = torch.randint(0, 256, (BATCH, co, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
+            pw = PackedConv2dWeight(w, ws, b, (1, 1), (0, 0), (1, 1), 1, "native", x_shape=list(x.shape),
+                                    x_qparams=(0.02, 128))
+            key = f"{ci}->{co} @{hw}"
+            out[key] = best_us(lambda: pw.conv2d(x, 0.02, 128, 0.1, 128, torch.uint8, "relu"))
+            out[key + " +res"] = best_us(lambda: pw.conv2d_add_(x, 0.02, 128, 0.1, 128, torch.uint8, "relu",
+                                                                acc, 0.05, 128))
+    print(json.dumps(out))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--a", help="folder holding build A's qbackend package")
+    ap.add_argument("--b", help="folder holding build B's qbackend package")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--b-first", action="store_true")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.threads)
+        return 0
+    if not (args.a and args.b):
+        ap.error("--a and --b are required")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _machine import cpu_line, load_average
+
+    order = ["b", "a"] if args.b_first else ["a", "b"]
+    runs = {"a": [], "b": []}
+    start_load = load_average()
+    for _ in range(args.rounds):
+        for side in order:
+            env = {**os.environ, "PYTHONPATH": getattr(args, side)}
+            res = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--threads", str(args.threads)],
+                                 env=env, capture_output=True, text=True, check=True)
+            runs[side].append(json.loads(res.stdout.strip().splitlines()[-1]))
+    keys = [k for k in runs["a"][0] if k != "qbackend"]
+    lines = ["# Two builds on the native 1x1 convs (batch 32)", "", cpu_line(),
+             f"- A: `{runs['a'][0]['qbackend']}`; B: `{runs['b'][0]['qbackend']}`",
+             f"- threads: {args.threads}; {args.rounds} rounds, each build in a fresh process per round, order "
+             f"{' then '.join(s.upper() for s in order)}; date: "
+             f"{datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start {start_load}",
+             "- us per call: each process's minimum over 6 blocks of 8 calls, then the median over the rounds; "
+             "uint8 input and output, relu; +res: the in-place int8-residual add (conv2d_add_)", "",
+             "| layer | A us | B us | B / A |", "|---|---|---|---|"]
+    for k in keys:
+        a = statistics.median(r[k] for r in runs["a"])
+        b = statistics.median(r[k] for r in runs["b"])
+        lines.append(f"| {k} | {a:.0f} | {b:.0f} | {b / a:.2f} |")
+    lines += ["", f"Load average at the end: {load_average()}."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
