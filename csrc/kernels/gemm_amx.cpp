@@ -80,6 +80,95 @@ __attribute__((noinline)) void amx_block(const GemmArgs& g, int64_t m0, int64_t 
   epilogue<RT * kTileRows, CT>(g, sums, m0, p * kGemmPanel + v0 * 16, g.a_zp - (I8 ? 128 : 0));
 }
 
+// The requantizing epilogue of the 64-column blocks (integer output without gelu): a row's 64
+// columns at once, the values rounded as requant_q (gemm_avx512_vnni_impl.h) rounds them, then
+// narrowed by two saturating packs (int32 -> int16, out_zp added in int16, -> 8 bit) and put back in
+// column order by one dword permutation: one 64-byte store, and half the narrowing instructions of
+// four vpmov[u]sdb. The bytes are requant_rows' bytes: the packs' saturation is the clamp to the
+// output type's range, relu's floor is a byte maximum with out_zp, and only the upper bound is
+// applied in float, which keeps cvtps_epi32 from its overflow result (INT_MIN). A value below the
+// range rounds to at most q_lo (or to INT_MIN) and saturates to q_min; NaN (min's second operand)
+// converts to INT_MIN, q_min, which requant_q's clamp also gives. The sums arrive corrected (the
+// tiles start from - a_zp x colsum). Applies where the panel has all 64 columns and out_zp lies in
+// the output type's range (`requant64_applies`). The VNNI register tiles keep the 16-column
+// epilogue: with their 24 accumulators in registers, these 16 vectors of terms spill, and the 1x1
+// convs over 64 channels measured 3-5% slower there (benchmarks/results/xeon_amx/wide_requant_ab.md).
+struct Requant64 {
+  __m512 s2[4], b2[4];
+  __m512 q_hi, r2;
+  __m512i r_zp, zp16, floor8;
+
+  Requant64() = default;
+  Requant64(const GemmArgs& g, int64_t n_base) {
+    const RequantOutput o(g);
+    for (int v = 0; v < 4; ++v) {
+      const RequantColumn c(g, n_base + v * 16, 0, false);
+      s2[v] = c.s2;
+      b2[v] = c.b2;
+    }
+    q_hi = o.q_hi;
+    r2 = o.r2;
+    r_zp = _mm512_set1_epi32(g.r_zp);
+    zp16 = _mm512_set1_epi16(static_cast<int16_t>(g.out_zp));
+    floor8 = _mm512_set1_epi8(static_cast<char>(g.out_zp));
+  }
+};
+
+bool requant64_applies(const GemmArgs& g, int64_t n_base) {
+  if (g.post == GemmPost::gelu || n_base + 64 > g.N) return false;
+  if (g.out_type == GemmOut::u8) return g.out_zp >= 0 && g.out_zp <= 255;
+  return g.out_type == GemmOut::s8 && g.out_zp >= -128 && g.out_zp <= 127;
+}
+
+// One row: corrected int32 sums s[0..3], the residual row res (RES), the 64 output bytes to out.
+template <bool RES, bool U8, bool RELU>
+__attribute__((always_inline)) inline void requant_row64(const Requant64& t, const __m512i* s, uint8_t* out,
+                                                         const uint8_t* res, bool r_int8) {
+  __m512i q[4];
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[v]), t.s2[v], t.b2[v]);
+    if constexpr (RES)
+      y = add_residual(y, _mm_loadu_si128(reinterpret_cast<const __m128i*>(res + v * 16)), r_int8, t.r_zp, t.r2);
+    q[v] = _mm512_cvtps_epi32(_mm512_min_ps(t.q_hi, y));
+  }
+  const __m512i lo = _mm512_adds_epi16(_mm512_packs_epi32(q[0], q[1]), t.zp16);
+  const __m512i hi = _mm512_adds_epi16(_mm512_packs_epi32(q[2], q[3]), t.zp16);
+  __m512i b = U8 ? _mm512_packus_epi16(lo, hi) : _mm512_packs_epi16(lo, hi);
+  if constexpr (RELU) b = U8 ? _mm512_max_epu8(b, t.floor8) : _mm512_max_epi8(b, t.floor8);
+  // byte lane l of vector v sits in dword 4 l + v (the packs work within 128-bit lanes)
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  _mm512_storeu_si512(out, _mm512_permutexvar_epi32(order, b));
+}
+
+template <bool RES, bool U8, bool RELU, int MR>
+void requant_rows64(const GemmArgs& g, const __m512i* sums, int64_t m0, int64_t n_base, const Requant64& t) {
+  uint8_t* const out = static_cast<uint8_t*>(g.out) + m0 * g.ldc + n_base;
+  const uint8_t* const res = RES ? g.r + m0 * g.ldr + n_base : nullptr;
+  const int64_t ldc = g.ldc, ldr = g.ldr;
+  const bool r_int8 = g.r_int8;
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    requant_row64<RES, U8, RELU>(t, sums + r * 4, out + r * ldc, RES ? res + r * ldr : nullptr, r_int8);
+}
+
+// Rows m0 .. m0 + MR of 4 full vectors of corrected sums (sums[r * 4 + v]), columns n_base...
+template <int MR>
+void requant64(const GemmArgs& g, const __m512i* sums, int64_t m0, int64_t n_base, const Requant64& t) {
+  const bool u8 = g.out_type == GemmOut::u8, relu = g.post == GemmPost::relu;
+  if (g.r) {
+    if (u8) relu ? requant_rows64<true, true, true, MR>(g, sums, m0, n_base, t)
+                 : requant_rows64<true, true, false, MR>(g, sums, m0, n_base, t);
+    else relu ? requant_rows64<true, false, true, MR>(g, sums, m0, n_base, t)
+              : requant_rows64<true, false, false, MR>(g, sums, m0, n_base, t);
+  } else {
+    if (u8) relu ? requant_rows64<false, true, true, MR>(g, sums, m0, n_base, t)
+                 : requant_rows64<false, true, false, MR>(g, sums, m0, n_base, t);
+    else relu ? requant_rows64<false, false, true, MR>(g, sums, m0, n_base, t)
+              : requant_rows64<false, false, false, MR>(g, sums, m0, n_base, t);
+  }
+}
+
 // One block of RT x 16 rows (m0..) and a whole panel p of 64 columns with the 64-column requantizing
 // epilogue (requant64_applies): the tiles start from - a_zp x colsum (zc, the panel's 64 columns),
 // so the epilogue has no correction to subtract; the panel's two 32-column halves accumulate one
@@ -98,7 +187,7 @@ __attribute__((noinline)) void amx_block4(const GemmArgs& g, int64_t m0, int64_t
     store_block<T, RT, 2>(sums + 2 * h, ldb);
   }
   if (kmain < g.K) add_k_tail<RT * kTileRows, 4, I8>(g, sums, m0, B, ldb, kmain);
-  requant64<RT * kTileRows, false>(g, sums, nullptr, m0, p * kGemmPanel, t);
+  requant64<RT * kTileRows>(g, sums, m0, p * kGemmPanel, t);
 }
 
 // Rows [mb, me) of panel p: blocks of 32 (then 16) rows on the tiles, the rest on VNNI. A panel
@@ -116,7 +205,7 @@ void amx_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, int64_
   if (wide) {
     const int32_t a_zp = g.a_zp - (I8 ? 128 : 0);
     for (int64_t n = 0; n < kGemmPanel; ++n) zc[n] = static_cast<int32_t>(-int64_t(a_zp) * g.colsum[p * kGemmPanel + n]);
-    t64 = Requant64(g, p * kGemmPanel, a_zp, true);
+    t64 = Requant64(g, p * kGemmPanel);
   }
   int64_t m = mb;
   for (; me - m >= kTileRows;) {

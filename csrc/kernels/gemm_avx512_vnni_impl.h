@@ -258,105 +258,6 @@ __attribute__((always_inline)) inline void requant_rows(const GemmArgs& g, const
   }
 }
 
-// Integer output without gelu, 64 columns of a row at once (four full vectors): the values rounded
-// as requant_q rounds them, then narrowed by two saturating packs (int32 -> int16, out_zp added in
-// int16, -> 8 bit) and put back in column order by one dword permutation: one 64-byte store, and
-// half the narrowing instructions of four vpmov[u]sdb. The bytes are requant_rows' bytes: the packs'
-// saturation is the clamp to the output type's range, relu's floor is a byte maximum with out_zp,
-// and only the upper bound is applied in float, which keeps cvtps_epi32 from its overflow result
-// (INT_MIN). A value below the range rounds to at most q_lo (or to INT_MIN) and saturates to q_min;
-// NaN (min's second operand) converts to INT_MIN, q_min, which requant_q's clamp also gives. Applies
-// where the 64 columns exist and out_zp lies in the output type's range (`requant64_applies`).
-struct Requant64 {
-  __m512i zp_colsum[4];
-  __m512 s2[4], b2[4];
-  __m512 q_hi, r2;
-  __m512i r_zp, zp16, floor8;
-
-  Requant64() = default;
-  Requant64(const GemmArgs& g, int64_t n_base, int32_t a_zp, bool int_sums) {
-    const RequantOutput o(g);
-    for (int v = 0; v < 4; ++v) {
-      const RequantColumn c(g, n_base + v * 16, a_zp, int_sums);
-      zp_colsum[v] = c.zp_colsum;
-      s2[v] = c.s2;
-      b2[v] = c.b2;
-    }
-    q_hi = o.q_hi;
-    r2 = o.r2;
-    r_zp = _mm512_set1_epi32(g.r_zp);
-    zp16 = _mm512_set1_epi16(static_cast<int16_t>(g.out_zp));
-    floor8 = _mm512_set1_epi8(static_cast<char>(g.out_zp));
-  }
-};
-
-inline bool requant64_applies(const GemmArgs& g, int64_t n_base) {
-  if (g.post == GemmPost::gelu || n_base + 64 > g.N) return false;
-  if (g.out_type == GemmOut::u8) return g.out_zp >= 0 && g.out_zp <= 255;
-  return g.out_type == GemmOut::s8 && g.out_zp >= -128 && g.out_zp <= 127;
-}
-
-// One row: sums s[0..3] (int32 __m512i, or exact integer values in fp32 __m512), the residual row
-// res (RES), the 64 output bytes to out.
-// With ZC false, int32 sums are taken as corrected already (the AMX kernel starts its tiles from
-// - a_zp x colsum).
-template <bool RES, bool U8, bool RELU, bool ZC, class Sum>
-__attribute__((always_inline)) inline void requant_row64(const Requant64& t, const Sum* s, uint8_t* out,
-                                                         const uint8_t* res, bool r_int8) {
-  __m512i q[4];
-#pragma GCC unroll 4
-  for (int v = 0; v < 4; ++v) {
-    __m512 x;
-    if constexpr (ZC) x = sum_to_float(s[v], t.zp_colsum[v]);
-    else x = _mm512_cvtepi32_ps(s[v]);
-    __m512 y = _mm512_fmadd_ps(x, t.s2[v], t.b2[v]);
-    if constexpr (RES)
-      y = add_residual(y, _mm_loadu_si128(reinterpret_cast<const __m128i*>(res + v * 16)), r_int8, t.r_zp, t.r2);
-    q[v] = _mm512_cvtps_epi32(_mm512_min_ps(t.q_hi, y));
-  }
-  const __m512i lo = _mm512_adds_epi16(_mm512_packs_epi32(q[0], q[1]), t.zp16);
-  const __m512i hi = _mm512_adds_epi16(_mm512_packs_epi32(q[2], q[3]), t.zp16);
-  __m512i b = U8 ? _mm512_packus_epi16(lo, hi) : _mm512_packs_epi16(lo, hi);
-  if constexpr (RELU) b = U8 ? _mm512_max_epu8(b, t.floor8) : _mm512_max_epi8(b, t.floor8);
-  // byte lane l of vector v sits in dword 4 l + v (the packs work within 128-bit lanes)
-  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  _mm512_storeu_si512(out, _mm512_permutexvar_epi32(order, b));
-}
-
-template <bool RES, bool U8, bool RELU, bool ZC, int MR, class Sum>
-void requant_rows64(const GemmArgs& g, const Sum* sums, const int64_t* out_row, int64_t m0, int64_t n_base,
-                    const Requant64& t) {
-  uint8_t* const out = static_cast<uint8_t*>(g.out) + n_base;
-  const uint8_t* const res = RES ? g.r + n_base : nullptr;
-  const int64_t ldc = g.ldc, ldr = g.ldr;
-  const bool r_int8 = g.r_int8;
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    const int64_t m = out_row ? out_row[r] : m0 + r;
-    if (m < 0) continue;
-    requant_row64<RES, U8, RELU, ZC>(t, sums + r * 4, out + m * ldc, RES ? res + m * ldr : nullptr, r_int8);
-  }
-}
-
-// Rows m0 .. m0 + MR (or out_row[r] for row r where out_row is given; < 0: dropped) of a block of
-// 4 full vectors of sums (sums[r * 4 + v]), columns n_base.., requantized 64 columns at a time.
-template <int MR, bool ZC = true, class Sum>
-void requant64(const GemmArgs& g, const Sum* sums, const int64_t* out_row, int64_t m0, int64_t n_base,
-               const Requant64& t) {
-  const bool u8 = g.out_type == GemmOut::u8, relu = g.post == GemmPost::relu;
-  if (g.r) {
-    if (u8) relu ? requant_rows64<true, true, true, ZC, MR>(g, sums, out_row, m0, n_base, t)
-                 : requant_rows64<true, true, false, ZC, MR>(g, sums, out_row, m0, n_base, t);
-    else relu ? requant_rows64<true, false, true, ZC, MR>(g, sums, out_row, m0, n_base, t)
-              : requant_rows64<true, false, false, ZC, MR>(g, sums, out_row, m0, n_base, t);
-  } else {
-    if (u8) relu ? requant_rows64<false, true, true, ZC, MR>(g, sums, out_row, m0, n_base, t)
-                 : requant_rows64<false, true, false, ZC, MR>(g, sums, out_row, m0, n_base, t);
-    else relu ? requant_rows64<false, false, true, ZC, MR>(g, sums, out_row, m0, n_base, t)
-              : requant_rows64<false, false, false, ZC, MR>(g, sums, out_row, m0, n_base, t);
-  }
-}
-
 // The epilogue of an MR x (NV * 16) block of sums (sums[r * NV + v]: int32 __m512i, or exact
 // integer values in fp32 __m512) of rows m0.. and columns n_base..: per 16-column vector, the
 // per-column terms are loaded once for the MR rows. a_zp is the zero point int32 sums are taken
@@ -364,11 +265,6 @@ void requant64(const GemmArgs& g, const Sum* sums, const int64_t* out_row, int64
 template <int MR, int NV, class Sum = __m512i>
 __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const Sum* sums, int64_t m0, int64_t n_base, int32_t a_zp) {
   constexpr bool int_sums = std::is_same_v<Sum, __m512i>;
-  if constexpr (NV == 4)
-    if (requant64_applies(g, n_base)) {
-      requant64<MR>(g, sums, nullptr, m0, n_base, Requant64(g, n_base, a_zp, int_sums));
-      return;
-    }
   if ((g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu) {
     const RequantOutput o(g);
 #pragma GCC unroll 4
@@ -443,8 +339,6 @@ template <int NV, bool I8>
 int64_t requant_full_tiles(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, const int8_t* pf_base,
                            int64_t slice, int64_t pf_bytes, int lines) {
   const RequantTerms<NV> terms(g, p * kGemmPanel);
-  const bool wide = NV == 4 && requant64_applies(g, p * kGemmPanel);
-  const Requant64 t64 = wide ? Requant64(g, p * kGemmPanel, g.a_zp, true) : Requant64{};
   const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K);
   int64_t m = mb, i = 0;
   for (; m + kMaxRows <= me; m += kMaxRows, ++i) {
@@ -454,11 +348,6 @@ int64_t requant_full_tiles(const GemmArgs& g, int64_t p, int64_t mb, int64_t me,
     if (pf && lines == 1) dot_tile<kMaxRows, NV, I8, 1>(a, g.lda, B, NV * 64, g.K, sums, pf);
     else if (pf && lines == 2) dot_tile<kMaxRows, NV, I8, 2>(a, g.lda, B, NV * 64, g.K, sums, pf);
     else dot_tile<kMaxRows, NV, I8>(a, g.lda, B, NV * 64, g.K, sums);
-    if constexpr (NV == 4)
-      if (wide) {
-        requant64<kMaxRows>(g, sums, nullptr, m, p * kGemmPanel, t64);
-        continue;
-      }
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
       requant_rows<kMaxRows, NV>(g, sums, v, m, p * kGemmPanel + v * 16, terms.col[v], terms.out);

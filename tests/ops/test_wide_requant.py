@@ -1,11 +1,12 @@
-"""The 64-column requantizing epilogue (csrc/kernels/gemm_avx512_vnni_impl.h, `requant64`): a row's
+"""The AMX kernel's 64-column requantizing epilogue (csrc/kernels/gemm_amx.cpp, `requant64`): a row's
 four full vectors narrowed by two saturating packs, out_zp added in int16, relu as a byte maximum and
-one dword permutation back to column order. It runs where a panel has all 64 columns and integer
-output without gelu; a panel of 63 columns takes the 16-column epilogue. The same weight columns
-through both must give the same bytes, on every native kernel this CPU runs (the AMX tiles, their
-emulation, the AVX512-VNNI register tiles), for every output type, zero point at the ends of its
-range, relu, residuals of either type, values far beyond the output range (a scale that puts them
-beyond int32) and every block height; and the bytes stay within 1 LSB of the fp64 reference.
+one dword permutation back to column order, from tiles that start at -a_zp x colsum. It runs where
+a panel has all 64 columns, K <= 256 and integer output without gelu; a panel of 63 columns takes
+the 16-column epilogue. The same weight columns through both must give the same bytes on the AMX
+tiles (where this CPU has them) and their emulation, for every output type, zero point at the ends
+of its range, relu, residuals of either type, values far beyond the output range (beyond int16, and
+beyond int32 after scaling) and every block height; the bytes stay within 1 LSB of the fp64
+reference. The VNNI register tiles (16-column epilogue only) are held to the same checks.
 """
 from __future__ import annotations
 
