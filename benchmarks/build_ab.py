@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     if not (args.a and args.b):
         ap.error("--a and --b are required")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _machine import cpu_line, load_average
+    from _machine import cpu_line, load_average, write_report
 
     order = ["b", "a"] if args.b_first else ["a", "b"]
     runs = {"a": [], "b": []}
@@ -108,11 +108,7 @@ def main(argv=None) -> int:
         b = statistics.median(r[k] for r in runs["b"])
         lines.append(f"| {k} | {a:.0f} | {b:.0f} | {b / a:.2f} |")
     lines += ["", f"Load average at the end: {load_average()}."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    write_report("\n".join(lines), args.out)
     return 0
 
 

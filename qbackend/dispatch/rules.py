@@ -117,9 +117,9 @@ RULES: tuple[Rule, ...] = (
          "1.15-2.89x oneDNN on all of MobileNetV2's at batch 1 and 1.32-1.77x on those up to 4.8M input values at "
          "batch 32; oneDNN 1.1-1.6x faster from 12.8M", "xeon_amx/depthwise_conv.md",
          DEPTHWISE & (n * h * w * c_in <= 8_000_000)),
-    Rule("conv2d", AMX, "native", "stems (1-15 input channels) on AMX tiles, K padded to whole tile steps: 1.36-3.69x "
-         "the best library at batch 1, 1.35-1.84x at batch 32 up to 12.8M output values; on the 7x7 ImageNet stem at "
-         "batch 32 (25.7M) level, 1.06x slower in ResNet-18",
+    Rule("conv2d", AMX, "native", "stems (1-15 input channels) on AMX tiles, K padded to whole tile steps: 1.37-3.60x "
+         "the best library at batch 1, 1.28-1.82x at batch 32 to 12.8M outputs; the 7x7 ImageNet stem at batch 32 "
+         "(25.7M): 1.12x alone, level in ResNets",
          "xeon_amx/kxk_conv.md", (groups == 1) & (c_in < 16) & (OUT_VALUES <= 16_000_000)),
     Rule("conv2d", AMX, "native", "residual 3x3s over 64 and 128 channels on the direct conv (AMX tiles reading the "
          "padded input in place), the int8 residual fused: 1.34x and 1.08x oneDNN at batch 32 (6.4M and 3.2M output "
