@@ -4,8 +4,8 @@ kernel change that only one build has, where no peer differs between the builds.
 
 Each build is a copy of the `qbackend` package (its compiled extension included) in its own folder;
 the builds run in turn in fresh processes (A, B, A, B, ... or B first with --b-first: the order
-is reported), each process timing every layer (minimum over blocks of calls), and the table gives
-the medians over the rounds and B / A.
+is reported), each process timing every layer (the minimum over benchmarks/_timing.py's blocks),
+and the table gives the medians over the rounds and B / A.
 
     python benchmarks/build_ab.py --a DIR_A --b DIR_B [--rounds 4] [--threads 2] [--out FILE]
 
@@ -29,29 +29,18 @@ BATCH = 32
 
 
 def child(threads: int) -> None:
-    """Times every layer on the qbackend found first on sys.path; prints one JSON line."""
-    import time
-
+    """Times every layer on the qbackend found first on sys.path (benchmarks/_timing.measure, the
+    layer alone and with the residual interleaved); prints one JSON line."""
     import torch
 
     import qbackend
+    from _timing import measure
     from qbackend.ops import PackedConv2dWeight
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     cl = torch.channels_last
     out = {"qbackend": os.path.dirname(qbackend.__file__)}
-
-    def best_us(f, calls=8, blocks=6):
-        f()
-        best = float("inf")
-        for _ in range(blocks):
-            t = time.perf_counter()
-            for _ in range(calls):
-                f()
-            best = min(best, (time.perf_counter() - t) / calls)
-        return best * 1e6
-
     with torch.inference_mode():
         for ci, co, hw in LAYERS:
             w = torch.randint(-127, 128, (co, ci, 1, 1), dtype=torch.int8)
@@ -61,9 +50,11 @@ def child(threads: int) -> None:
             pw = PackedConv2dWeight(w, ws, b, (1, 1), (0, 0), (1, 1), 1, "native", x_shape=list(x.shape),
                                     x_qparams=(0.02, 128))
             key = f"{ci}->{co} @{hw}"
-            out[key] = best_us(lambda: pw.conv2d(x, 0.02, 128, 0.1, 128, torch.uint8, "relu"))
-            out[key + " +res"] = best_us(lambda: pw.conv2d_add_(x, 0.02, 128, 0.1, 128, torch.uint8, "relu",
-                                                                acc, 0.05, 128))
+            timed = measure({key: lambda: pw.conv2d(x, 0.02, 128, 0.1, 128, torch.uint8, "relu"),
+                             key + " +res": lambda: pw.conv2d_add_(x, 0.02, 128, 0.1, 128, torch.uint8, "relu",
+                                                                   acc, 0.05, 128)},
+                            blocks=8, block_s=0.02)
+            out.update({k: t.min_us for k, t in timed.items()})
     print(json.dumps(out))
 
 
@@ -77,12 +68,12 @@ def main(argv=None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     if args.child:
         child(args.threads)
         return 0
     if not (args.a and args.b):
         ap.error("--a and --b are required")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _machine import cpu_line, load_average, write_report
 
     order = ["b", "a"] if args.b_first else ["a", "b"]
@@ -100,7 +91,8 @@ def main(argv=None) -> int:
              f"- threads: {args.threads}; {args.rounds} rounds, each build in a fresh process per round, order "
              f"{' then '.join(s.upper() for s in order)}; date: "
              f"{datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start {start_load}",
-             "- us per call: each process's minimum over 6 blocks of 8 calls, then the median over the rounds; "
+             "- us per call: each process's minimum over 8 blocks of about 20 ms (benchmarks/_timing.py), then the "
+             "median over the rounds; "
              "uint8 input and output, relu; +res: the in-place int8-residual add (conv2d_add_)", "",
              "| layer | A us | B us | B / A |", "|---|---|---|---|"]
     for k in keys:

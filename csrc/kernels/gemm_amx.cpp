@@ -88,23 +88,26 @@ __attribute__((noinline)) void amx_block(const GemmArgs& g, int64_t m0, int64_t 
 // output type's range, relu's floor is a byte maximum with out_zp, and only the upper bound is
 // applied in float, which keeps cvtps_epi32 from its overflow result (INT_MIN). A value below the
 // range rounds to at most q_lo (or to INT_MIN) and saturates to q_min; NaN (min's second operand)
-// converts to INT_MIN, q_min, which requant_q's clamp also gives. The sums arrive corrected (the
-// tiles start from - a_zp x colsum). Applies where the panel has all 64 columns and out_zp lies in
-// the output type's range (`requant64_applies`). The VNNI register tiles keep the 16-column
-// epilogue: with their 24 accumulators in registers, these 16 vectors of terms spill, and the 1x1
-// convs over 64 channels measured 3-5% slower there (benchmarks/results/xeon_amx/wide_requant_ab.md).
+// converts to INT_MIN, q_min, which requant_q's clamp also gives. The sums arrive corrected: the
+// tiles start from zc = - a_zp x colsum (the columns' zp_colsum, negated). Applies where the panel
+// has all 64 columns and out_zp lies in the output type's range (`requant64_applies`). The VNNI
+// register tiles keep the 16-column epilogue: with their 24 accumulators in registers, these 16
+// vectors of terms spill, and the 1x1 convs over 64 channels measured 3-5% slower there
+// (benchmarks/results/xeon_amx/wide_requant_ab.md).
 struct Requant64 {
   __m512 s2[4], b2[4];
   __m512 q_hi, r2;
   __m512i r_zp, zp16, floor8;
+  alignas(64) int32_t zc[kGemmPanel];  // every C tile row's starting sums, column by column
 
   Requant64() = default;
-  Requant64(const GemmArgs& g, int64_t n_base) {
+  Requant64(const GemmArgs& g, int64_t n_base, int32_t a_zp) {
     const RequantOutput o(g);
     for (int v = 0; v < 4; ++v) {
-      const RequantColumn c(g, n_base + v * 16, 0, false);
+      const RequantColumn c(g, n_base + v * 16, a_zp, true);
       s2[v] = c.s2;
       b2[v] = c.b2;
+      _mm512_store_si512(zc + v * 16, _mm512_sub_epi32(_mm512_setzero_si512(), c.zp_colsum));
     }
     q_hi = o.q_hi;
     r2 = o.r2;
@@ -170,11 +173,11 @@ void requant64(const GemmArgs& g, const __m512i* sums, int64_t m0, int64_t n_bas
 }
 
 // One block of RT x 16 rows (m0..) and a whole panel p of 64 columns with the 64-column requantizing
-// epilogue (requant64_applies): the tiles start from - a_zp x colsum (zc, the panel's 64 columns),
-// so the epilogue has no correction to subtract; the panel's two 32-column halves accumulate one
-// after the other into one row-major array of 4 vectors per row.
+// epilogue (requant64_applies): the tiles start from t.zc (- a_zp x colsum), so the epilogue has no
+// correction to subtract; the panel's two 32-column halves accumulate one after the other into one
+// row-major array of 4 vectors per row.
 template <class T, int RT, bool I8>
-__attribute__((noinline)) void amx_block4(const GemmArgs& g, int64_t m0, int64_t p, int64_t kmain, const int32_t* zc, const Requant64& t) {
+__attribute__((noinline)) void amx_block4(const GemmArgs& g, int64_t m0, int64_t p, int64_t kmain, const Requant64& t) {
   constexpr int64_t ldb = 4 * 64;
   const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K);
   const uint8_t* a = g.a + m0 * g.lda;
@@ -182,7 +185,7 @@ __attribute__((noinline)) void amx_block4(const GemmArgs& g, int64_t m0, int64_t
   alignas(64) __m512i sums[RT * kTileRows * 4];
   for (int h = 0; h < 2; ++h) {
     const int8_t* Bh = B + h * 128;
-    init_block<T, RT, 2>(zc + 32 * h);
+    init_block<T, RT, 2>(t.zc + 32 * h);
     for (int64_t k = 0; k < kmain; k += kTileBytes) block_step<T, RT, 2, I8>(a + k, a1, g.lda, Bh + k / 4 * ldb, ldb);
     store_block<T, RT, 2>(sums + 2 * h, ldb);
   }
@@ -200,19 +203,14 @@ template <class T, bool I8>
 void amx_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, int64_t kmain) {
   const int64_t nvp = (std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel) + 15) / 16;
   const bool wide = nvp == 4 && g.K <= kWideMaxK && requant64_applies(g, p * kGemmPanel);
-  alignas(64) int32_t zc[kGemmPanel];
   Requant64 t64;
-  if (wide) {
-    const int32_t a_zp = g.a_zp - (I8 ? 128 : 0);
-    for (int64_t n = 0; n < kGemmPanel; ++n) zc[n] = static_cast<int32_t>(-int64_t(a_zp) * g.colsum[p * kGemmPanel + n]);
-    t64 = Requant64(g, p * kGemmPanel);
-  }
+  if (wide) t64 = Requant64(g, p * kGemmPanel, g.a_zp - (I8 ? 128 : 0));
   int64_t m = mb;
   for (; me - m >= kTileRows;) {
     const bool two_rows = me - m >= kBlockRows;
     if (wide) {
-      if (two_rows) amx_block4<T, 2, I8>(g, m, p, kmain, zc, t64);
-      else amx_block4<T, 1, I8>(g, m, p, kmain, zc, t64);
+      if (two_rows) amx_block4<T, 2, I8>(g, m, p, kmain, t64);
+      else amx_block4<T, 1, I8>(g, m, p, kmain, t64);
       m += two_rows ? kBlockRows : kTileRows;
       continue;
     }

@@ -10,6 +10,8 @@ reference. The VNNI register tiles (16-column epilogue only) are held to the sam
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ from qbackend.core.extension import _C
 from qbackend.ops import PackedConv2dWeight
 from qbackend.ops import reference as R
 from tests.ops.numerics import all_threads
+from tests.ops.test_native_kernels import native_kernel
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(int(_C.usable_isa()) < 3, reason="the 64-column epilogue is AVX512 code")]
@@ -30,14 +33,8 @@ OUTPUTS = [(torch.uint8, 0), (torch.uint8, 255), (torch.uint8, 131), (torch.int8
 
 
 def _kernel(name):
-    class Kernel:
-        def __enter__(self):
-            if name:
-                _C.set_native_kernel(name)
-
-        def __exit__(self, *exc):
-            _C.set_native_kernel("")
-    return Kernel()
+    """test_native_kernels.native_kernel (which checks the switch took), or no switch for ""."""
+    return native_kernel(name) if name else contextlib.nullcontext()
 
 
 def _case(g, rows, c, x_dtype):
