@@ -21,6 +21,8 @@ Choices:
   aten._native_batch_norm_legit_no_training (eval mode): `run_decompositions({})` makes it so
   without decomposing anything else, and functionalize.py does the same by hand, in milliseconds
   instead of a re-trace, for graphs of the ops it knows (most CNNs);
+* eval-mode nn.BatchNorm modules trace as one opaque op and are written back as the batch_norm
+  node export gives (capture_batch_norm.py): tracing them costs most of a CNN's export otherwise;
 * dropout (a no-op in eval; after functionalisation it is an aten.clone) and plain clones (a copy
   of a value nothing mutates) are removed, and dead code (e.g. an unused pooler) with them.
 """
@@ -33,7 +35,8 @@ from torch import fx
 from torch.export import Dim
 from torch.utils._pytree import tree_map
 
-from .functionalize import functionalize
+from .capture_batch_norm import batch_norms_as_one_op, restore_batch_norms
+from .functionalize import eval_batch_norms, functionalize
 from .graph_utils import quiet_treespec_deprecation
 
 aten = torch.ops.aten
@@ -68,10 +71,14 @@ def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict 
     dynamic = {**dict(zip(_arg_names(model, len(example_inputs)), ds_args)), **ds_kwargs} or None
     try:
         with quiet_treespec_deprecation():
-            ep = torch.export.export(model, tuple(example_inputs), kwargs, dynamic_shapes=dynamic, strict=False)
+            with batch_norms_as_one_op(model):
+                ep = torch.export.export(model, tuple(example_inputs), kwargs, dynamic_shapes=dynamic, strict=False)
             gm = ep.module()
+            restore_batch_norms(gm)
             if not functionalize(gm):
                 gm = ep.run_decompositions({}).module()
+                if restore_batch_norms(gm):
+                    eval_batch_norms(gm)
     except Exception as exc:  # noqa: BLE001  (any capture failure leads to the module-swap fallback)
         raise CaptureError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") \
             from exc

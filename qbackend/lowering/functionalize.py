@@ -199,6 +199,20 @@ def _to(graph: fx.Graph, node: fx.Node) -> None:
     _replace(graph, node, aten._to_copy.default, (node.args[0],), kwargs)
 
 
+def eval_batch_norms(gm: fx.GraphModule) -> None:
+    """Only the batch-norm step above: every eval-mode aten.batch_norm of gm (a graph otherwise
+    functional already) as aten._native_batch_norm_legit_no_training plus getitem 0."""
+    empty: dict = {}
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is _BATCH_NORM:
+            training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training")
+            if training is not False or len(node.args) != 9:
+                raise ValueError(f"{node.name}: only eval-mode batch_norm nodes (9 positional args) are rewritten")
+            _batch_norm(gm.graph, node, empty)
+    gm.graph.lint()
+    gm.recompile()
+
+
 def _batch_norm(graph: fx.Graph, node: fx.Node, empty: dict) -> None:
     x, weight, bias, mean, var, _training, momentum, eps = node.args[:8]
     val = node.meta.get("val")
