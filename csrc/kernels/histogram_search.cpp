@@ -46,10 +46,10 @@ struct Quantizer {
   }
 };
 
-double error_over(const PowerOfTwoHistogram& h, const Quantizer& q, int64_t j0, int64_t j1) {
+double error_over(const OccupiedBins& bins, const Quantizer& q) {
   double err = 0.0;
-  for (int64_t j = j0; j <= j1; ++j)
-    if (h.counts[j] != 0) err += q.bin_error(h.lower(j), h.upper(j), double(h.counts[j]));
+  const size_t count = bins.n.size();
+  for (size_t i = 0; i < count; ++i) err += q.bin_error(bins.lo[i], bins.hi[i], bins.n[i]);
   return err;
 }
 
@@ -63,9 +63,22 @@ std::pair<int64_t, int64_t> occupied(const PowerOfTwoHistogram& h) {
 
 }  // namespace
 
-double quantization_error(const PowerOfTwoHistogram& h, double c0, double step, int64_t levels) {
+OccupiedBins::OccupiedBins(const PowerOfTwoHistogram& h) {
   const auto [j0, j1] = occupied(h);
-  return error_over(h, Quantizer{c0, step, levels}, j0, j1);
+  for (int64_t j = j0; j <= j1; ++j)
+    if (h.counts[j] != 0) {
+      lo.push_back(h.lower(j));
+      hi.push_back(h.upper(j));
+      n.push_back(double(h.counts[j]));
+    }
+}
+
+double quantization_error(const OccupiedBins& bins, double c0, double step, int64_t levels) {
+  return error_over(bins, Quantizer{c0, step, levels});
+}
+
+double quantization_error(const PowerOfTwoHistogram& h, double c0, double step, int64_t levels) {
+  return quantization_error(OccupiedBins(h), c0, step, levels);
 }
 
 std::pair<double, double> l2_range_search(const PowerOfTwoHistogram& h, int64_t levels) {
@@ -75,10 +88,11 @@ std::pair<double, double> l2_range_search(const PowerOfTwoHistogram& h, int64_t 
   double total = 0.0;
   for (int64_t j = j0; j <= j1; ++j) cum[size_t(j)] = total += double(h.counts[j]);
 
+  const OccupiedBins bins(h);
   auto error_of = [&](int64_t s, int64_t e) {
     const double lo = h.lower(s), hi = h.upper(e);
     const double step = (hi - lo) / double(levels);
-    return error_over(h, Quantizer{lo + step / 2.0, step, levels}, j0, j1);
+    return error_over(bins, Quantizer{lo + step / 2.0, step, levels});
   };
 
   constexpr double kStep = 1e-5;  // quantile granularity

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 namespace qbackend::kernels {
 
@@ -29,9 +30,17 @@ struct PowerOfTwoHistogram {
   double upper(int64_t j) const;
 };
 
+// The bins with mass, in order, as (lower edge, upper edge, mass): the edges clipped to [min, max]
+// as lower(j) / upper(j) give them. Laid out once, then summed over for every quantizer.
+struct OccupiedBins {
+  std::vector<double> lo, hi, n;
+  explicit OccupiedBins(const PowerOfTwoHistogram& h);
+};
+
 // Sum over the bins of the L2 error of the quantizer (c0, step, levels); step >= 0 (step == 0: every
-// value goes to c0).
+// value goes to c0). The same sum, bin by bin in order, over OccupiedBins(h).
 double quantization_error(const PowerOfTwoHistogram& h, double c0, double step, int64_t levels);
+double quantization_error(const OccupiedBins& bins, double c0, double step, int64_t levels);
 
 // The range [lo, hi] (lower edge of a start bin, upper edge of an end bin, clipped to [min, max])
 // chosen by a greedy shrink from both ends, in the manner of torch.ao's HistogramObserver (after

@@ -321,8 +321,9 @@ Tensor histogram_quant_error(const Tensor& counts_in, int64_t log2_width, int64_
   }
   Tensor out = at::empty({n}, at::dtype(at::kDouble));
   double* op = out.mutable_data_ptr<double>();
+  const kernels::OccupiedBins bins(h);
   at::parallel_for(0, n, 8, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) op[i] = kernels::quantization_error(h, cp[i], sp[i], levels);
+    for (int64_t i = b; i < e; ++i) op[i] = kernels::quantization_error(bins, cp[i], sp[i], levels);
   });
   return out;
 }

@@ -467,13 +467,15 @@ def corrected_bias(weight: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, 
     [OC, C/G, KH, KW]), scales [N], mean E[x] over the layer's input rows [G x K] (im2col columns
     for a conv; G = the conv's groups)."""
     n = weight.shape[0]
-    delta = q.reshape(n, -1).double() * scales.double()[:, None] - weight.detach().reshape(n, -1).double()
-    k = delta.shape[1]
+    k = weight[0].numel()
     groups = mean.numel() // k
     if groups * k != mean.numel() or n % groups:
         raise ValueError(f"input mean of {mean.numel()} columns does not fit a weight of {k} columns per "
                          f"output channel and {n} output channels")
-    m = mean.double().reshape(groups, k).repeat_interleave(n // groups, dim=0)  # [N, K]: each channel's group
-    shift = (delta * m).sum(1)
+    # (Q s - W) E[x] per channel as s (Q E[x]) - W E[x]: each group's channels against its mean
+    m = mean.double().reshape(groups, k, 1)
+    qm = torch.bmm(q.reshape(groups, n // groups, k).double(), m).reshape(n)
+    wm = torch.bmm(weight.detach().reshape(groups, n // groups, k).double(), m).reshape(n)
+    shift = scales.double() * qm - wm
     b0 = bias.detach().double() if bias is not None else torch.zeros(n, dtype=torch.float64)
     return (b0 - shift).float()
