@@ -8,8 +8,15 @@
 // row sums), or for a channels-last x over each image's rows, a block of channels at a time (no
 // layout copy); fp64 sums rounded once to float32, the same for either layout; NaN and inf
 // propagate to the columns that read them.
-// The statistics of GPTQ / bias correction for convs (qbackend/algorithms/gptq.py); the reference
-// is the fp64 sum of F.unfold's rows (tests/algorithms/test_conv_gptq.py).
+//
+// qbackend::sampled_im2col(x, kernel, stride, padding, dilation, step) -> rows: F.unfold's rows of x
+// ([N x ceil(OH / step) x ceil(OW / step), C x KH x KW] float32, in F.unfold's column order) at
+// every step-th output position in each direction (output rows 0, step, 2 step, ...; images, then
+// rows, then columns), 0 where a tap reads the padding: only the rows taken are formed. x of any
+// strides (channels-last read in place); one row per task, its taps copied channel by channel.
+//
+// The statistics of GPTQ / bias correction for convs (qbackend/algorithms/gptq.py); the references
+// are the fp64 sum of F.unfold's rows and F.unfold's rows themselves (tests/algorithms/test_conv_gptq.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -116,11 +123,53 @@ at::Tensor im2col_column_sums(const at::Tensor& x_in, at::IntArrayRef kernel, at
   return sums;
 }
 
+at::Tensor sampled_im2col(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef stride, at::IntArrayRef padding,
+                          at::IntArrayRef dilation, int64_t step) {
+  checks::dtype(x, at::kFloat, "x");
+  TORCH_CHECK_VALUE(x.dim() == 4, "sampled_im2col: x must be 4-D [N, C, H, W], got ", x.dim(), "-D");
+  TORCH_CHECK_VALUE(step >= 1, "sampled_im2col: step must be >= 1, got ", step);
+  const auto [kh, kw] = pair_arg(kernel, "kernel", 1);
+  const Conv2dParams p = conv2d_params(stride, padding, dilation, 1);
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  const auto [oh, ow] = p.out_hw(h, w, kh, kw);
+  const int64_t rh = (oh + step - 1) / step, rw = (ow + step - 1) / step, k = c * kh * kw;
+  at::Tensor rows = at::empty({n * rh * rw, k}, x.options());
+  if (rows.numel() == 0) return rows;
+  const float* xp = x.const_data_ptr<float>();
+  float* out = rows.mutable_data_ptr<float>();
+  const int64_t s_n = x.stride(0), s_c = x.stride(1), s_h = x.stride(2), s_w = x.stride(3);
+  const int64_t dy = p.stride[0] * step, dx = p.stride[1] * step;
+  at::parallel_for(0, n * rh * rw, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t img = r / (rh * rw), a = r / rw % rh, b = r % rw;
+      float* row = out + r * k;
+      for (int64_t i = 0; i < kh; ++i) {
+        const int64_t y = a * dy + i * p.dilation[0] - p.padding[0];
+        for (int64_t j = 0; j < kw; ++j) {
+          const int64_t xx = b * dx + j * p.dilation[1] - p.padding[1];
+          float* dst = row + i * kw + j;  // column (ch, i, j) at ch x kh x kw + i x kw + j
+          if (y < 0 || y >= h || xx < 0 || xx >= w) {
+            for (int64_t ch = 0; ch < c; ++ch) dst[ch * kh * kw] = 0.0f;
+            continue;
+          }
+          const float* src = xp + img * s_n + y * s_h + xx * s_w;
+          for (int64_t ch = 0; ch < c; ++ch) dst[ch * kh * kw] = src[ch * s_c];
+        }
+      }
+    }
+  });
+  return rows;
+}
+
 }  // namespace
 }  // namespace qbackend::ops
 
 TORCH_LIBRARY_FRAGMENT(qbackend, m) {
   m.def("im2col_column_sums(Tensor x, int[2] kernel, int[2] stride, int[2] padding, int[2] dilation) -> Tensor");
+  m.def("sampled_im2col(Tensor x, int[2] kernel, int[2] stride, int[2] padding, int[2] dilation, int step) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(qbackend, CPU, m) { m.impl("im2col_column_sums", &qbackend::ops::im2col_column_sums); }
+TORCH_LIBRARY_IMPL(qbackend, CPU, m) {
+  m.impl("im2col_column_sums", &qbackend::ops::im2col_column_sums);
+  m.impl("sampled_im2col", &qbackend::ops::sampled_im2col);
+}

@@ -214,15 +214,6 @@ def proxy_errors(w: torch.Tensor, approximations: list[torch.Tensor], h: torch.T
     return [float(part.sum()) for part in per_row.split(w.shape[0])]
 
 
-def _tap_range(offset: int, pad: int, stride: int, count: int, size: int) -> tuple[int, int, int]:
-    """The output positions [lo, hi) among `count` (position o reads input offset - pad + o x stride)
-    whose input lies inside [0, size) (the others read the zero padding), and the first one's input."""
-    lo = max(0, -(-(pad - offset) // stride))
-    hi = min(count, (size - 1 - offset + pad) // stride + 1)
-    hi = max(hi, lo)
-    return lo, hi, offset - pad + lo * stride
-
-
 def _im2col_column_sums(x: torch.Tensor, conv: dict) -> torch.Tensor:
     """Per image, the sums of a conv's im2col columns over its output positions ([N, C x KH x KW]
     float32, the order of weight.reshape(OC, -1)) without forming them: the C++ op
@@ -234,28 +225,19 @@ def _im2col_column_sums(x: torch.Tensor, conv: dict) -> torch.Tensor:
 def _sampled_im2col(x: torch.Tensor, conv: dict) -> torch.Tensor:
     """A conv's im2col rows of x [rows, C x KH x KW] (F.unfold's rows, in its order) at every
     step-th output position in each direction, step the smallest that leaves at most
-    max(SAMPLED_ROWS_PER_FEATURE x K, MIN_SAMPLED_ROWS) rows (K per group). Each kernel tap's
-    strided slice of x is copied into place (zeros where it reads the padding): the rows not taken
-    are never formed, nor is the padded input."""
+    max(SAMPLED_ROWS_PER_FEATURE x K, MIN_SAMPLED_ROWS) rows (K per group): the C++ op
+    qbackend::sampled_im2col, which forms only the rows taken (zeros where a tap reads the padding)
+    and reads a channels-last x in place."""
     n, c = x.shape[0], x.shape[1]
-    (kh, kw), (ph, pw), (dh, dw) = conv["kernel"], conv["padding"], conv["dilation"]
+    kh, kw = conv["kernel"]
     features = c // conv["groups"] * kh * kw
     cap = max(SAMPLED_ROWS_PER_FEATURE * features, MIN_SAMPLED_ROWS)
     oh, ow = _output_size(x.shape[2], x.shape[3], conv)
     step = 1
     while n * -(-oh // step) * -(-ow // step) > cap and step < max(oh, ow):
         step += 1
-    sh, sw = conv["stride"][0] * step, conv["stride"][1] * step
-    rows_h, rows_w = -(-oh // step), -(-ow // step)
-    out = x.new_zeros(n, rows_h, rows_w, c, kh, kw)
-    columns = [_tap_range(j * dw, pw, sw, rows_w, x.shape[3]) for j in range(kw)]
-    for i in range(kh):
-        a0, a1, r0 = _tap_range(i * dh, ph, sh, rows_h, x.shape[2])
-        for j, (b0, b1, c0) in enumerate(columns):
-            if a1 > a0 and b1 > b0:
-                tap = x[:, :, r0: r0 + (a1 - a0 - 1) * sh + 1: sh, c0: c0 + (b1 - b0 - 1) * sw + 1: sw]
-                out[:, a0:a1, b0:b1, :, i, j] = tap.permute(0, 2, 3, 1)
-    return out.reshape(-1, c * kh * kw)
+    return torch.ops.qbackend.sampled_im2col(x.float(), list(conv["kernel"]), list(conv["stride"]),
+                                             list(conv["padding"]), list(conv["dilation"]), step)
 
 
 def _ordered(h: torch.Tensor, order: torch.Tensor | None, dtype: torch.dtype) -> tuple[torch.Tensor, float]:

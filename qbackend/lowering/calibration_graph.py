@@ -12,6 +12,10 @@ bits, as between any two kernels). What a layout change could break is handled h
 * views (`aten.view`, `aten._unsafe_view`) become reshapes, which copy where the layout needs it;
 * tensor outputs are made contiguous, so callers see the layout the model gives.
 
+An activation (relu, hardtanh) whose input is a fresh value (a conv's, linear's, add's or mul's
+output) that nothing else reads runs in place: the same values without a second activation-sized
+buffer (ResNet-18, 4 batches of 8 on the AMX Xeon: clamp_min 37 -> 10 ms, the new buffers' page faults).
+
 Graphs without a 4-D convolution or a 4-D floating input, or with an op outside `_LAYOUT_FREE` (ops
 known to compute the same values in either layout), run as prepared (None).
 """
@@ -33,6 +37,19 @@ _LAYOUT_FREE = FUNCTIONAL | _CONVS | _VIEWS | {
     aten.reshape.default, aten.flatten.using_ints, aten.sym_size.int, aten.clone.default, aten.relu6.default,
     aten._native_batch_norm_legit_no_training.default, operator.getitem, operator.mul,
 }
+
+
+# activation -> its in-place form, where its input is made by one of _FRESH and read by it alone
+_IN_PLACE = {aten.relu.default: aten.relu_.default, aten.hardtanh.default: aten.hardtanh_.default}
+_FRESH = _CONVS | {aten.add.Tensor, aten.linear.default, aten.mul.Tensor}
+
+
+def _in_place(node: fx.Node) -> bool:
+    """Whether `node` (of the prepared graph) may run as its activation's in-place form."""
+    if node.op != "call_function" or node.target not in _IN_PLACE or not node.args:
+        return False
+    x = node.args[0]
+    return isinstance(x, fx.Node) and x.op == "call_function" and x.target in _FRESH and len(x.users) == 1
 
 
 def _image_input(node: fx.Node) -> bool:
@@ -65,6 +82,8 @@ def calibration_graph(gm: fx.GraphModule) -> fx.GraphModule | None:
         new = graph.node_copy(node, lambda n: env[n])
         if node.op == "call_function" and node.target in _VIEWS:
             new.target = aten.reshape.default
+        elif _in_place(node):
+            new.target = _IN_PLACE[node.target]
         env[node] = new
         if _image_input(node):
             env[node] = graph.call_method("contiguous", (new,), {"memory_format": torch.channels_last})

@@ -68,8 +68,9 @@ def batch_norms_as_one_op(model: nn.Module):
 
 
 def restore_batch_norms(gm: fx.GraphModule) -> int:
-    """Writes every qbackend::capture_batch_norm node of gm as aten.batch_norm (eval mode), its
-    metadata kept; returns how many (the graph recompiled where any)."""
+    """Writes every qbackend::capture_batch_norm node of gm's graph as aten.batch_norm (eval mode),
+    its metadata kept; returns how many. The caller recompiles gm (capture does, after its other
+    rewrites)."""
     graph = gm.graph
     count = 0
     for node in list(graph.nodes):
@@ -83,6 +84,4 @@ def restore_batch_norms(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(bn)
         graph.erase_node(node)
         count += 1
-    if count:
-        gm.recompile()
     return count

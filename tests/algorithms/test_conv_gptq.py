@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 import torch.nn.functional as F
 from torch import nn
 
@@ -279,3 +280,23 @@ def test_sampled_rows_are_the_unfolded_rows(kernel, stride, padding, dilation, s
     cols = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=(stride[0] * step, stride[1] * step))
     assert torch.equal(got, cols.transpose(1, 2).reshape(-1, features))
     assert size[0] < 40 or step > 1  # the large inputs are sampled
+    assert torch.equal(gptq._sampled_im2col(x.contiguous(memory_format=torch.channels_last), conv), got)
+    op = torch.ops.qbackend.sampled_im2col
+    with FakeTensorMode() as mode:  # the fake impl's shape is the op's
+        fake = op(mode.from_tensor(x), list(kernel), list(stride), list(padding), list(dilation), step)
+    assert tuple(fake.shape) == tuple(got.shape)
+
+
+def test_sampled_im2col_rejects_bad_arguments():
+    op = torch.ops.qbackend.sampled_im2col
+    x = torch.zeros(1, 2, 5, 5)
+    with pytest.raises(ValueError, match="step must be >= 1"):
+        op(x, [3, 3], [1, 1], [1, 1], [1, 1], 0)
+    with pytest.raises(ValueError, match="x must be 4-D"):
+        op(x[0], [3, 3], [1, 1], [1, 1], [1, 1], 1)
+    with pytest.raises(TypeError, match="x must have dtype torch.float32"):
+        op(x.double(), [3, 3], [1, 1], [1, 1], [1, 1], 1)
+    with pytest.raises(ValueError, match=r"kernel values must be in \[1, 65535\]"):
+        op(x, [0, 3], [1, 1], [1, 1], [1, 1], 1)
+    assert op(x, [7, 7], [1, 1], [0, 0], [1, 1], 1).shape == (0, 2 * 49)  # kernel larger than the input
+    assert op(torch.zeros(0, 2, 5, 5), [3, 3], [1, 1], [1, 1], [1, 1], 2).shape == (0, 18)
