@@ -221,19 +221,22 @@ class _Rewriter:
             self.replaced[op.output] = call
 
 
-def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict]:
+def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict, dict]:
     """(node -> QParams, id(QParams) -> value name, the activation table: value name -> the float
-    range and quantization settings its qparams came from)."""
+    range and quantization settings its qparams came from, value name -> the observer's chosen
+    range: each observer's range searched once)."""
     by_name = prepared.observers()
-    qparams, value_ids, table = {}, {}, {}
+    qparams, value_ids, table, ranges = {}, {}, {}, {}
     for node, name in prepared.plan.observed.items():
         obs = by_name[name]
-        qp = obs.compute_qparams()
+        if name not in ranges:
+            ranges[name] = obs.chosen_range()
+        qp = obs.qparams_for_range(*ranges[name])
         qparams[node], value_ids[id(qp)] = qp, name
-        table[name] = activation_record(obs, qp)
+        table[name] = activation_record(obs, qp, ranges[name])
     for node, cat in prepared.plan.aliases.items():  # layer outputs that only feed an int8 cat
         qparams[node] = qparams[cat]
-    return qparams, value_ids, table
+    return qparams, value_ids, table, ranges
 
 
 def _search_smoothing(prepared: PreparedGraph, qparams: dict, value_ids: dict, table: dict) -> dict:
@@ -260,7 +263,7 @@ def _search_smoothing(prepared: PreparedGraph, qparams: dict, value_ids: dict, t
 class ConvertState:
     """What the convert passes read and write, in the order they fill it: the calibrated prepared
     graph, tune mode's options, whether to warn about FP32 ops; each observed value's qparams,
-    its name and its activation record; SmoothQuant's choices; the Linears reading their input per
+    its name, its activation record and its observer's chosen range; SmoothQuant's choices; the Linears reading their input per
     token and the plan made with them (else the prepared graph's); the graph being rewritten (a copy)
     with the prepared graph's ops and plan on its nodes; the rewriter and the layer records."""
 
@@ -270,6 +273,7 @@ class ConvertState:
     qparams: dict = field(default_factory=dict)
     value_ids: dict = field(default_factory=dict)
     activations: dict = field(default_factory=dict)
+    ranges: dict = field(default_factory=dict)
     smoothed: dict = field(default_factory=dict)
     plan: Plan | None = None
     per_token: dict = field(default_factory=dict)
@@ -281,7 +285,7 @@ class ConvertState:
 
 def qparams_from_observers(state: ConvertState) -> ConvertState:
     """Each observed value's qparams and activation record (ObserverError names a value without data)."""
-    state.qparams, state.value_ids, state.activations = _compute_qparams(state.prepared)
+    state.qparams, state.value_ids, state.activations, state.ranges = _compute_qparams(state.prepared)
     return state
 
 
@@ -320,7 +324,7 @@ def warn_calibration_outliers(state: ConvertState) -> ConvertState:
     quantized = set(state.plan.observed.values())
     tails = state.prepared.tail_histograms()
     findings = [f for name, obs in state.prepared.observers().items() if name not in smoothed and name in quantized
-                if (f := outliers.find_outlier_range(obs, tails.get(name))) is not None]
+                if (f := outliers.find_outlier_range(obs, tails.get(name), state.ranges.get(name))) is not None]
     outliers.warn_outliers(findings, stacklevel=6)  # the caller of qbackend.convert
     return state
 

@@ -42,6 +42,19 @@ def register_constant(gm: fx.GraphModule, base: str, value: torch.Tensor) -> str
     return f"{name}_{i}"
 
 
+def _scaled_rows(w: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """w [N, ...] times factor [N] (float64) per row, computed in float64 (the promoted type) and
+    rounded once to float32 as stored, in blocks of rows of about 128K values (3x one product over
+    a 512 x 4608 weight)."""
+    out = torch.empty(w.shape, dtype=torch.float32)
+    per_row = max(1, w[0].numel()) if w.shape[0] else 1
+    rows = max(1, (1 << 17) // per_row)
+    f = factor.view(-1, *([1] * (w.dim() - 1)))
+    for r in range(0, w.shape[0], rows):
+        torch.mul(w[r:r + rows], f[r:r + rows], out=out[r:r + rows])
+    return out
+
+
 def fold_batchnorm(gm: fx.GraphModule) -> int:
     """Fold every foldable conv/linear -> batch_norm pair; returns how many were folded."""
     folded = 0
@@ -67,12 +80,12 @@ def fold_batchnorm(gm: fx.GraphModule) -> int:
         n = w.shape[0]
         if mean is None or var is None or mean.numel() != n:
             continue
-        inv = torch.rsqrt(var.double() + eps)
-        g = gamma.double() if gamma is not None else torch.ones(n, dtype=torch.float64)
+        inv = torch.rsqrt(var.detach().double() + eps)
+        g = gamma.detach().double() if gamma is not None else torch.ones(n, dtype=torch.float64)
         factor = g * inv
-        new_w = (w.detach().double() * factor.view(-1, *([1] * (w.dim() - 1)))).float()
+        new_w = _scaled_rows(w.detach(), factor)
         b0 = b.detach().double() if b is not None else torch.zeros(n, dtype=torch.float64)
-        new_b = ((b0 - mean.double()) * factor + (beta.double() if beta is not None else 0.0)).float()
+        new_b = ((b0 - mean.detach().double()) * factor + (beta.detach().double() if beta is not None else 0.0)).float()
         base = producer.args[1].target.rsplit(".", 1)[0] if producer.args[1].op == "get_attr" else "folded"
         with gm.graph.inserting_before(producer):
             w_node = gm.graph.get_attr(register_constant(gm, base + ".folded_weight", new_w))

@@ -43,9 +43,10 @@ def lstm_record(module: str, providers: dict, x_shape, forced: str | None, by_ba
                        forced=forced, route_by_batch=by_batch, note=note)
 
 
-def activation_record(observer: Observer, qp: QParams) -> ActivationRecord:
-    """The observed value's chosen float range and the settings its qparams were computed with."""
-    lo, hi = observer.chosen_range()
+def activation_record(observer: Observer, qp: QParams, chosen: tuple | None = None) -> ActivationRecord:
+    """The observed value's chosen float range (`chosen`, where the caller has it) and the settings its
+    qparams were computed with."""
+    lo, hi = observer.chosen_range() if chosen is None else chosen
     return ActivationRecord(range=[float(lo), float(hi)], dtype=_dtype_name(qp.dtype), symmetric=observer.symmetric,
                             qmin=qp.qmin, qmax=qp.qmax, eps=observer.eps)
 

@@ -125,7 +125,11 @@ class Observer(abc.ABC):
         return self._range()
 
     def compute_qparams(self) -> QParams:
-        lo, hi = self.chosen_range()
+        return self.qparams_for_range(*self.chosen_range())
+
+    def qparams_for_range(self, lo, hi) -> QParams:
+        """The qparams of the float range (lo, hi) under this observer's settings: compute_qparams
+        is qparams_for_range(*chosen_range()), for a caller that also reads the range."""
         return choose_qparams(lo, hi, self.dtype, self.symmetric, self.qmin, self.qmax, reduce_range=False,
                               eps=self.eps, axis=self.axis if self._per_channel else None)
 

@@ -86,13 +86,14 @@ def _histogram_of(observer: Observer, shadow: _PowerOfTwoHistogram | None) -> _P
     return shadow if shadow is not None and shadow.has_data else None
 
 
-def find_outlier_range(observer: Observer, shadow: _PowerOfTwoHistogram | None = None) -> OutlierFinding | None:
-    """The finding for this observer's chosen range (None: not dominated by outliers, or no
-    histogram to tell: a per-channel observer, or no data)."""
+def find_outlier_range(observer: Observer, shadow: _PowerOfTwoHistogram | None = None,
+                       chosen: tuple | None = None) -> OutlierFinding | None:
+    """The finding for this observer's chosen range (`chosen`, where the caller has it; None: not
+    dominated by outliers, or no histogram to tell: a per-channel observer, or no data)."""
     hist = _histogram_of(observer, shadow)
     if hist is None or not observer.has_data or getattr(observer, "_per_channel", False):
         return None
-    chosen = tuple(float(v) for v in observer.chosen_range())
+    chosen = tuple(float(v) for v in (observer.chosen_range() if chosen is None else chosen))
     central = (hist.value_at(TAIL), hist.value_at(1.0 - TAIL))
     central_width = _width(*central, observer.symmetric)
     if not central_width > 0.0 or not _width(*chosen, observer.symmetric) >= RATIO * central_width:

@@ -264,7 +264,9 @@ def test_each_condition_is_its_text(rule):
     seen = set()
     for shape in _samples(rule.op):
         expected = _evaluate(rule.condition, _namespace(rule.op, shape))
-        assert rule.when(facts(rule.op, shape)) == expected, (rule.condition, shape)
+        f = facts(rule.op, shape)
+        assert rule.when(f) == expected, (rule.condition, shape)
+        assert rule.when.compiled()(f) is expected, (rule.when.source, shape)  # what `choose` evaluates
         seen.add(expected)
     if rule.condition != "any shape":
         assert seen == {True, False}, f"the samples never {'fail' if True in seen else 'meet'} {rule.condition!r}"
@@ -288,3 +290,20 @@ def test_conditions_render_as_written():
     assert "m <= 64 and k*n <= 768*3072" in texts
     assert "kernel == (1, 1) and groups == 1 and c_out <= 16 and n*oh*ow > 100_000" in texts
     assert "groups > 1 and groups < c_in and c_in//groups <= 8" in texts
+
+
+def test_compiled_predicates_keep_their_grouping():
+    """The compiled form parenthesises what the text leaves to Python's precedence: a product of
+    a quotient, a negated disjunction, a flag missing from the facts."""
+    from qbackend.dispatch.predicates import Flag, Num, Var
+
+    a, b, c = Var("a"), Var("b"), Var("c")
+    cases = [c * (a // b) == Num(6), ~((a <= 1) | (b <= 1)), Flag("gelu") & (a % b == Num(1)),
+             (a * b) // c >= Num(2), Num((1, 1)) == Var("kernel")]
+    for f in ({"a": 7, "b": 2, "c": 2, "kernel": (1, 1)}, {"a": 1, "b": 5, "c": 3, "gelu": 1, "kernel": (3, 3)},
+              {"a": 9, "b": 4, "c": 1, "gelu": 1, "kernel": (1, 1)}):
+        for p in cases:
+            assert p.compiled()(f) is p(f), (p.source, f)
+    assert (c * (a // b) == Num(6)).compiled()({"a": 7, "b": 2, "c": 2}) is True  # 2 * (7 // 2) = 6; (2*7)//2 = 7
+    with pytest.raises(ValueError, match="no Python literal"):
+        Num(float("nan"))
