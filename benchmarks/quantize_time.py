@@ -3,7 +3,8 @@ calibrate and convert) against each peer's whole flow from the same FP32 model t
 (torch.ao FX: prepare_fx + calibration + convert_fx; PT2E: export + prepare_pt2e + calibration +
 convert_pt2e; ONNX Runtime: ONNX export + quant_pre_process + quantize_static; OpenVINO: convert_model
 + nncf.quantize), on the same calibration batches as benchmarks/models.py (4 batches of 8 images),
-in one process, the flows interleaved round by round; compiling for inference is not counted.
+in one process, the flows interleaved round by round (each round starting one flow later, a pause
+between flows); compiling for inference is not counted.
 Each flow's first round runs untimed (imports, first-call set-up), then the minimum and median of
 the timed rounds; qbackend also split into its three steps (minimum over rounds).
 
@@ -80,6 +81,11 @@ def _openvino(bench) -> dict:
     return {"total": time.perf_counter() - t0}
 
 
+# Seconds between two flows, for worker threads that spin after their last region (OpenMP's,
+# OpenVINO's) to go to sleep before the next flow is timed; and each round starts one flow later, so
+# that no flow is always timed right after the same peer.
+SETTLE_S = 1.0
+
 FLOWS = {"qbackend": _qbackend, "torch_ao": _torch_ao, "pt2e": _pt2e, "onnxruntime": _onnxruntime,
          "openvino": _openvino}
 
@@ -106,9 +112,10 @@ def main() -> int:
             times: dict[str, list[dict]] = {f: [] for f in flows}
             errors: dict[str, str] = {}
             for r in range(args.rounds + 1):
-                for flow in flows:
+                for flow in flows[r % len(flows):] + flows[:r % len(flows)]:  # each flow after another each round
                     if flow in errors:
                         continue
+                    time.sleep(SETTLE_S)  # the previous flow's spinning thread pools (OpenVINO's, OpenMP's) go idle
                     try:
                         t = FLOWS[flow](bench)
                     except Exception as exc:  # noqa: BLE001  (a peer that cannot quantize this model: reported)
@@ -124,7 +131,8 @@ def main() -> int:
         f"- method: zoo models as benchmarks/models.py builds them (224x224 images; the digits CNN 8x8 upsampled "
         f"to 32x32), its calibration batches (4 of 8) for every flow; each flow from the FP32 model to an INT8 "
         f"model (export / capture included, compiling for inference not); one untimed round, then {args.rounds} "
-        f"timed rounds, the flows interleaved; seconds; {time.time() - started:.0f} s in all.",
+        f"timed rounds, the flows interleaved (each round starting one flow later, {SETTLE_S:g} s between flows); "
+        f"seconds; {time.time() - started:.0f} s in all.",
         "- qbackend's split: prepare (capture with torch.export, BatchNorm folding, observers) / calibrate / "
         "convert, each its minimum over the rounds.", "", *sections])
     write_report(report, args.out)
