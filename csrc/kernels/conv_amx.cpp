@@ -114,7 +114,7 @@ void requant_mapped(const GemmArgs& g, const __m512i* sums, const int64_t* out_r
 // The epilogue of an MR x (NV * 16) block whose row r goes to output row out_row[r] (< 0: dropped).
 template <int MR, int NV>
 void epilogue_mapped(const GemmArgs& g, const __m512i* sums, const int64_t* out_row, int64_t n_base, int32_t a_zp) {
-  if ((g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu) {
+  if (requantizes_without_gelu(g)) {
     RequantColumn col[NV];
     bool full = true;
     for (int v = 0; v < NV; ++v) {

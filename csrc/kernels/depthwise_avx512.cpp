@@ -296,7 +296,7 @@ Terms make_terms(const DepthwiseArgs& a, uint8_t* buf) {
     }
   }
   return Terms{init, s2, b2,
-               (g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu && !g.r,
+               requantizes_without_gelu(g) && !g.r,
                RequantOutput(g), _mm512_set1_epi16(static_cast<int16_t>(g.out_zp))};
 }
 

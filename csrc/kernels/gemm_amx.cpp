@@ -118,9 +118,8 @@ struct Requant64 {
 };
 
 bool requant64_applies(const GemmArgs& g, int64_t n_base) {
-  if (g.post == GemmPost::gelu || n_base + 64 > g.N) return false;
-  if (g.out_type == GemmOut::u8) return g.out_zp >= 0 && g.out_zp <= 255;
-  return g.out_type == GemmOut::s8 && g.out_zp >= -128 && g.out_zp <= 127;
+  if (!requantizes_without_gelu(g) || n_base + 64 > g.N) return false;
+  return g.out_type == GemmOut::u8 ? g.out_zp >= 0 && g.out_zp <= 255 : g.out_zp >= -128 && g.out_zp <= 127;
 }
 
 // One row: corrected int32 sums s[0..3], the residual row res (RES), the 64 output bytes to out.

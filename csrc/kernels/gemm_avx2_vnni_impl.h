@@ -144,7 +144,7 @@ inline void store_bf16(uint16_t* dst, __m256 v, int64_t valid) {
 // The epilogue of MR rows x one 16-column vector (columns n16..) from sums[r * 2 + h].
 template <int MR>
 __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m256i* sums, int64_t m0, int64_t n16) {
-  const bool int_out = g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8;
+  const bool folded = requantizes_without_gelu(g);
   const float q_min = g.out_type == GemmOut::u8 ? 0.0f : -128.0f, q_max = g.out_type == GemmOut::u8 ? 255.0f : 127.0f;
   const float lo = q_min - static_cast<float>(g.out_zp);
   // Bounds of round(y / out_scale) relative to out_zp (relu: >= 0 where it folds).
@@ -161,7 +161,7 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m
                                                  _mm256_set1_epi32(g.a_zp));
     const __m256 scale = _mm256_mul_ps(load_f32(g.w_scales + n0, valid, mask), _mm256_set1_ps(g.x_scale));
     const __m256 bias = g.bias ? load_f32(g.bias + n0, valid, mask) : _mm256_setzero_ps();
-    if (int_out && g.post != GemmPost::gelu) {
+    if (folded) {
       // Folded requantization, as in the AVX512 kernel: scale, bias and residual scale times 1 / out_scale.
       const __m256 inv = _mm256_set1_ps(g.out_inv_scale);
       const __m256 s2 = _mm256_mul_ps(scale, inv), b2 = _mm256_mul_ps(bias, inv);

@@ -265,7 +265,7 @@ __attribute__((always_inline)) inline void requant_rows(const GemmArgs& g, const
 template <int MR, int NV, class Sum = __m512i>
 __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const Sum* sums, int64_t m0, int64_t n_base, int32_t a_zp) {
   constexpr bool int_sums = std::is_same_v<Sum, __m512i>;
-  if ((g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu) {
+  if (requantizes_without_gelu(g)) {
     const RequantOutput o(g);
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
@@ -381,7 +381,7 @@ inline void vnni_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me
   const int lines = next.p && tiles >= 2 ? static_cast<int>(std::min<int64_t>(2, (next_vectors + tiles - 1) / tiles)) : 0;
   const int64_t slice = lines * kgroups * 64;
   int64_t i = 0, m = mb;
-  if ((g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu) {
+  if (requantizes_without_gelu(g)) {
     const int64_t nv = (cols + 15) / 16;
     m = g.a_int8 ? requant_full_tiles<true>(g, p, nv, mb, me, next.p, slice, next.bytes, lines)
                  : requant_full_tiles<false>(g, p, nv, mb, me, next.p, slice, next.bytes, lines);

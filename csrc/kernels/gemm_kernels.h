@@ -58,6 +58,12 @@ struct GemmArgs {
   int32_t out_zp = 0;
 };
 
+// Whether the epilogue requantizes to 8-bit integers without gelu: the case every kernel runs in
+// its folded form (scale, bias and residual scale times 1 / out_scale; clamp and narrow).
+inline bool requantizes_without_gelu(const GemmArgs& g) {
+  return (g.out_type == GemmOut::u8 || g.out_type == GemmOut::s8) && g.post != GemmPost::gelu;
+}
+
 // Computes rows [m_begin, m_end) x panels [panel_begin, panel_end) of the output.
 using GemmFn = void (*)(const GemmArgs&, int64_t m_begin, int64_t m_end, int64_t panel_begin,
                         int64_t panel_end);
