@@ -77,10 +77,6 @@ double quantization_error(const OccupiedBins& bins, double c0, double step, int6
   return error_over(bins, Quantizer{c0, step, levels});
 }
 
-double quantization_error(const PowerOfTwoHistogram& h, double c0, double step, int64_t levels) {
-  return quantization_error(OccupiedBins(h), c0, step, levels);
-}
-
 std::pair<double, double> l2_range_search(const PowerOfTwoHistogram& h, int64_t levels) {
   const auto [j0, j1] = occupied(h);
   if (j1 <= j0) return {h.min, h.max};

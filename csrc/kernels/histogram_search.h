@@ -37,9 +37,8 @@ struct OccupiedBins {
   explicit OccupiedBins(const PowerOfTwoHistogram& h);
 };
 
-// Sum over the bins of the L2 error of the quantizer (c0, step, levels); step >= 0 (step == 0: every
-// value goes to c0). The same sum, bin by bin in order, over OccupiedBins(h).
-double quantization_error(const PowerOfTwoHistogram& h, double c0, double step, int64_t levels);
+// Sum over the occupied bins, in order, of the L2 error of the quantizer (c0, step, levels); step >= 0
+// (step == 0: every value goes to c0).
 double quantization_error(const OccupiedBins& bins, double c0, double step, int64_t levels);
 
 // The range [lo, hi] (lower edge of a start bin, upper edge of an end bin, clipped to [min, max])

@@ -12,13 +12,13 @@ evaluate it on its own and compare. Facts are the op instance's shape keys with 
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 _FLAGS = ("gelu", "int8_residual", "bf16_products_pay")
-_COMPILED: dict = {}  # id(predicate) -> (the predicate, its compiled function); the predicate kept alive
 
 
 def facts(op: str, shape: Mapping) -> dict:
@@ -44,7 +44,7 @@ def facts(op: str, shape: Mapping) -> dict:
 
 
 class Predicate:
-    """A condition over facts: callable, with its text; & | ~ combine. `compiled()` is the same
+    """A condition over facts: callable, with its text; & | ~ combine. `compiled` is the same
     condition as one Python function (its `source` compiled once): what the rule table evaluates,
     about 10x faster than walking the tree, which stays the reference."""
 
@@ -59,12 +59,10 @@ class Predicate:
         predicate holds."""
         raise NotImplementedError
 
+    @functools.cached_property
     def compiled(self):
         """`lambda f: <source>` (made once per predicate)."""
-        fn = _COMPILED.get(id(self))
-        if fn is None or fn[0] is not self:
-            fn = _COMPILED[id(self)] = (self, eval(f"lambda f: bool({self.source})", {"_prod": math.prod}))  # noqa: S307
-        return fn[1]
+        return eval(f"lambda f: bool({self.source})", {"_prod": math.prod})  # noqa: S307  (our own source)
 
     def __and__(self, other: "Predicate") -> "Predicate":
         return All((self, other))

@@ -191,7 +191,7 @@ def choose(op: str, isa_class: str, shape: Mapping, usable: Callable[[str], bool
         raise ValueError(f"unknown ISA class {isa_class!r}; expected one of {', '.join(ISA_CLASSES)}")
     f = facts(op, shape)
     for rule in RULES:
-        if rule.op == op and isa_class in rule.isa_classes and rule.when.compiled()(f) \
+        if rule.op == op and isa_class in rule.isa_classes and rule.when.compiled(f) \
                 and (usable is None or usable(rule.provider)):
             return rule
     if missing_ok:

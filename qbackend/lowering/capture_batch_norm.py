@@ -78,8 +78,8 @@ def restore_batch_norms(gm: fx.GraphModule) -> int:
             continue
         x, weight, bias, mean, var, momentum, eps = node.args
         with graph.inserting_before(node):
-            bn = graph.call_function(aten.batch_norm.default, (x, weight, bias, mean, var, False, momentum, eps,
-                                                                      torch.backends.cudnn.enabled))
+            bn = graph.call_function(aten.batch_norm.default,
+                                     (x, weight, bias, mean, var, False, momentum, eps, torch.backends.cudnn.enabled))
         bn.meta = dict(node.meta)
         node.replace_all_uses_with(bn)
         graph.erase_node(node)

@@ -221,10 +221,9 @@ class _Rewriter:
             self.replaced[op.output] = call
 
 
-def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict, dict]:
+def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict]:
     """(node -> QParams, id(QParams) -> value name, the activation table: value name -> the float
-    range and quantization settings its qparams came from, value name -> the observer's chosen
-    range: each observer's range searched once)."""
+    range and quantization settings its qparams came from); each observer's range searched once."""
     by_name = prepared.observers()
     qparams, value_ids, table, ranges = {}, {}, {}, {}
     for node, name in prepared.plan.observed.items():
@@ -236,7 +235,7 @@ def _compute_qparams(prepared: PreparedGraph) -> tuple[dict, dict, dict, dict]:
         table[name] = activation_record(obs, qp, ranges[name])
     for node, cat in prepared.plan.aliases.items():  # layer outputs that only feed an int8 cat
         qparams[node] = qparams[cat]
-    return qparams, value_ids, table, ranges
+    return qparams, value_ids, table
 
 
 def _search_smoothing(prepared: PreparedGraph, qparams: dict, value_ids: dict, table: dict) -> dict:
@@ -263,7 +262,7 @@ def _search_smoothing(prepared: PreparedGraph, qparams: dict, value_ids: dict, t
 class ConvertState:
     """What the convert passes read and write, in the order they fill it: the calibrated prepared
     graph, tune mode's options, whether to warn about FP32 ops; each observed value's qparams,
-    its name, its activation record and its observer's chosen range; SmoothQuant's choices; the Linears reading their input per
+    its name and its activation record; SmoothQuant's choices; the Linears reading their input per
     token and the plan made with them (else the prepared graph's); the graph being rewritten (a copy)
     with the prepared graph's ops and plan on its nodes; the rewriter and the layer records."""
 
@@ -273,7 +272,6 @@ class ConvertState:
     qparams: dict = field(default_factory=dict)
     value_ids: dict = field(default_factory=dict)
     activations: dict = field(default_factory=dict)
-    ranges: dict = field(default_factory=dict)
     smoothed: dict = field(default_factory=dict)
     plan: Plan | None = None
     per_token: dict = field(default_factory=dict)
@@ -285,7 +283,7 @@ class ConvertState:
 
 def qparams_from_observers(state: ConvertState) -> ConvertState:
     """Each observed value's qparams and activation record (ObserverError names a value without data)."""
-    state.qparams, state.value_ids, state.activations, state.ranges = _compute_qparams(state.prepared)
+    state.qparams, state.value_ids, state.activations = _compute_qparams(state.prepared)
     return state
 
 
@@ -323,8 +321,14 @@ def warn_calibration_outliers(state: ConvertState) -> ConvertState:
     smoothed = {state.prepared.plan.observed[node] for node in state.smoothed}
     quantized = set(state.plan.observed.values())
     tails = state.prepared.tail_histograms()
-    findings = [f for name, obs in state.prepared.observers().items() if name not in smoothed and name in quantized
-                if (f := outliers.find_outlier_range(obs, tails.get(name), state.ranges.get(name))) is not None]
+    findings = []
+    for name, obs in state.prepared.observers().items():
+        if name in smoothed or name not in quantized:
+            continue
+        record = state.activations.get(name)  # unsmoothed: its range is the observer's chosen range
+        found = outliers.find_outlier_range(obs, tails.get(name), record.range if record is not None else None)
+        if found is not None:
+            findings.append(found)
     outliers.warn_outliers(findings, stacklevel=6)  # the caller of qbackend.convert
     return state
 

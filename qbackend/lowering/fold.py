@@ -10,6 +10,7 @@ linear's only use is folded (otherwise the unnormalised value is needed elsewher
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -47,8 +48,7 @@ def _scaled_rows(w: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     rounded once to float32 as stored, in blocks of rows of about 128K values (3x one product over
     a 512 x 4608 weight)."""
     out = torch.empty(w.shape, dtype=torch.float32)
-    per_row = max(1, w[0].numel()) if w.shape[0] else 1
-    rows = max(1, (1 << 17) // per_row)
+    rows = max(1, (1 << 17) // max(1, math.prod(w.shape[1:])))
     f = factor.view(-1, *([1] * (w.dim() - 1)))
     for r in range(0, w.shape[0], rows):
         torch.mul(w[r:r + rows], f[r:r + rows], out=out[r:r + rows])

@@ -101,8 +101,7 @@ def _supported(graph: fx.Graph) -> bool:
             if node.args[0] not in made:
                 return False
         elif t is _BATCH_NORM:
-            training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training")
-            if training is not False or len(node.args) != 9:
+            if not _eval_batch_norm(node):
                 return False
         elif t in VIEWS or t is _FLATTEN or t is _RESHAPE:
             x = node.args[0]
@@ -205,12 +204,18 @@ def eval_batch_norms(gm: fx.GraphModule) -> None:
     empty: dict = {}
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is _BATCH_NORM:
-            training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training")
-            if training is not False or len(node.args) != 9:
+            if not _eval_batch_norm(node):
                 raise ValueError(f"{node.name}: only eval-mode batch_norm nodes (9 positional args) are rewritten")
             _batch_norm(gm.graph, node, empty)
     gm.graph.lint()
     gm.recompile()
+
+
+def _eval_batch_norm(node: fx.Node) -> bool:
+    """Whether an aten.batch_norm node is in eval mode with its 9 arguments positional (the form
+    _batch_norm rewrites)."""
+    training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training")
+    return training is False and len(node.args) == 9
 
 
 def _batch_norm(graph: fx.Graph, node: fx.Node, empty: dict) -> None:

@@ -266,7 +266,7 @@ def test_each_condition_is_its_text(rule):
         expected = _evaluate(rule.condition, _namespace(rule.op, shape))
         f = facts(rule.op, shape)
         assert rule.when(f) == expected, (rule.condition, shape)
-        assert rule.when.compiled()(f) is expected, (rule.when.source, shape)  # what `choose` evaluates
+        assert rule.when.compiled(f) is expected, (rule.when.source, shape)  # what `choose` evaluates
         seen.add(expected)
     if rule.condition != "any shape":
         assert seen == {True, False}, f"the samples never {'fail' if True in seen else 'meet'} {rule.condition!r}"
@@ -303,7 +303,7 @@ def test_compiled_predicates_keep_their_grouping():
     for f in ({"a": 7, "b": 2, "c": 2, "kernel": (1, 1)}, {"a": 1, "b": 5, "c": 3, "gelu": 1, "kernel": (3, 3)},
               {"a": 9, "b": 4, "c": 1, "gelu": 1, "kernel": (1, 1)}):
         for p in cases:
-            assert p.compiled()(f) is p(f), (p.source, f)
-    assert (c * (a // b) == Num(6)).compiled()({"a": 7, "b": 2, "c": 2}) is True  # 2 * (7 // 2) = 6; (2*7)//2 = 7
+            assert p.compiled(f) is p(f), (p.source, f)
+    assert (c * (a // b) == Num(6)).compiled({"a": 7, "b": 2, "c": 2}) is True  # 2 * (7 // 2) = 6; (2*7)//2 = 7
     with pytest.raises(ValueError, match="no Python literal"):
         Num(float("nan"))
