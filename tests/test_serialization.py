@@ -21,6 +21,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::qbackend.lowering.convert.FP32F
                                         "ignore::FutureWarning")
 
 
+# Whether this machine's hardware has VNNI (QBACKEND_ISA can mask it, not add it): without it the
+# libraries saturate 8-bit activations, so a conversion here already gives 7-bit inputs to the
+# layers no provider runs exactly.
+VNNI_HARDWARE = qbackend.cpu_features().avx512_vnni.usable or qbackend.cpu_features().avx_vnni.usable
+
+
 def _img(n, seed):
     return torch.randn(n, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
 
@@ -93,6 +99,8 @@ _CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512_vnni"])
 def test_load_on_another_isa(cnn, tmp_path, isa):
+    if isa == "avx512_vnni" and not qbackend.cpu_features().avx512_vnni.usable:
+        pytest.skip("QBACKEND_ISA cannot raise the ISA above the hardware's (no AVX512-VNNI here)")
     model, q = cnn
     path, xin, yout = tmp_path / "m.qb", tmp_path / "x.pt", tmp_path / "y.pt"
     qbackend.save(q, path)
@@ -132,6 +140,11 @@ def test_load_under_avx2_requantizes_only_inputs_without_an_exact_route(tmp_path
                                 torch.nn.Conv2d(8, 8, 3, padding=1, groups=2), torch.nn.ReLU(),
                                 torch.nn.Conv2d(8, 8, 3, padding=1)).eval()
     q = qbackend.quantize(model, (_img(2, 0),), [_img(4, s) for s in range(1, 4)])
+    if not VNNI_HARDWARE:  # converted without VNNI: the grouped conv's input has 7 bits from the start
+        mods = [m for m in q.modules() if isinstance(m, QuantizedConv2d)]
+        assert [q.qbackend_activations[m.x_value].qmax for m in mods] == [255, 127, 255]
+        assert [m.provider == "native" for m in mods] == [True, False, True]
+        return
     path, xin, yout = tmp_path / "g.qb", tmp_path / "x.pt", tmp_path / "y.pt"
     qbackend.save(q, path)
     x = _img(3, 21)
@@ -186,3 +199,38 @@ def test_provider_overrides():
     """)
     proc = run_py(code, env={"QBACKEND_PROVIDER": "reference"}, timeout=300, check=True)
     assert proc.stdout.strip().splitlines()[-1] == "['reference']"
+
+
+@pytest.mark.parametrize("forced", [None, "onednn"])
+def test_loading_routes_a_dynamic_lstm_again(tmp_path, forced):
+    """A dynamic LSTM's products are routed again where the model is loaded (packed on other
+    providers where it was saved); a forced provider stays."""
+    from tests.legacy_models import DynamicNet
+
+    torch.manual_seed(2)
+    model = DynamicNet().eval()
+    x = torch.randn(3, 7, 12, generator=torch.Generator().manual_seed(3))
+    q = qbackend.quantize_dynamic(model, config=qbackend.QuantConfig(mode="dynamic", provider=forced))
+    lstm = q.layer("lstm")
+    fresh = lstm.providers
+    if forced is not None:
+        assert fresh == {"ih": [forced], "hh": [forced]}
+    # as if saved where the rules chose otherwise: every product on a provider other than today's
+    elsewhere = {k: next(p for p in ("fbgemm", "onednn", "native") if p not in v) for k, v in fresh.items()}
+    lstm.w_ih = [w.with_provider(elsewhere["ih"]) for w in lstm.w_ih]
+    lstm.w_hh = [[w.with_provider(elsewhere["hh"]) for w in ws] for ws in lstm.w_hh]
+    path = tmp_path / "lstm.qb"
+    qbackend.save(q, path)
+    loaded = qbackend.load(path, classes=[DynamicNet])
+    row = next(r for r in qbackend.explain(loaded) if r["layer"] == "lstm")
+    if forced is None:
+        assert loaded.layer("lstm").providers == fresh
+        assert row["why"].startswith(f"re-routed on this machine ({'/'.join(sorted(set(elsewhere.values())))} "
+                                     "before): dynamic LSTM (providers: "), row["why"]
+        assert loaded.qbackend_rebind["rerouted"]["lstm"][1] == row["provider"]
+    else:
+        assert loaded.layer("lstm").providers == {k: [v] for k, v in elsewhere.items()}
+        assert "lstm" not in loaded.qbackend_rebind["rerouted"]
+    with torch.no_grad():
+        ref = model(x)
+        assert sqnr(ref, loaded(x)) > 30

@@ -18,6 +18,11 @@ RECORD_VERSION = 2
 WEIGHT_ONLY_NOTE = "weight-only (FP32 compute)"
 
 
+def lstm_note(providers: dict) -> str:
+    """The why of a dynamic LSTM's record: its providers by product kind ({"ih": [...], "hh": [...]})."""
+    return "dynamic LSTM (providers: " + ", ".join(f"{k} {v}" for k, v in providers.items()) + ")"
+
+
 @dataclass
 class EmbeddingInfo:
     """How a table is stored: bits per value, the per-row scale/bias dtype, the bag mode (None for

@@ -25,6 +25,7 @@ this CPU's class (or QBACKEND_PROVIDER forces a provider): the layers are then r
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Mapping
 
@@ -150,8 +151,10 @@ def route(op: str, shape: Mapping, *, eight_bit_input: bool = True, forced: str 
         candidates = [p for p in registry.routed_names(family) if p not in exclude
                       and (not eight_bit_input or registry.get(family, p).exact_8bit(op, shape))
                       and registry.get(family, p).refuses(op, shape) is None]
-        if len(candidates) < 2:
-            return chosen
+        if len(candidates) < 2:  # nothing to choose between: the rule's route, saying so
+            only = f"only {candidates[0]} runs" if candidates else "no provider runs"
+            exactly = " with 8-bit activations exactly" if eight_bit_input else ""
+            return dataclasses.replace(chosen, why=f"{chosen.why}; not tuned: {only} it{exactly} here")
         provider, why = tune_route(tune, candidates, rule_provider=chosen.provider)
         return Route(provider, TUNED, why)
     if by_batch and op in SIZE_KEYS:

@@ -175,7 +175,7 @@ def convert_swapped(swapped: SwappedModel, tune=None) -> QuantizedModel:
         by_batch = cfg.route_by_batch and tune is None
         if isinstance(wrapper.module, nn.LSTM):
             new = DynamicQuantizedLSTM.from_float(wrapper.module, weight_observer=cfg.weight.create(),
-                                                  example_shape=wrapper.x_shape)
+                                                  provider=cfg.provider, example_shape=wrapper.x_shape)
             info[name] = lstm_record(name, new.providers, wrapper.x_shape, cfg.provider, by_batch)
         else:
             spec = _spec(name, wrapper)

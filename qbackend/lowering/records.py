@@ -8,7 +8,7 @@ import math
 import torch
 
 from ..config import EmbeddingConfig
-from ..core.records import WEIGHT_ONLY_NOTE, ActivationRecord, EmbeddingInfo, LayerRecord
+from ..core.records import WEIGHT_ONLY_NOTE, ActivationRecord, EmbeddingInfo, LayerRecord, lstm_note
 from ..core.routes import Route
 from ..observers import Observer, QParams
 from .layer_spec import LayerSpec
@@ -38,7 +38,7 @@ def table_record(kind: str, module: str, shape: dict, ecfg: EmbeddingConfig, rou
 
 def lstm_record(module: str, providers: dict, x_shape, forced: str | None, by_batch: bool) -> LayerRecord:
     """A dynamic LSTM: one provider per product kind (input projection "ih", recurrent "hh")."""
-    note = "dynamic LSTM (providers: " + ", ".join(f"{k} {v}" for k, v in providers.items()) + ")"
+    note = lstm_note(providers)
     return LayerRecord(kind="lstm", mode="dynamic", module=module, x_shape=list(x_shape) if x_shape else None,
                        forced=forced, route_by_batch=by_batch, note=note)
 

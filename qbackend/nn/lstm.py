@@ -245,6 +245,24 @@ class DynamicQuantizedLSTM(Tracked, nn.Module):
         new.tanh_via_sigmoid = self.tanh_via_sigmoid
         return new.train(self.training)
 
+    def reroute(self) -> bool:
+        """Route each product again on this CPU (the rules at the shape its weight was packed for:
+        the example's rows) and repack the weights whose provider changes; whether any did."""
+        changed = False
+
+        def again(w: PackedLinearWeight) -> PackedLinearWeight:
+            nonlocal changed
+            m = int(w.x_shape[0]) if w.x_shape else 1
+            provider = route("linear", {"m": m, "k": w.in_features, "n": w.out_features}, eight_bit_input=False).provider
+            if provider == w.provider_name:
+                return w
+            changed = True
+            return w.with_provider(provider)
+
+        self.w_ih = [again(w) for w in self.w_ih]
+        self.w_hh = [[again(w) for w in ws] for ws in self.w_hh]
+        return changed
+
     def flatten_parameters(self) -> None:
         """No-op (nn.LSTM API compatibility)."""
 

@@ -16,7 +16,8 @@ again by this machine's rules.
   with them (QuantConfig.route_by_batch); a layer whose provider or routes change is repacked.
   The layers of a fused block take the fusion's route (qbackend.dispatch.fusion_route) where this
   CPU has one, else their own: the block then runs them one by one.
-  The LSTM keeps its providers (its dynamic activations are exact on every provider).
+  A dynamic LSTM's products are routed again at the shapes they were packed for, unless forced
+  (its dynamic activations take 7 bits where a provider needs them, so every provider is exact).
 """
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ import warnings
 
 import torch
 
+from ..core.records import lstm_note
 from ..core.routes import BatchRoutes
 from ..dispatch import exact_route_exists, fusion_route, route
 from ..ops.embedding import get_embedding_provider
-from ..nn import (DynamicQuantizedLinear, QuantizedConv2d, QuantizedEmbedding, QuantizedEmbeddingBag, QuantizedLinear,
-                  TokenQuantizedLinear)
+from ..nn import (DynamicQuantizedLinear, DynamicQuantizedLSTM, QuantizedConv2d, QuantizedEmbedding,
+                  QuantizedEmbeddingBag, QuantizedLinear, TokenQuantizedLinear)
 from ..nn.inverted_residual import QuantizedInvertedResidual
 from ..nn.activation import ActivationBorder, StaticQParamsMixin, uses_8_bits
 from ..observers import choose_qparams, default_reduce_range
@@ -90,6 +92,11 @@ def _record(info, r, old: str) -> None:
     info.rerouted_from = old if r.provider != old else None
 
 
+def _lstm_providers(lstm) -> str:
+    """An LSTM's providers as one name ("fbgemm/native"), as explain shows them."""
+    return "/".join(sorted({p for ps in lstm.providers.values() for p in ps}))
+
+
 def _fused_block(qmodel, path: str | None):
     """The fused block whose layer lives at `path`, or None."""
     parent = (path or "").rpartition(".")[0]
@@ -127,6 +134,12 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
                 info.per_token = {**info.per_token, "qmax": m.qmax}
             r = route("linear", info.shape, eight_bit_input=eight, forced=info.forced, by_batch=info.route_by_batch)
             stale_hint = False
+        elif isinstance(m, DynamicQuantizedLSTM):
+            old = _lstm_providers(m)
+            if info.forced is None and m.reroute():
+                info.note, info.rerouted_from = lstm_note(m.providers), old
+                changed[name] = (old, _lstm_providers(m))
+            continue
         elif isinstance(m, (QuantizedEmbedding, QuantizedEmbeddingBag)):
             forced = info.forced
             if forced is not None and get_embedding_provider(forced).refuses_table(

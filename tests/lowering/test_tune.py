@@ -20,6 +20,13 @@ from .toy_models import ResidualCNN, init_bn, sqnr
 
 pytestmark = pytest.mark.filterwarnings("ignore::qbackend.lowering.convert.FP32FallbackWarning")
 
+# Without VNNI in the hardware only the native GEMM multiplies full-range 8-bit activations exactly,
+# so tune mode has one candidate per layer and times nothing (test_one_exact_candidate_is_not_timed);
+# there the other tests calibrate 7-bit activations, which every provider multiplies exactly.
+LIBRARIES_EXACT_8BIT = PROVIDERS["onednn"].exact_8bit("linear", {"m": 1, "k": 64, "n": 64})
+CONFIG = qbackend.QuantConfig() if LIBRARIES_EXACT_8BIT else qbackend.QuantConfig(
+    activation=qbackend.ObserverSpec("best_range", {"dtype": torch.uint8, "reduce_range": True}))
+
 
 def _img(n, seed):
     return torch.randn(n, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
@@ -29,7 +36,7 @@ def _img(n, seed):
 def prepared():
     torch.manual_seed(0)
     model = init_bn(ResidualCNN())
-    p = qbackend.prepare(model, (_img(2, 0),))
+    p = qbackend.prepare(model, (_img(2, 0),), config=CONFIG)
     p(_img(4, 1))
     return model, p
 
@@ -150,7 +157,7 @@ def test_corrupt_cached_times_are_ignored_with_a_warning_and_measured_again(tmp_
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 16)).eval()
     x = torch.randn(8, 32)
-    p = qbackend.prepare(model, (x,))
+    p = qbackend.prepare(model, (x,), config=CONFIG)
     p(x)
     path = tmp_path / "tune.json"
     qbackend.convert(p, tune=True, tune_cache=TuneCache(path))
@@ -175,3 +182,20 @@ def test_corrupt_cached_times_are_ignored_with_a_warning_and_measured_again(tmp_
         qbackend.convert(p, tune=True, tune_cache=TuneCache(path))
     with torch.no_grad():
         assert sqnr(model(x), q(x)) > 30
+
+
+def test_one_exact_candidate_is_not_timed(monkeypatch):
+    # 8-bit activations where only the native GEMM runs them exactly (every CPU without VNNI; here
+    # the libraries are excluded): the rule's route, saying why nothing was timed
+    def no_timing(*a, **k):
+        raise AssertionError("a single candidate must not be timed")
+
+    monkeypatch.setattr(tuner, "time_candidates", no_timing)
+    request = tuner.TuneRequest(tuner.TuneOptions(), "linear", 1, lambda b: {"m": b, "k": 64, "n": 64}, {},
+                                lambda provider, b: no_timing)
+    shape = {"m": 1, "k": 64, "n": 64}
+    r = routing.route("linear", shape, tune=request, exclude=("fbgemm", "onednn"))
+    assert r.provider == "native" and r.source == "rule"
+    assert r.why.endswith("; not tuned: only native runs it with 8-bit activations exactly here"), r.why
+    r7 = routing.route("linear", shape, eight_bit_input=False, tune=request, exclude=("fbgemm", "onednn"))
+    assert r7.why.endswith("; not tuned: only native runs it here"), r7.why

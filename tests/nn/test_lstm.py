@@ -396,6 +396,27 @@ def test_default_provider_follows_rules():
     assert q1.providers["hh"] == [routed(1, 256, 1024)] * 2
 
 
+def test_reroute_repacks_the_products_whose_rule_differs():
+    from qbackend.dispatch import route
+
+    lstm = make_lstm(13, 128, 256, num_layers=2)
+    q = DynamicQuantizedLSTM.from_float(lstm, example_shape=(64, 32, 128))
+    ruled = q.providers
+    assert not q.reroute() and q.providers == ruled  # routed here already: nothing moves
+    # packed elsewhere, every product on a provider the rules do not give it here
+    other = {"ih": next(p for p in ("onednn", "fbgemm") if p not in ruled["ih"]),
+             "hh": next(p for p in ("onednn", "fbgemm") if p not in ruled["hh"])}
+    moved = q.with_provider(other)
+    x = torch.randn(64, 32, 128, generator=torch.Generator().manual_seed(4))
+    assert moved.reroute() and moved.providers == ruled
+    assert [w.x_shape for w in moved.w_ih] == [w.x_shape for w in q.w_ih]  # repacked for the same example
+    assert route("linear", {"m": 2048, "k": 128, "n": 1024}, eight_bit_input=False).provider == ruled["ih"][0]
+    with torch.no_grad():
+        for a, b in zip(moved(x), q(x)):  # the same products: equal up to the providers' int32 -> fp32 epilogue
+            a, b = (a, b) if isinstance(a, torch.Tensor) else (a[0], b[0])
+            assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+
+
 # ----------------------------------------------------------------------------- torch.compile / export
 
 @pytest.mark.parametrize("tanh_via_sigmoid", [False, True], ids=["tanh", "via_sigmoid"])
