@@ -189,6 +189,13 @@ class QuantConfig:
       packed weight per provider and picks per call (conv2d: batch; linear: rows); False: one
       provider per layer, routed at the example's size (less memory). Not with a forced provider or
       tune mode, which choose one provider per layer.
+    seven_bit_for_speed: on CPUs without VNNI, a static Linear / Conv2d whose 7-bit route the
+      7-bit table (qbackend.dispatch.rules.SEVEN_BIT) measures more than 1.5x faster than its exact
+      8-bit one reads 7-bit activations (its input value, for every layer reading it): about 6 dB
+      less SQNR on that layer for about twice its speed (ResNet-18 on an AVX2 AMD EPYC: 1.9-2.0x the
+      speed, output SQNR 34.2 -> 29.7 dB, still above every peer's: benchmarks/results/epyc_zen3/).
+      False: 8 bits wherever a provider multiplies them exactly. No effect with VNNI (the libraries
+      multiply 8 bits exactly there), nor where the activation observer sets reduce_range itself.
     forward_plans: eager calls of the converted model replay its forward as one native call per
       input signature, recorded on the signature's second call (qbackend.nn.forward_plan); False:
       every call runs the graph op by op. Switchable later on the model (`qmodel.forward_plans`).
@@ -219,6 +226,7 @@ class QuantConfig:
     equalization: bool = False
     per_token_inputs: bool | str = "auto"
     route_by_batch: bool = True
+    seven_bit_for_speed: bool = True
     forward_plans: bool = True
     fusions: bool = True
     dynamic_dims: str = "auto"
@@ -226,6 +234,8 @@ class QuantConfig:
     def __post_init__(self):
         if not isinstance(self.route_by_batch, bool):
             raise TypeError(f"route_by_batch must be True or False, got {self.route_by_batch!r}")
+        if not isinstance(self.seven_bit_for_speed, bool):
+            raise TypeError(f"seven_bit_for_speed must be True or False, got {self.seven_bit_for_speed!r}")
         if not isinstance(self.forward_plans, bool):
             raise TypeError(f"forward_plans must be True or False, got {self.forward_plans!r}")
         if not isinstance(self.fusions, bool):

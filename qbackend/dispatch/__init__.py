@@ -9,8 +9,9 @@
 """
 from ..core.routes import BatchRoutes, Route
 from .cpu import ISA_CLASSES, CpuFeatures, Feature, cpu_features, fbgemm_isa
-from .routing import ENV_PROVIDER, env_forced, exact_route_exists, fusion_route, route
+from .routing import ENV_PROVIDER, env_forced, exact_route_exists, fusion_route, route, seven_bit_speedup
 from .tuner import TuneOptions, TuneRequest
 
-__all__ = ["BatchRoutes", "CpuFeatures", "ENV_PROVIDER", "exact_route_exists", "Feature", "fusion_route", "ISA_CLASSES", "Route", "TuneOptions",
-           "TuneRequest", "cpu_features", "env_forced", "fbgemm_isa", "route"]
+__all__ = ["BatchRoutes", "CpuFeatures", "ENV_PROVIDER", "exact_route_exists", "Feature", "fusion_route", "ISA_CLASSES",
+           "Route", "TuneOptions", "TuneRequest", "cpu_features", "env_forced", "fbgemm_isa", "route",
+           "seven_bit_speedup"]

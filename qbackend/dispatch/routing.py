@@ -33,7 +33,7 @@ from ..core.routes import FORCED, RULE, TUNED, Route
 from ..ops import registry
 from .batch_routes import SIZE_KEYS, size_ranges
 from .cpu import CpuFeatures, cpu_features
-from .rules import Rule, choose, fusion
+from .rules import Rule, SevenBitRow, choose, fusion, seven_bit_pays
 from .tuner import TuneRequest, tune_route
 
 ENV_PROVIDER = "QBACKEND_PROVIDER"
@@ -115,6 +115,15 @@ def exact_route_exists(op: str, shape: Mapping, forced: str | None = None) -> bo
         return bool(registry.get(family, forced).exact_8bit(op, shape))
     return any(registry.get(family, p).refuses(op, shape) is None and registry.get(family, p).exact_8bit(op, shape)
                for p in registry.routed_names(family))
+
+
+def seven_bit_speedup(op: str, shape: Mapping, cpu: CpuFeatures | None = None) -> SevenBitRow | None:
+    """The 7-bit table's row (rules.SEVEN_BIT) for a static layer on this CPU: its 7-bit route is
+    measured more than X_7BIT times its exact 8-bit one; None where 8 bits cost no speed, or where
+    QBACKEND_PROVIDER forces a provider (which the table's figures do not describe)."""
+    if env_forced() is not None:
+        return None
+    return seven_bit_pays(op, (cpu if cpu is not None else cpu_features()).isa_class, shape)
 
 
 def route(op: str, shape: Mapping, *, eight_bit_input: bool = True, forced: str | None = None,

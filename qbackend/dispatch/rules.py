@@ -98,8 +98,9 @@ RULES: tuple[Rule, ...] = (
     # row of the evidence), which we give up only for a speed-up well beyond this shared machine's
     # run-to-run spread (medians up to 2x the minima there).
     Rule("linear", NO_VNNI, "fbgemm", f"7-bit activations: FBGEMM's 7-bit GEMM is more than {X_7BIT}x the exact "
-         "native AVX2 GEMM from M = 32 (1.5-3.9x) and above 768 x 768 from M = 4 (1.8-1.9x); 8-bit activations "
-         "take the native GEMM", "xeon_icelake/kernels_avx2_exact.md#Linear, 1 thread",
+         "native AVX2 GEMM from M = 32 (1.5-3.9x; Zen 3 1.5-2.1x) and above 768 x 768 from M = 4 (1.8-1.9x; "
+         "Zen 3 1.4-1.8x); 8-bit activations take the native GEMM",
+         "xeon_icelake/kernels_avx2_exact.md#Linear, 1 thread",
          (m >= 32) | ((m >= 4) & (k * n > Num(768 * 768, "768*768")))),
     Rule("linear", NO_VNNI, "native", f"qbackend's AVX2 GEMM (int16 products): exact on 8-bit activations, within "
          f"{X_7BIT}x of FBGEMM's 7-bit route at M = 1 (0.9-1.5x) and on layers up to 768 x 768 at M = 4",
@@ -224,6 +225,52 @@ FUSIONS: tuple[Fusion, ...] = (
            "bit-identical to its layers run one by one; on an AMX Xeon 1.21x at batch 1 and 1.22x at batch 32 "
            "(xeon_amx/inverted_residual.md)", "epyc_zen4/inverted_residual.md"),
 )
+
+
+@dataclass(frozen=True)
+class SevenBitRow:
+    """One row of the 7-bit table: static layers (op, CPU classes, condition) whose fastest route on
+    7-bit activations is measured more than X_7BIT times the exact 8-bit one, with why and where."""
+
+    op: str
+    isa_classes: tuple[str, ...]
+    why: str
+    evidence: str
+    when: Predicate = ALWAYS
+
+    @property
+    def describe(self) -> str:
+        return f"{self.why} (benchmarks/results/{self.evidence})"
+
+
+# Where QuantConfig.seven_bit_for_speed gives a static layer's input 7 bits: without VNNI the
+# libraries multiply 7-bit activations exactly at one multiply per 32 products (vpmaddubsw), the
+# exact 8-bit route at one per 16 (the native AVX2 GEMM's int16 products), and a 7-bit input costs
+# about 6 dB of the layer's SQNR (48 -> 42 dB on every row of the evidence). The same threshold as
+# the dynamic Linear rows (X_7BIT). Measured on AVX2 only (AVX-512 without VNNI: none, 8 bits stay).
+SEVEN_BIT: tuple[SevenBitRow, ...] = (
+    SevenBitRow("linear", ("avx2",), f"FBGEMM's 7-bit GEMM more than {X_7BIT}x the exact native AVX2 GEMM from "
+                "M = 32 and above 768 x 768 from M = 4 (Zen 3: 1.5-2.1x and 1.4-1.8x; Ice Lake under "
+                "QBACKEND_ISA=avx2: 1.5-3.9x and 1.8-1.9x)", "epyc_zen3/kernels_avx2_exact.md#Linear, 1 thread",
+                (m >= 32) | ((m >= 4) & (k * n > Num(768 * 768, "768*768")))),
+    SevenBitRow("conv2d", ("avx2",), "KxK convs over 16 or more channels: oneDNN's 7-bit conv 1.68-1.90x the exact "
+                "native GEMM on ResNet's 3x3s over 64 and 512 channels (Zen 3; Ice Lake under QBACKEND_ISA=avx2: "
+                "1.70-1.76x); stems 1.43-1.48x and thin 1x1s 1.1-1.2x stay 8-bit",
+                "epyc_zen3/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, 1 thread",
+                (groups == 1) & ~(kernel == (1, 1)) & (c_in >= 16)),
+    SevenBitRow("conv2d", ("avx2",), "1x1 convs from 1024 input channels: oneDNN's 7-bit conv 1.92-1.94x the exact "
+                "native GEMM (Zen 3 and Ice Lake under QBACKEND_ISA=avx2)",
+                "epyc_zen3/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, 1 thread",
+                ONE_BY_ONE & (c_in >= 1024)),
+)
+
+
+def seven_bit_pays(op: str, isa_class: str, shape: Mapping) -> SevenBitRow | None:
+    """The 7-bit table's row for this static layer on `isa_class`, or None (8 bits cost no speed)."""
+    if isa_class not in ISA_CLASSES:
+        raise ValueError(f"unknown ISA class {isa_class!r}; expected one of {', '.join(ISA_CLASSES)}")
+    f = facts(op, shape)
+    return next((r for r in SEVEN_BIT if r.op == op and isa_class in r.isa_classes and r.when.compiled(f)), None)
 
 
 def fusion(chain: str, isa_class: str) -> Fusion | None:

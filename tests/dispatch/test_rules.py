@@ -313,3 +313,24 @@ def test_compiled_predicates_keep_their_grouping():
     assert (c * (a // b) == Num(6)).compiled({"a": 7, "b": 2, "c": 2}) is True  # 2 * (7 // 2) = 6; (2*7)//2 = 7
     with pytest.raises(ValueError, match="no Python literal"):
         Num(float("nan"))
+
+
+def test_seven_bit_table():
+    conv3 = dict(CONV, c_in=64, c_out=64)
+    assert rules.seven_bit_pays("conv2d", "avx2", conv3).op == "conv2d"
+    assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, kernel=(1, 1), c_in=1024)) is not None
+    assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, kernel=(1, 1), c_in=576)) is None  # 1.1-1.2x on oneDNN
+    assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, c_in=3, kernel=(7, 7))) is None  # stems 1.43-1.48x
+    assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, groups=64)) is None  # depthwise: exact on oneDNN
+    assert rules.seven_bit_pays("linear", "avx2", {"m": 32, "k": 64, "n": 64}) is not None
+    assert rules.seven_bit_pays("linear", "avx2", {"m": 4, "k": 768, "n": 3072}) is not None
+    assert rules.seven_bit_pays("linear", "avx2", {"m": 4, "k": 768, "n": 768}) is None
+    assert rules.seven_bit_pays("linear", "avx2", {"m": 1, "k": 4096, "n": 4096}) is None
+    for isa in ("amx", "avx512_vnni", "avx2_vnni", "avx512"):  # VNNI: 8 bits cost nothing; AVX-512: unmeasured
+        assert rules.seven_bit_pays("conv2d", isa, conv3) is None and rules.seven_bit_pays("linear", isa, LINEAR) is None
+    for row in rules.SEVEN_BIT:  # every row names its measurement
+        path = row.evidence.split("#")[0]
+        assert (Path(__file__).parents[2] / "benchmarks" / "results" / path).exists(), row.evidence
+    with pytest.raises(ValueError, match="unknown ISA class"):
+        rules.seven_bit_pays("conv2d", "sse", conv3)
+    assert all(r.why and "\n" not in r.why and len(r.why) <= 240 for r in rules.SEVEN_BIT)
