@@ -165,9 +165,26 @@ class Converted:
     hint_batch: int         # the batch the layers were recorded (routed, packed, tuned) with
 
 
+def libraries_exact_8bit() -> bool:
+    """Whether FBGEMM and oneDNN multiply full-range 8-bit activations exactly here (VNNI)."""
+    from qbackend.ops import PROVIDERS
+    return all(PROVIDERS[p].exact_8bit("linear", {"m": 1, "k": 64, "n": 64}) for p in PROVIDERS)
+
+
+def config() -> qbackend.QuantConfig:
+    """The default config where every provider multiplies 8-bit activations exactly; without VNNI,
+    7-bit activations for every layer and no per-token inputs (whose rows take 8 bits wherever a
+    provider is exact), so that every all-<provider> model has the same layers and can be built."""
+    if libraries_exact_8bit():
+        return qbackend.QuantConfig()
+    return qbackend.QuantConfig(activation=qbackend.ObserverSpec("best_range", {"dtype": torch.uint8,
+                                                                                "reduce_range": True}),
+                                per_token_inputs=False)
+
+
 def convert_all(case, batch: int, tmpdir: str, tune_again: bool) -> Converted:
     t0 = time.perf_counter()
-    prepared = qbackend.prepare(case.model, case.example_inputs)
+    prepared = qbackend.prepare(case.model, case.example_inputs, config=config())
     qbackend.calibrate(prepared, case.calibration)
     seconds = {"prepare+calibrate": time.perf_counter() - t0}
     models = {}
@@ -657,8 +674,10 @@ def header(rep: Report, threads: list[int], quick: bool, cfg: Settings, specs: l
         rep(line)
     rep("- models: " + "; ".join(f"{s.name} (batches {', '.join(map(str, s.batches))}; "
                                  + ", ".join(f"{k}={v}" for k, v in s.kwargs.items()) + ")" for s in specs)
-        + f"; random-init weights (`qbackend.models`), default QuantConfig, calibrated on "
-          f"{cfg.calibration_batches} batch{'es' if cfg.calibration_batches > 1 else ''}, timed on a held-out batch")
+        + "; random-init weights (`qbackend.models`), "
+        + ("default QuantConfig" if libraries_exact_8bit() else "**7-bit activations, no per-token inputs** (no VNNI "
+           "here: FBGEMM and oneDNN saturate 8-bit ones, so every provider is compared on 7-bit inputs)") + ", calibrated on "
+        + f"{cfg.calibration_batches} batch{'es' if cfg.calibration_batches > 1 else ''}, timed on a held-out batch")
     rep(f"- per layer: the layer's module from each all-<provider> model ({', '.join(FIXED)}; same qparams; each "
         f"provider's own packed weight), called on the layer's real inputs (captured from the rule-table model), "
         f"interleaved: {cfg.layer_blocks} blocks of about {cfg.layer_block_s * 1e3:g} ms (at least one call) per "

@@ -108,8 +108,11 @@ def _rule_route(op: str, shape: Mapping, eight_bit_input: bool, exclude: frozens
 def exact_route_exists(op: str, shape: Mapping, forced: str | None = None) -> bool:
     """Whether some routed provider (the forced one, where it can run the instance) runs this op
     instance with full-range 8-bit activations exactly on this CPU (else its input needs 7 bits:
-    prepare observes it so, serialization's rebind requantizes it)."""
+    prepare observes it so, serialization's rebind requantizes it). Without `forced`, the provider
+    QBACKEND_PROVIDER forces, as route() would use it."""
     family = registry.family_of(op)
+    if forced is None and family == "kernel":
+        forced = env_forced()
     if forced is not None and forced in registry.routed_names(family) \
             and registry.get(family, forced).refuses(op, shape) is None:
         return bool(registry.get(family, forced).exact_8bit(op, shape))

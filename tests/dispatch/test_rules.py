@@ -334,3 +334,12 @@ def test_seven_bit_table():
     with pytest.raises(ValueError, match="unknown ISA class"):
         rules.seven_bit_pays("conv2d", "sse", conv3)
     assert all(r.why and "\n" not in r.why and len(r.why) <= 240 for r in rules.SEVEN_BIT)
+
+
+def test_exact_route_exists_reads_the_provider_the_environment_forces(monkeypatch):
+    from qbackend.dispatch.routing import exact_route_exists
+
+    assert exact_route_exists("linear", LINEAR)  # the native GEMM is exact on every AVX2 CPU
+    monkeypatch.setenv("QBACKEND_PROVIDER", "fbgemm")
+    assert exact_route_exists("linear", LINEAR) == bool(PROVIDERS["fbgemm"].exact_8bit("linear", LINEAR))
+    assert exact_route_exists("linear", LINEAR, forced="native")  # the config's provider wins
