@@ -11,7 +11,7 @@ import torch
 from ..core.extension import _C
 from ..core.version import VERSION
 from ..dispatch import cpu_features, fbgemm_isa, route
-from ..dispatch.routing import exact_route_exists
+from ..dispatch.routing import exact_route_exists, seven_bit_speedup
 from ..observers import default_reduce_range
 from ..serialization import inspect_file
 
@@ -100,11 +100,16 @@ def run(args: argparse.Namespace) -> int:
     print("|---|---|---|---|")
     for op, shapes in REPRESENTATIVE.items():
         for label, shape in shapes:
-            # 8-bit unless the observers use 7 bits, or this layer has no exact 8-bit route here (its
-            # input then gets a 7-bit observer: lowering/prepare.py)
-            eight = op != "embedding_bag" and not seven and exact_route_exists(op, shape)
+            # 8-bit unless the observers use 7 bits, this layer has no exact 8-bit route here, or a static
+            # layer's 7-bit route is in the 7-bit table (its input then gets a 7-bit observer:
+            # lowering/prepare.py, QuantConfig.seven_bit_for_speed)
+            exact = op != "embedding_bag" and exact_route_exists(op, shape)
+            faster = op in ("linear", "conv2d") and seven_bit_speedup(op, shape) is not None
+            eight = exact and not seven and not faster
             r = route(op, shape, eight_bit_input=eight)
-            note = "" if eight or seven or op == "embedding_bag" else " (7-bit input: no exact 8-bit route here)"
+            note = "" if eight or seven or op == "embedding_bag" else (
+                " (7-bit input for a static layer: over 1.5x faster here, QuantConfig.seven_bit_for_speed)"
+                if exact else " (7-bit input: no exact 8-bit route here)")
             print(f"| {op} | {label} | {r.provider} | {r.why}{note} |")
     return 0
 
