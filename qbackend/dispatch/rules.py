@@ -253,11 +253,11 @@ SEVEN_BIT: tuple[SevenBitRow, ...] = (
                 "M = 32 and above 768 x 768 from M = 4 (Zen 3: 1.5-2.1x and 1.4-1.8x; Ice Lake under "
                 "QBACKEND_ISA=avx2: 1.5-3.9x and 1.8-1.9x)", "epyc_zen3/kernels_avx2_exact.md#Linear, 1 thread",
                 (m >= 32) | ((m >= 4) & (k * n > Num(768 * 768, "768*768")))),
-    SevenBitRow("conv2d", ("avx2",), "KxK convs over 16 or more channels: oneDNN's 7-bit conv 1.68-1.90x the exact "
-                "native GEMM on ResNet's 3x3s over 64 and 512 channels (Zen 3; Ice Lake under QBACKEND_ISA=avx2: "
-                "1.70-1.76x); stems 1.43-1.48x and thin 1x1s 1.1-1.2x stay 8-bit",
+    SevenBitRow("conv2d", ("avx2",), "KxK convs from 64 x 64 x 3 x 3 weights: oneDNN's 7-bit conv 1.68-1.90x the "
+                "exact native GEMM on ResNet's 3x3s over 64 and 512 channels (Zen 3; Ice Lake: 1.70-1.76x); stems "
+                "1.43-1.48x, thin 1x1s 1.1-1.2x, smaller convs unmeasured: 8 bits",
                 "epyc_zen3/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, 1 thread",
-                (groups == 1) & ~(kernel == (1, 1)) & (c_in >= 16)),
+                (groups == 1) & ~(kernel == (1, 1)) & (c_in >= 16) & (c_in * c_out * kh * kw >= 36864)),
     SevenBitRow("conv2d", ("avx2",), "1x1 convs from 1024 input channels: oneDNN's 7-bit conv 1.92-1.94x the exact "
                 "native GEMM (Zen 3 and Ice Lake under QBACKEND_ISA=avx2)",
                 "epyc_zen3/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, 1 thread",

@@ -322,6 +322,7 @@ def test_seven_bit_table():
     assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, kernel=(1, 1), c_in=576)) is None  # 1.1-1.2x on oneDNN
     assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, c_in=3, kernel=(7, 7))) is None  # stems 1.43-1.48x
     assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, groups=64)) is None  # depthwise: exact on oneDNN
+    assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, c_in=16, c_out=32)) is None  # small: unmeasured
     assert rules.seven_bit_pays("linear", "avx2", {"m": 32, "k": 64, "n": 64}) is not None
     assert rules.seven_bit_pays("linear", "avx2", {"m": 4, "k": 768, "n": 3072}) is not None
     assert rules.seven_bit_pays("linear", "avx2", {"m": 4, "k": 768, "n": 768}) is None

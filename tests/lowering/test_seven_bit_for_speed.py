@@ -14,9 +14,9 @@ import torch, qbackend
 from torch import nn
 warnings.simplefilter("ignore")
 torch.manual_seed(0)
-# conv1 3x3 over 16 channels (the table's KxK row), then a 1x1 over 32 (no row: 8 bits stay)
-model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-                      nn.Conv2d(32, 8, 1)).eval()
+# a stem (no row), a 3x3 over 64 channels (the table's KxK row), a 1x1 over 64 (no row: 8 bits stay)
+model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                      nn.Conv2d(64, 8, 1)).eval()
 g = torch.Generator().manual_seed(1)
 cal = [torch.randn(4, 3, 12, 12, generator=g) for _ in range(3)]
 x = torch.randn(3, 3, 12, 12, generator=g)
@@ -38,8 +38,8 @@ def test_seven_bit_inputs_where_the_table_says_they_pay():
     proc = run_py(_CHILD, env={"QBACKEND_ISA": "avx2"}, timeout=300, check=True)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["isa"] == "avx2"
-    # the stem (3 channels) and the 1x1 over 32 keep 8 bits on the exact native GEMM; the 3x3 over
-    # 16 channels reads 7 bits on a library's conv
+    # the stem (3 channels) and the 1x1 over 64 keep 8 bits on the exact native GEMM; the 3x3 over
+    # 64 channels reads 7 bits on a library's conv
     assert res["default"]["qmax"] == [255, 127, 255], res
     assert res["default"]["providers"][0] == res["default"]["providers"][2] == "native"
     assert res["default"]["providers"][1] != "native"
