@@ -193,7 +193,7 @@ class QuantConfig:
       7-bit table (qbackend.dispatch.rules.SEVEN_BIT) measures more than 1.5x faster than its exact
       8-bit one reads 7-bit activations (its input value, for every layer reading it): about 6 dB
       less SQNR on that layer for about twice its speed (ResNet-18 on an AVX2 AMD EPYC: 1.9-2.0x the
-      speed, output SQNR 34.2 -> 29.7 dB, still above every peer's: benchmarks/results/epyc_zen3/).
+      speed, output SQNR 34.2 -> 30.9 dB, still above every peer's: benchmarks/results/epyc_zen3/).
       False: 8 bits wherever a provider multiplies them exactly. No effect with VNNI (the libraries
       multiply 8 bits exactly there), nor where the activation observer sets reduce_range itself.
     forward_plans: eager calls of the converted model replay its forward as one native call per

@@ -120,11 +120,12 @@ def exact_route_exists(op: str, shape: Mapping, forced: str | None = None) -> bo
                for p in registry.routed_names(family))
 
 
-def seven_bit_speedup(op: str, shape: Mapping, cpu: CpuFeatures | None = None) -> SevenBitRow | None:
+def seven_bit_speedup(op: str, shape: Mapping, forced: str | None = None,
+                      cpu: CpuFeatures | None = None) -> SevenBitRow | None:
     """The 7-bit table's row (rules.SEVEN_BIT) for a static layer on this CPU: its 7-bit route is
     measured more than X_7BIT times its exact 8-bit one; None where 8 bits cost no speed, or where
-    QBACKEND_PROVIDER forces a provider (which the table's figures do not describe)."""
-    if env_forced() is not None:
+    the config (`forced`) or QBACKEND_PROVIDER forces a provider (which the table does not describe)."""
+    if forced is not None or env_forced() is not None:
         return None
     return seven_bit_pays(op, (cpu if cpu is not None else cpu_features()).isa_class, shape)
 

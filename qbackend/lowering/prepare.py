@@ -258,8 +258,8 @@ def _seven_bit_values(state: PrepareState) -> set:
         if op.config.mode != "static":
             continue
         if not op.exact_8bit_route(state.gm) or (
-                op.config.seven_bit_for_speed and op.config.provider is None
-                and seven_bit_speedup(op.kind, op.layer_spec(state.gm).shape_key()) is not None):
+                op.config.seven_bit_for_speed
+                and seven_bit_speedup(op.kind, op.layer_spec(state.gm).shape_key(), op.config.provider) is not None):
             values.add(root(op.x, state.plan.static_outputs))
     return values
 

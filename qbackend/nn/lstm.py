@@ -129,6 +129,11 @@ def _example_dims(example_shape, batch_first: bool, input_size: int) -> tuple[in
     return t, b
 
 
+def _routed(m: int, k: int, n: int) -> str:
+    """The provider the rules give one dynamic product (m rows, k x n weight) here."""
+    return route("linear", {"m": m, "k": k, "n": n}, eight_bit_input=False).provider
+
+
 def _choose_providers(provider, shapes: dict[str, tuple[int, int, int]]) -> dict[str, str]:
     """{"ih": name, "hh": name}: the given provider(s), or the route of each dynamic product (m, k, n)."""
     if isinstance(provider, str):
@@ -144,7 +149,7 @@ def _choose_providers(provider, shapes: dict[str, tuple[int, int, int]]) -> dict
                         f"{type(provider).__name__}")
     for kind, (m, k, n) in shapes.items():
         if chosen.get(kind) is None:
-            chosen[kind] = route("linear", {"m": m, "k": k, "n": n}, eight_bit_input=False).provider
+            chosen[kind] = _routed(m, k, n)
     return chosen
 
 
@@ -252,8 +257,7 @@ class DynamicQuantizedLSTM(Tracked, nn.Module):
 
         def again(w: PackedLinearWeight) -> PackedLinearWeight:
             nonlocal changed
-            m = int(w.x_shape[0]) if w.x_shape else 1
-            provider = route("linear", {"m": m, "k": w.in_features, "n": w.out_features}, eight_bit_input=False).provider
+            provider = _routed(int(w.x_shape[0]) if w.x_shape else 1, w.in_features, w.out_features)
             if provider == w.provider_name:
                 return w
             changed = True
@@ -373,6 +377,11 @@ class DynamicQuantizedLSTM(Tracked, nn.Module):
         """The provider of each packed weight: {"ih": [per layer], "hh": [per layer and direction]}."""
         return {"ih": [w.provider_name for w in self.w_ih],
                 "hh": [w.provider_name for ws in self.w_hh for w in ws]}
+
+    @property
+    def provider_label(self) -> str:
+        """Its providers as one name ("fbgemm/native"), as explain shows them."""
+        return "/".join(sorted({p for ps in self.providers.values() for p in ps}))
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"

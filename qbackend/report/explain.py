@@ -15,9 +15,9 @@ def _provider(module) -> str:
     packed = getattr(module, "packed", None)
     if packed is not None:
         return packed.provider_name
-    providers = getattr(module, "providers", None)  # the LSTM: one per packed weight
-    if providers:
-        return "/".join(sorted({p for ps in providers.values() for p in ps}))
+    label = getattr(module, "provider_label", None)  # the LSTM: one provider per packed weight
+    if label:
+        return label
     return "fp32 compute"
 
 

@@ -92,11 +92,6 @@ def _record(info, r, old: str) -> None:
     info.rerouted_from = old if r.provider != old else None
 
 
-def _lstm_providers(lstm) -> str:
-    """An LSTM's providers as one name ("fbgemm/native"), as explain shows them."""
-    return "/".join(sorted({p for ps in lstm.providers.values() for p in ps}))
-
-
 def _fused_block(qmodel, path: str | None):
     """The fused block whose layer lives at `path`, or None."""
     parent = (path or "").rpartition(".")[0]
@@ -135,10 +130,10 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
             r = route("linear", info.shape, eight_bit_input=eight, forced=info.forced, by_batch=info.route_by_batch)
             stale_hint = False
         elif isinstance(m, DynamicQuantizedLSTM):
-            old = _lstm_providers(m)
+            old = m.provider_label
             if info.forced is None and m.reroute():
                 info.note, info.rerouted_from = lstm_note(m.providers), old
-                changed[name] = (old, _lstm_providers(m))
+                changed[name] = (old, m.provider_label)
             continue
         elif isinstance(m, (QuantizedEmbedding, QuantizedEmbeddingBag)):
             forced = info.forced
