@@ -930,7 +930,7 @@ def targets(rep: Report, peers: list[PeerRow]) -> None:
 # 5. exact 8-bit activations without VNNI (run under QBACKEND_ISA=avx2)
 
 AVX2_LINEAR_KN = [(256, 256), (512, 1000), (768, 768), (768, 3072), (3072, 768), (2048, 1000)]
-AVX2_LINEAR_M = [1, 4, 32, 128]
+AVX2_LINEAR_M = [1, 4, 8, 16, 32, 128]
 AVX2_CONV = ["r50 stem 7x7/2", "r50 s1 3x3 64", "r50 s3 1x1 1024->256", "r50 s4 3x3 512", "mv2 pw 96->24 @56",
              "mv2 pw 576->160 @7", "mv2 dw 144 @56", "mv2 dw 576 @14"]
 # The two activation grids of the same float range [-6.4, 6.35]: 8 bits (the native route) and 7 bits

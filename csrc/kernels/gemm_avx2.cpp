@@ -13,8 +13,9 @@
 // 16 bytes (columns 0-3) and last 16 (columns 4-7) widen to two int16 vectors; vpmaddwd against the
 // row's 4 widened k's (broadcast) gives each column's two partial sums in adjacent lanes, which one
 // vphaddd and a qword permute put in column order after the K loop. Register tiles are up to 6 rows
-// x 8 columns (12 accumulators, 2 weight registers and a broadcast: 15 of the 16 ymm registers); the
-// epilogue is the AVX-VNNI kernel's (gemm_avx2_vnni_impl.h), on the tile's two halves.
+// x 8 columns (12 accumulators, 2 weight registers, a broadcast and a product: all 16 ymm registers;
+// the full tile's K loop is written in assembly, dot_half_6rows); the epilogue is the AVX-VNNI
+// kernel's (gemm_avx2_vnni_impl.h), on the tile's two halves.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -51,12 +52,73 @@ void widen_rows(const GemmArgs& g, int64_t m0, int mr, int16_t* dst, int64_t Kp)
   }
 }
 
+// The K loop of a full 6-row tile: 12 accumulators (ymm0-11, row r's in 2r and 2r + 1), the two
+// widened weight vectors (ymm12-13), a row's broadcast k's (ymm14) and a product (ymm15): all 16
+// registers. Written out because the compiler spills accumulators of this loop inside it (from 10
+// accumulators on), which halves its speed. Stores the raw accumulators to acc[0..11].
+inline void dot_half_6rows(const int16_t* as, int64_t Kp, const int8_t* B, int64_t ldb, __m256i* acc) {
+  int64_t n = Kp / 4;  // k-groups
+  const int64_t stride = Kp * 2;  // bytes between widened rows
+  const char* r0 = reinterpret_cast<const char*>(as);
+  const char* r3 = r0 + 3 * stride;
+  __asm__ volatile(
+      "vpxor %%xmm0, %%xmm0, %%xmm0\n\t vpxor %%xmm1, %%xmm1, %%xmm1\n\t"
+      "vpxor %%xmm2, %%xmm2, %%xmm2\n\t vpxor %%xmm3, %%xmm3, %%xmm3\n\t"
+      "vpxor %%xmm4, %%xmm4, %%xmm4\n\t vpxor %%xmm5, %%xmm5, %%xmm5\n\t"
+      "vpxor %%xmm6, %%xmm6, %%xmm6\n\t vpxor %%xmm7, %%xmm7, %%xmm7\n\t"
+      "vpxor %%xmm8, %%xmm8, %%xmm8\n\t vpxor %%xmm9, %%xmm9, %%xmm9\n\t"
+      "vpxor %%xmm10, %%xmm10, %%xmm10\n\t vpxor %%xmm11, %%xmm11, %%xmm11\n\t"
+      "test %[n], %[n]\n\t"
+      "jle 2f\n\t"
+      ".p2align 4\n"
+      "1:\n\t"
+      "vpmovsxbw (%[b]), %%ymm12\n\t"
+      "vpmovsxbw 16(%[b]), %%ymm13\n\t"
+      "add %[ldb], %[b]\n\t"
+      "vpbroadcastq (%[r0]), %%ymm14\n\t"
+      "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm0, %%ymm0\n\t"
+      "vpmaddwd %%ymm13, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm1, %%ymm1\n\t"
+      "vpbroadcastq (%[r0],%[s],1), %%ymm14\n\t"
+      "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm2, %%ymm2\n\t"
+      "vpmaddwd %%ymm13, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm3, %%ymm3\n\t"
+      "vpbroadcastq (%[r0],%[s],2), %%ymm14\n\t"
+      "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm4, %%ymm4\n\t"
+      "vpmaddwd %%ymm13, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm5, %%ymm5\n\t"
+      "vpbroadcastq (%[r3]), %%ymm14\n\t"
+      "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm6, %%ymm6\n\t"
+      "vpmaddwd %%ymm13, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm7, %%ymm7\n\t"
+      "vpbroadcastq (%[r3],%[s],1), %%ymm14\n\t"
+      "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm8, %%ymm8\n\t"
+      "vpmaddwd %%ymm13, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm9, %%ymm9\n\t"
+      "vpbroadcastq (%[r3],%[s],2), %%ymm14\n\t"
+      "vpmaddwd %%ymm12, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm10, %%ymm10\n\t"
+      "vpmaddwd %%ymm13, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm11, %%ymm11\n\t"
+      "add $8, %[r0]\n\t"
+      "add $8, %[r3]\n\t"
+      "dec %[n]\n\t"
+      "jnz 1b\n"
+      "2:\n\t"
+      "vmovdqu %%ymm0, 0(%[acc])\n\t vmovdqu %%ymm1, 32(%[acc])\n\t"
+      "vmovdqu %%ymm2, 64(%[acc])\n\t vmovdqu %%ymm3, 96(%[acc])\n\t"
+      "vmovdqu %%ymm4, 128(%[acc])\n\t vmovdqu %%ymm5, 160(%[acc])\n\t"
+      "vmovdqu %%ymm6, 192(%[acc])\n\t vmovdqu %%ymm7, 224(%[acc])\n\t"
+      "vmovdqu %%ymm8, 256(%[acc])\n\t vmovdqu %%ymm9, 288(%[acc])\n\t"
+      "vmovdqu %%ymm10, 320(%[acc])\n\t vmovdqu %%ymm11, 352(%[acc])\n\t"
+      : [b] "+r"(B), [r0] "+r"(r0), [r3] "+r"(r3), [n] "+r"(n)
+      : [ldb] "r"(ldb), [s] "r"(stride), [acc] "r"(acc)
+      : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+}
+
 // The int32 sums of MR rows x 8 columns (out[r * 2], column order) over all k-groups. as: the rows
 // widened (row stride Kp); B: the half's first k-group; ldb: the byte step to the next k-group.
 template <int MR>
 __attribute__((always_inline)) inline void dot_half(const int16_t* as, int64_t Kp, const int8_t* B, int64_t ldb,
                                                     __m256i* out) {
   __m256i acc[MR][2];
+  if constexpr (MR == 6) {
+    dot_half_6rows(as, Kp, B, ldb, &acc[0][0]);
+  } else {
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
   const int64_t groups = Kp / 4;
@@ -72,6 +134,7 @@ __attribute__((always_inline)) inline void dot_half(const int16_t* as, int64_t K
       acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(av, w03));
       acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(av, w47));
     }
+  }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
