@@ -192,9 +192,9 @@ class QuantConfig:
     seven_bit_for_speed: on CPUs without VNNI, a static Linear / Conv2d whose 7-bit route the
       7-bit table (qbackend.dispatch.rules.SEVEN_BIT) measures more than 1.5x faster than its exact
       8-bit one reads 7-bit activations (its input value, for every layer reading it): about 6 dB
-      less SQNR on that layer for about twice its speed (ResNet-18 on an AVX2 AMD EPYC: 1.9-2.0x the
-      speed, output SQNR 34.2 -> 30.9 dB, still above every peer's: benchmarks/results/epyc_zen3/).
-      False: 8 bits wherever a provider multiplies them exactly. No effect with VNNI (the libraries
+      less SQNR on that layer for 1.6-1.8x its speed. On an AVX2 AMD EPYC Zen 3 that is Linears
+      at M = 4 .. 7 over K >= 2048 only; every conv and every other Linear is within 1.5x on 8 bits
+      (benchmarks/results/epyc_zen3/kernels_avx2_exact.md). False: 8 bits wherever a provider multiplies them exactly. No effect with VNNI (the libraries
       multiply 8 bits exactly there), nor where the activation observer sets reduce_range itself.
     forward_plans: eager calls of the converted model replay its forward as one native call per
       input signature, recorded on the signature's second call (qbackend.nn.forward_plan); False:

@@ -107,7 +107,7 @@ def case():
             return 100.0 * float((m(X).argmax(1) == truth).float().mean())
 
     calib = [X[i:i + 64] for i in range(0, 256, 64)]
-    # an example of 16 rows: below the 7-bit table's M = 32, so 8-bit activations on every CPU
+    # an example of 16 rows: outside the 7-bit table (M = 4 .. 7), so 8-bit activations on every CPU
     return model, (X[:16],), calib, calib, agree
 
 

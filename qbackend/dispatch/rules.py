@@ -98,13 +98,12 @@ RULES: tuple[Rule, ...] = (
     # row of the evidence), which we give up only for a speed-up well beyond this shared machine's
     # run-to-run spread (medians up to 2x the minima there).
     Rule("linear", NO_VNNI, "fbgemm", f"7-bit activations: FBGEMM's 7-bit GEMM is more than {X_7BIT}x the exact "
-         "native AVX2 GEMM from M = 32 (1.5-3.9x; Zen 3 1.5-2.1x) and above 768 x 768 from M = 4 (1.8-1.9x; "
-         "Zen 3 1.4-1.8x); 8-bit activations take the native GEMM",
-         "xeon_icelake/kernels_avx2_exact.md#Linear, 1 thread",
-         (m >= 32) | ((m >= 4) & (k * n > Num(768 * 768, "768*768")))),
+         "native AVX2 GEMM only at M = 4 over K >= 2048 (Zen 3: 1.6-1.8x at 1 and 2 threads); 8-bit activations "
+         "take the native GEMM", "epyc_zen3/kernels_avx2_exact.md#Linear, 1 thread",
+         (m >= 4) & (m < 8) & (k >= 2048)),
     Rule("linear", NO_VNNI, "native", f"qbackend's AVX2 GEMM (int16 products): exact on 8-bit activations, within "
-         f"{X_7BIT}x of FBGEMM's 7-bit route at M = 1 (0.9-1.5x) and on layers up to 768 x 768 at M = 4",
-         "xeon_icelake/kernels_avx2_exact.md#Linear, 1 thread"),
+         f"{X_7BIT}x of FBGEMM's 7-bit route from M = 8 (0.7-1.5x) and at M = 1 (0.6-1.6x; Zen 3)",
+         "epyc_zen3/kernels_avx2_exact.md#Linear, 2 threads"),
     Rule("linear", NO_VNNI, "fbgemm", "without the native provider: without VNNI, FBGEMM is 3-7x oneDNN at M <= 4 "
          "and level from M = 256 (measured under QBACKEND_ISA=avx2)",
          "xeon_amx/kernels_linear_avx2.md#Linear, uint8 -> uint8"),
@@ -160,10 +159,10 @@ RULES: tuple[Rule, ...] = (
     Rule("conv2d", VNNI, "fbgemm", "without the native provider: small dense convs sit at oneDNN's per-call floor; "
          "FBGEMM is 1.25-1.7x faster on ResNet-18's 8x8 convs", "xeon_amx/dispatch_quick_avx512_vnni.md#Summary",
          (groups == 1) & (OUT_VALUES <= 16384) & (c_in * c_out * kh * kw <= 1_200_000)),
-    Rule("conv2d", NO_VNNI, "onednn", "7-bit activations: the libraries' 7-bit convs are 1.2-2.3x the exact native AVX2 "
-         "GEMM (FBGEMM or oneDNN fastest by shape; oneDNN kept); 8-bit activations take the native GEMM or oneDNN's "
-         "depthwise kernel, both exact", "xeon_icelake/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, "
-         "1 thread", groups == 1),
+    Rule("conv2d", NO_VNNI, "onednn", "7-bit activations: the libraries' 7-bit convs are 0.9-1.2x the exact native AVX2 "
+         "GEMM on Zen 3 (FBGEMM or oneDNN fastest by shape; oneDNN kept); 8-bit activations take the native GEMM or "
+         "oneDNN's depthwise kernel, both exact", "epyc_zen3/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, "
+         "2 threads", groups == 1),
     Rule("conv2d", ALL, "onednn", "oneDNN wins dense, stem and depthwise convs (1.1-8x); FBGEMM's depthwise kernel "
          "also loses precision on 8-bit activations", "kernels.md#Conv2d, channels-last uint8 -> uint8"),
     # ---- embedding_bag (and plain embedding lookups: bags of one) -------------------------------
@@ -244,24 +243,17 @@ class SevenBitRow:
 
 
 # Where QuantConfig.seven_bit_for_speed gives a static layer's input 7 bits: without VNNI the
-# libraries multiply 7-bit activations exactly at one multiply per 32 products (vpmaddubsw), the
-# exact 8-bit route at one per 16 (the native AVX2 GEMM's int16 products), and a 7-bit input costs
-# about 6 dB of the layer's SQNR (48 -> 42 dB on every row of the evidence). The same threshold as
-# the dynamic Linear rows (X_7BIT). Measured on AVX2 only (AVX-512 without VNNI: none, 8 bits stay).
+# libraries multiply 7-bit activations exactly with vpmaddubsw and need no widening of the weight,
+# the exact 8-bit route (the native AVX2 GEMM) widens both operands to int16 (vpmaddwd); a 7-bit
+# input costs about 6 dB of the layer's SQNR (48 -> 42 dB on every row of the evidence). A row only
+# where both thread counts measure more than X_7BIT (the threshold of the dynamic Linear rows): the
+# native GEMM's 4-row tiles, where a widened weight serves 4 rows, not 6. Measured on AVX2 only
+# (AVX-512 without VNNI: none, 8 bits stay). The M of a static layer is its example's rows.
 SEVEN_BIT: tuple[SevenBitRow, ...] = (
-    SevenBitRow("linear", ("avx2",), f"FBGEMM's 7-bit GEMM more than {X_7BIT}x the exact native AVX2 GEMM from "
-                "M = 32 and above 768 x 768 from M = 4 (Zen 3: 1.5-2.1x and 1.4-1.8x; Ice Lake under "
-                "QBACKEND_ISA=avx2: 1.5-3.9x and 1.8-1.9x)", "epyc_zen3/kernels_avx2_exact.md#Linear, 1 thread",
-                (m >= 32) | ((m >= 4) & (k * n > Num(768 * 768, "768*768")))),
-    SevenBitRow("conv2d", ("avx2",), "KxK convs from 64 x 64 x 3 x 3 weights: oneDNN's 7-bit conv 1.68-1.90x the "
-                "exact native GEMM on ResNet's 3x3s over 64 and 512 channels (Zen 3; Ice Lake: 1.70-1.76x); stems "
-                "1.43-1.48x, thin 1x1s 1.1-1.2x, smaller convs unmeasured: 8 bits",
-                "epyc_zen3/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, 1 thread",
-                (groups == 1) & ~(kernel == (1, 1)) & (c_in >= 16) & (c_in * c_out * kh * kw >= 36864)),
-    SevenBitRow("conv2d", ("avx2",), "1x1 convs from 1024 input channels: oneDNN's 7-bit conv 1.92-1.94x the exact "
-                "native GEMM (Zen 3 and Ice Lake under QBACKEND_ISA=avx2)",
-                "epyc_zen3/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, 1 thread",
-                ONE_BY_ONE & (c_in >= 1024)),
+    SevenBitRow("linear", ("avx2",), f"FBGEMM's 7-bit GEMM more than {X_7BIT}x the exact native AVX2 GEMM at M = 4 "
+                "over K >= 2048 (Zen 3: 1.61-1.79x at 1 and 2 threads); from M = 8, at M = 1 and on every conv "
+                "0.8-1.5x: 8 bits", "epyc_zen3/kernels_avx2_exact.md#Linear, 2 threads",
+                (m >= 4) & (m < 8) & (k >= 2048)),
 )
 
 

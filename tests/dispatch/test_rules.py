@@ -124,12 +124,13 @@ def test_native_rows():
 @pytest.mark.parametrize("isa_class", ["avx2", "avx512"])
 def test_no_vnni_rows_prefer_the_exact_gemm_within_x_7bit(isa_class):
     """Without VNNI: native (exact on 8-bit activations) unless FBGEMM's 7-bit route is more than
-    X_7BIT faster (M >= 32, or above 768 x 768 from M = 4); 8-bit inputs always run exactly (routing)."""
+    X_7BIT faster (M = 4 .. 7 over K >= 2048); 8-bit inputs always run exactly (routing)."""
     assert rules.X_7BIT == 1.5
     assert rules.choose("linear", isa_class, {"m": 1, "k": 3072, "n": 768}).provider == "native"
-    assert rules.choose("linear", isa_class, {"m": 4, "k": 768, "n": 768}).provider == "native"
-    assert rules.choose("linear", isa_class, {"m": 4, "k": 768, "n": 3072}).provider == "fbgemm"
-    assert rules.choose("linear", isa_class, {"m": 32, "k": 256, "n": 256}).provider == "fbgemm"
+    assert rules.choose("linear", isa_class, {"m": 4, "k": 768, "n": 3072}).provider == "native"
+    assert rules.choose("linear", isa_class, {"m": 4, "k": 3072, "n": 768}).provider == "fbgemm"
+    assert rules.choose("linear", isa_class, {"m": 8, "k": 3072, "n": 768}).provider == "native"
+    assert rules.choose("linear", isa_class, {"m": 32, "k": 256, "n": 256}).provider == "native"
     assert rules.choose("linear", isa_class, {"m": 1, "k": 768, "n": 768}, usable=NO_NATIVE).provider == "fbgemm"
     assert rules.choose("conv2d", isa_class, CONV).provider == "onednn"
 
@@ -317,15 +318,16 @@ def test_compiled_predicates_keep_their_grouping():
 
 def test_seven_bit_table():
     conv3 = dict(CONV, c_in=64, c_out=64)
-    assert rules.seven_bit_pays("conv2d", "avx2", conv3).op == "conv2d"
-    assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, kernel=(1, 1), c_in=1024)) is not None
-    assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, kernel=(1, 1), c_in=576)) is None  # 1.1-1.2x on oneDNN
-    assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, c_in=3, kernel=(7, 7))) is None  # stems 1.43-1.48x
-    assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, groups=64)) is None  # depthwise: exact on oneDNN
-    assert rules.seven_bit_pays("conv2d", "avx2", dict(conv3, c_in=16, c_out=32)) is None  # small: unmeasured
-    assert rules.seven_bit_pays("linear", "avx2", {"m": 32, "k": 64, "n": 64}) is not None
-    assert rules.seven_bit_pays("linear", "avx2", {"m": 4, "k": 768, "n": 3072}) is not None
-    assert rules.seven_bit_pays("linear", "avx2", {"m": 4, "k": 768, "n": 768}) is None
+    # every conv keeps 8 bits: the libraries' 7-bit convs are 0.9-1.2x the exact native GEMM
+    for shape in (conv3, dict(conv3, kernel=(1, 1), c_in=1024), dict(conv3, kernel=(1, 1), c_in=576),
+                  dict(conv3, c_in=3, kernel=(7, 7)), dict(conv3, groups=64), dict(conv3, c_in=512, c_out=512)):
+        assert rules.seven_bit_pays("conv2d", "avx2", shape) is None, shape
+    # Linears: only M = 4 .. 7 over K >= 2048 (the native GEMM's 4-row tiles)
+    assert rules.seven_bit_pays("linear", "avx2", {"m": 4, "k": 2048, "n": 1000}).op == "linear"
+    assert rules.seven_bit_pays("linear", "avx2", {"m": 7, "k": 3072, "n": 768}) is not None
+    assert rules.seven_bit_pays("linear", "avx2", {"m": 4, "k": 768, "n": 3072}) is None  # 1.37x at 2 threads
+    assert rules.seven_bit_pays("linear", "avx2", {"m": 8, "k": 3072, "n": 768}) is None
+    assert rules.seven_bit_pays("linear", "avx2", {"m": 128, "k": 3072, "n": 768}) is None
     assert rules.seven_bit_pays("linear", "avx2", {"m": 1, "k": 4096, "n": 4096}) is None
     for isa in ("amx", "avx512_vnni", "avx2_vnni", "avx512"):  # VNNI: 8 bits cost nothing; AVX-512: unmeasured
         assert rules.seven_bit_pays("conv2d", isa, conv3) is None and rules.seven_bit_pays("linear", isa, LINEAR) is None

@@ -27,7 +27,7 @@ def test_outlier_layer_found_first_and_budget_met():
     truth = _labels(model)
     agree = lambda m: 100.0 * float((_labels(m) == truth).float().mean())  # noqa: E731
     calib = [X[i:i + 64] for i in range(0, 256, 64)]
-    # an example of 16 rows: below the 7-bit table's M = 32, so 8-bit activations on every CPU
+    # an example of 16 rows: outside the 7-bit table (M = 4 .. 7), so 8-bit activations on every CPU
     plain = qbackend.quantize(model, (X[:16],), calib)
     assert agree(plain) < 90  # the outlier really hurts
     ranked = qbackend.compare(model, plain, calib).ranked()
