@@ -932,7 +932,8 @@ def targets(rep: Report, peers: list[PeerRow]) -> None:
 AVX2_LINEAR_KN = [(256, 256), (512, 1000), (768, 768), (768, 3072), (3072, 768), (2048, 1000)]
 AVX2_LINEAR_M = [1, 4, 8, 16, 32, 128]
 AVX2_CONV = ["r50 stem 7x7/2", "r50 s1 3x3 64", "r50 s3 1x1 1024->256", "r50 s4 3x3 512", "mv2 pw 96->24 @56",
-             "mv2 pw 576->160 @7", "mv2 dw 144 @56", "mv2 dw 576 @14"]
+             "mv2 pw 576->160 @7", "mv2 dw 32 @112", "mv2 dw/2 96 @112", "mv2 dw 144 @56", "mv2 dw/2 144 @56",
+             "mv2 dw 192 @28", "mv2 dw 384 @14", "mv2 dw 576 @14", "mv2 dw/2 576 @14", "mv2 dw 960 @7"]
 # The two activation grids of the same float range [-6.4, 6.35]: 8 bits (the native route) and 7 bits
 # (the only input FBGEMM and oneDNN multiply exactly without VNNI).
 GRID8, GRID7 = (0.05, 128, 255), (0.1, 64, 127)
@@ -962,7 +963,8 @@ def bench_avx2_exact(rep: Report, cfg: Settings, threads: list[int], quick: bool
     rep("Under QBACKEND_ISA=avx2: `native` is qbackend's AVX2 GEMM (int16 products, vpmaddwd) on 8-bit activations "
         f"(scale {GRID8[0]}, zero point {GRID8[1]}); `fbgemm` and `onednn` run the same float input on the 7-bit grid "
         f"(scale {GRID7[0]}, zero point {GRID7[1]}), the only one they multiply exactly here. Times in us (min / "
-        "median), uint8 output. 7b/8b = the faster 7-bit route's time / native's (< 1: the 7-bit route is faster). "
+        "median), uint8 output. 7b/8b = the faster 7-bit route's time / the faster exact 8-bit one's (native; "
+        "depthwise convs also oneDNN's depthwise kernel, exact at 8 bits here; < 1: the 7-bit route is faster). "
         "SQNR: dB of the fp32 output against fp64 math on the float input (uniform over the grids' range) and the "
         "dequantized weight; the difference is the cost of the 7-bit input.")
     rep()
@@ -1014,19 +1016,21 @@ def bench_avx2_exact(rep: Report, cfg: Settings, threads: list[int], quick: bool
         x8, x7 = _grid(x_f, GRID8), _grid(x_f, GRID7)
         ref = torch.nn.functional.conv2d(x_f.double(), w.double() * ws.double()[:, None, None, None], b.double(),
                                          stride, pad, 1, groups)
-        # 8-bit: the native GEMM (dense convs) or oneDNN's depthwise kernel (exact at 8 bits here).
-        p8 = "onednn" if depthwise else "native"
-        pw8 = PackedConv2dWeight(w, ws, b, provider=p8, x_shape=list(x8.shape), x_qparams=GRID8[:2], **geo)
+        # 8-bit: the native GEMM or depthwise conv, and oneDNN's depthwise kernel (exact at 8 bits here).
+        p8s = ("native", "onednn") if depthwise else ("native",)
+        pw8 = {p: PackedConv2dWeight(w, ws, b, provider=p, x_shape=list(x8.shape), x_qparams=GRID8[:2], **geo)
+               for p in p8s}
         pw7 = {p: PackedConv2dWeight(w, ws, b, provider=p, x_shape=list(x7.shape), x_qparams=GRID7[:2], **geo)
                for p in ("fbgemm", "onednn")}
         f32 = torch.float32
-        q8 = sqnr_db(pw8.conv2d(x8, GRID8[0], GRID8[1], 1.0, 0, f32), ref)
+        q8 = sqnr_db(pw8["native"].conv2d(x8, GRID8[0], GRID8[1], 1.0, 0, f32), ref)
         q7 = sqnr_db(pw7["onednn"].conv2d(x7, GRID7[0], GRID7[1], 1.0, 0, f32), ref)
-        cands = {
-            p8: lambda: pw8.conv2d(x8, GRID8[0], GRID8[1], OUT_SCALE, OUT_ZP, torch.uint8),
+        cands = {p: (lambda pw=pw: pw.conv2d(x8, GRID8[0], GRID8[1], OUT_SCALE, OUT_ZP, torch.uint8))
+                 for p, pw in pw8.items()}
+        cands.update({
             "fbgemm_7": lambda: pw7["fbgemm"].conv2d(x7, GRID7[0], GRID7[1], OUT_SCALE, OUT_ZP, torch.uint8),
             "onednn_7": lambda: pw7["onednn"].conv2d(x7, GRID7[0], GRID7[1], OUT_SCALE, OUT_ZP, torch.uint8),
-        }
+        })
         for n in threads:
             torch.set_num_threads(n)
             t = cfg.run(cands)
@@ -1034,7 +1038,7 @@ def bench_avx2_exact(rep: Report, cfg: Settings, threads: list[int], quick: bool
             fast7 = min(m["fbgemm_7"], m["onednn_7"])
             rows[n].append([name, "1", f"{C}->{OC}", f"{H}x{W}", f"{k}/{stride}/{groups}",
                             str(t["native"]) if "native" in t else "refuses", str(t["onednn"]) if "onednn" in t else "saturates",
-                            str(t["fbgemm_7"]), str(t["onednn_7"]), fr(fast7 / m[p8]), f"{q8:.1f}", f"{q7:.1f}",
+                            str(t["fbgemm_7"]), str(t["onednn_7"]), fr(fast7 / min(m[p] for p in p8s)), f"{q8:.1f}", f"{q7:.1f}",
                             min(m, key=m.get)])
             progress(f"avx2 conv {n}t {name}: " + ", ".join(f"{k_} {fmt_us(v)}" for k_, v in m.items()))
     for n in threads:

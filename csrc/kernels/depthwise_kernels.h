@@ -19,7 +19,9 @@
 //
 // Packed weight (the provider's header aside): int32 colsum [Cp] (sum of each channel's taps, 0 in
 // the padding), then int8 w4 [KH][G][Cp][4] with w4[kh][g][lane(c)][t] = w[c][kh][4g + t] (0 where
-// 4g + t >= KW or c >= C); G = ceil(KW / 4), Cp = C rounded up to 16.
+// 4g + t >= KW or c >= C); G = ceil(KW / 4), Cp = C rounded up to 16. Then, for the AVX2 kernel,
+// int32 w32 [KH][KW][Cp] in channel order: w[c][kh][kw] in the low int16 of the lane, 0 in the high
+// one (0 beyond C).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -49,6 +51,7 @@ struct DepthwiseArgs {
   int64_t N = 0, C = 0, H = 0, W = 0, OH = 0, OW = 0, KH = 0, KW = 0;
   int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   const int8_t* w = nullptr;   // w4 [KH][G][Cp][4] (header comment)
+  const int32_t* w32 = nullptr;  // w32 [KH][KW][Cp] (header comment): the AVX2 kernel's
   // The epilogue's arguments, one GEMM "row" per output pixel ((n * OH + oh) * OW + ow) and one
   // "column" per channel: N = C, ldc = C, colsum = the packed weight's [Cp] sums; a/b unused (the
   // kernel passes the uint8 view's zero point to the epilogue itself).
@@ -66,5 +69,9 @@ size_t depthwise_scratch_bytes(const DepthwiseArgs& a);
 // Computes output rows [row_begin, row_end) (row = n * OH + oh); call only when
 // qbackend::cpu::has(qbackend::cpu::Isa::Avx512Vnni). scratch: depthwise_scratch_bytes, 64-byte aligned.
 void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch);
+// The same on AVX2 (depthwise_avx2.cpp: int16 products, exact at 8 bits; reads w32, not w; x_row0,
+// out_pixel0 and keep_rings as above); call only when qbackend::cpu::has(qbackend::cpu::Isa::Avx2).
+size_t depthwise_scratch_bytes_avx2(const DepthwiseArgs& a);
+void depthwise_rows_avx2(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch);
 
 }  // namespace qbackend::kernels

@@ -12,14 +12,14 @@
 namespace qbackend::native {
 namespace {
 
-constexpr char kMagic[8] = {'Q', 'B', 'N', 'D', 'W', 'C', '0', '3'};
+constexpr char kMagic[8] = {'Q', 'B', 'N', 'D', 'W', 'C', '0', '4'};
 constexpr int64_t kHeaderBytes = 64;
 // Multiply-adds below which a conv runs on the calling thread (a region costs a few us).
 constexpr int64_t kParallelWork = int64_t(1) << 17;
 
 int64_t packed_bytes(int64_t C, int64_t KH, int64_t KW) {
   const int64_t Cp = kernels::depthwise_cp(C);
-  return kHeaderBytes + 4 * Cp + 4 * KH * kernels::depthwise_groups(KW) * Cp;
+  return kHeaderBytes + 4 * Cp + 4 * KH * kernels::depthwise_groups(KW) * Cp + 4 * KH * KW * Cp;
 }
 
 // A buffer per thread for the ring of tap rows, grown as needed and kept.
@@ -52,6 +52,7 @@ at::Tensor pack_depthwise(const at::Tensor& weight) {
   const int64_t G = kernels::depthwise_groups(KW);
   int32_t* colsum = reinterpret_cast<int32_t*>(p + kHeaderBytes);
   int8_t* w4 = reinterpret_cast<int8_t*>(p + kHeaderBytes + 4 * Cp);
+  int32_t* w32 = reinterpret_cast<int32_t*>(p + kHeaderBytes + 4 * Cp + 4 * KH * G * Cp);
   const at::Tensor wc = weight.contiguous();
   const int8_t* src = wc.const_data_ptr<int8_t>();
   for (int64_t c = 0; c < C; ++c) {
@@ -61,6 +62,7 @@ at::Tensor pack_depthwise(const at::Tensor& weight) {
         const int8_t v = src[(c * KH + kh) * KW + kw];
         colsum[lane] += v;
         w4[((kh * G + kw / 4) * Cp + lane) * 4 + kw % 4] = v;
+        w32[(kh * KW + kw) * Cp + c] = static_cast<int32_t>(static_cast<uint16_t>(static_cast<int16_t>(v)));
       }
   }
   return out;
@@ -88,26 +90,35 @@ DepthwiseView unpack_depthwise(const at::Tensor& packed, const char* name) {
   const int64_t Cp = kernels::depthwise_cp(v.C);
   v.colsum = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
   v.w = reinterpret_cast<const int8_t*>(p + kHeaderBytes + 4 * Cp);
+  v.w32 = reinterpret_cast<const int32_t*>(p + kHeaderBytes + 4 * Cp + 4 * v.KH * kernels::depthwise_groups(v.KW) * Cp);
   return v;
 }
 
+// native_gemm.h (not included: its packed-weight constants share names with this file's).
+const kernels::GemmKernels& gemm_kernels();
+
+static bool depthwise_on_avx512() {
+  return cpu::has(cpu::Isa::Avx512Vnni) && std::strcmp(gemm_kernels().name, "avx2") != 0;
+}
+
 void run_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w) {
-  TORCH_CHECK_VALUE(cpu::has(cpu::Isa::Avx512Vnni), "the native depthwise conv needs AVX512-VNNI, which this CPU (or "
+  TORCH_CHECK_VALUE(cpu::has(cpu::Isa::Avx2), "the native depthwise conv needs AVX2, which this CPU (or "
                     "QBACKEND_ISA) does not offer; use the onednn or fbgemm provider");
   a.w = w.w;
+  a.w32 = w.w32;
   a.epi.N = a.C;
   a.epi.ldc = a.C;
   a.epi.colsum = w.colsum;
+  const bool avx512 = depthwise_on_avx512();
+  const auto rows_fn = avx512 ? &kernels::depthwise_rows_avx512 : &kernels::depthwise_rows_avx2;
+  const size_t bytes = avx512 ? kernels::depthwise_scratch_bytes(a) : kernels::depthwise_scratch_bytes_avx2(a);
   const int64_t rows = a.N * a.OH;
-  const size_t bytes = kernels::depthwise_scratch_bytes(a);
   const int64_t work = rows * a.OW * a.C * a.KH * a.KW;
   if (work < kParallelWork || at::get_num_threads() <= 1) {
-    kernels::depthwise_rows_avx512(a, 0, rows, scratch(bytes));
+    rows_fn(a, 0, rows, scratch(bytes));
     return;
   }
-  parallel::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    kernels::depthwise_rows_avx512(a, begin, end, scratch(bytes));
-  });
+  parallel::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { rows_fn(a, begin, end, scratch(bytes)); });
 }
 
 }  // namespace qbackend::native

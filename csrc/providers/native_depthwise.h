@@ -4,11 +4,12 @@
 //
 // Packed depthwise weight (uint8 tensor [KH, KW, L], like the GEMM conv weights, so that the fake
 // impls know the kernel size):
-//   [0, 64)                          header: "QBNDWC03", int64 C, int64 KH, int64 KW, zeros
+//   [0, 64)                          header: "QBNDWC04", int64 C, int64 KH, int64 KW, zeros
 //   [64, 64 + 4 Cp)                  int32 colsum [Cp] (each channel's sum of taps: the zero-point
 //                                    correction), in the kernel's lane order (depthwise_kernels.h)
 //   [64 + 4 Cp, ... + 4 KH G Cp)     int8 w4 [KH][G][Cp][4] (depthwise_kernels.h; G = ceil(KW / 4),
 //                                    Cp = C rounded up to 16, 0 beyond C and KW)
+//   [..., ... + 4 KH KW Cp)          int32 w32 [KH][KW][Cp], the AVX2 kernel's (depthwise_kernels.h)
 #pragma once
 #include <ATen/ATen.h>
 
@@ -21,6 +22,7 @@ struct DepthwiseView {
   int64_t C = 0, KH = 0, KW = 0;
   const int32_t* colsum = nullptr;
   const int8_t* w = nullptr;
+  const int32_t* w32 = nullptr;
 };
 
 // Whether `weight` [OC, IC/groups, KH, KW] with `groups` is a conv this route runs (groups = IC =
@@ -30,8 +32,10 @@ at::Tensor pack_depthwise(const at::Tensor& weight);
 // Whether `packed` carries the depthwise header (then unpack_depthwise validates the rest).
 bool is_depthwise(const at::Tensor& packed);
 DepthwiseView unpack_depthwise(const at::Tensor& packed, const char* name);
-// Runs the conv over every output row (threads split the rows); a.epi's output, residual and
-// requantization are set by the caller, the rest here.
+// Runs the conv over every output row (threads split the rows) on the AVX512-VNNI kernel, or on the
+// AVX2 one where this CPU (or QBACKEND_ISA) lacks AVX512-VNNI or a test chose the native "avx2"
+// kernel (set_kernel_override); a.epi's output, residual and requantization are set by the caller,
+// the rest here.
 void run_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w);
 
 }  // namespace qbackend::native

@@ -159,6 +159,9 @@ RULES: tuple[Rule, ...] = (
     Rule("conv2d", VNNI, "fbgemm", "without the native provider: small dense convs sit at oneDNN's per-call floor; "
          "FBGEMM is 1.25-1.7x faster on ResNet-18's 8x8 convs", "xeon_amx/dispatch_quick_avx512_vnni.md#Summary",
          (groups == 1) & (OUT_VALUES <= 16384) & (c_in * c_out * kh * kw <= 1_200_000)),
+    Rule("conv2d", ("avx2",), "native", "depthwise convs on the native AVX2 depthwise kernel (int16 products, exact at "
+         "8 bits): 1.1-2.3x oneDNN's exact depthwise kernel on all 9 of MobileNetV2's at 2 threads, batch 1 (0.94-2.2x "
+         "at 1 thread; Zen 3)", "epyc_zen3/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, 2 threads", DEPTHWISE),
     Rule("conv2d", NO_VNNI, "onednn", "7-bit activations: the libraries' 7-bit convs are 0.9-1.2x the exact native AVX2 "
          "GEMM on Zen 3 (FBGEMM or oneDNN fastest by shape; oneDNN kept); 8-bit activations take the native GEMM or "
          "oneDNN's depthwise kernel, both exact", "epyc_zen3/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, "

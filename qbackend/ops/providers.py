@@ -4,7 +4,7 @@ Linear and Conv2d, with one signature for all of them.
   native     qbackend's own int8 GEMM (csrc/kernels/gemm_*, torch.ops.qbackend.native_*): Linear and
              convs with groups 1 (a KxK conv as a GEMM over gathered taps), on every AVX2 CPU (AMX,
              AVX512-VNNI or AVX-VNNI where present; plain AVX2 with int16 products, exact at 8 bits);
-             depthwise convs (one filter per channel) with AVX512-VNNI
+             depthwise convs (one filter per channel; AVX512-VNNI, or AVX2 with int16 products)
   fbgemm     FBGEMM's C++ API through csrc (torch.ops.qbackend.fbgemm_*)
   onednn     oneDNN through torch's plain-tensor onednn ops (torch.ops.qbackend.onednn_*)
   reference  plain PyTorch fp64 math (qbackend.ops.reference): slow, exact, always available
@@ -93,8 +93,6 @@ def _native_refuses(op: str, shape) -> str | None:
         if shape["groups"] != 1:
             if not _is_depthwise(shape):
                 return "it runs convolutions with groups 1, or depthwise ones (groups = in = out channels)"
-            if usable_isa() < Isa.AVX512_VNNI:
-                return "its depthwise conv needs AVX512-VNNI (this CPU or QBACKEND_ISA lacks it)"
             dilation = shape.get("dilation", 1)
             dh = dilation if isinstance(dilation, int) else dilation[0]
             if kh * kw > 512 or kh > 64 or kw > 64 or (kh - 1) * dh + 1 > 256:

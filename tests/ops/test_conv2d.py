@@ -107,8 +107,8 @@ KERNELS = [(1, 1), (3, 3), (5, 5), (1, 3), (3, 1)]
 
 
 ALL_KINDS = ("dense", "pointwise", "stem", "grouped", "depthwise", "depthwise_x2")
-# groups 1, or depthwise with multiplier 1 (its depthwise kernel needs AVX512-VNNI, level 3)
-NATIVE_DEPTHWISE = int(usable_isa()) >= 3
+# groups 1, or depthwise with multiplier 1 (AVX512-VNNI's depthwise kernel, or AVX2's)
+NATIVE_DEPTHWISE = int(usable_isa()) >= 1
 NATIVE_KINDS = ("dense", "pointwise", "stem") + (("depthwise",) if NATIVE_DEPTHWISE else ())
 
 

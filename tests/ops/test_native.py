@@ -23,8 +23,21 @@ from tests.subprocess_utils import run_py
 ops = torch.ops.qbackend
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not _C.native_isa(), reason="the native GEMM needs AVX2")]
-# The native depthwise kernel needs AVX512-VNNI (level 3); the GEMM runs from AVX2.
-DEPTHWISE_KERNEL = pytest.mark.skipif(int(_C.usable_isa()) < 3, reason="the native depthwise conv needs AVX512-VNNI")
+# The native depthwise conv's kernels: this CPU's choice, and the AVX2 one (int16 products) where
+# that is another (set_native_kernel("avx2") selects it on any AVX2 CPU).
+DEPTHWISE_KERNELS = [""] + (["avx2"] if int(_C.usable_isa()) >= 3 else [])
+
+
+@pytest.fixture(params=DEPTHWISE_KERNELS, ids=lambda k: k or "cpu_choice")
+def depthwise_kernel(request):
+    _C.set_native_kernel(request.param)
+    try:
+        yield request.param
+    finally:
+        _C.set_native_kernel("")
+
+
+DEPTHWISE_KERNEL = pytest.mark.usefixtures("depthwise_kernel")
 
 
 def exact_sums(x: torch.Tensor, x_zp: int, w: torch.Tensor) -> torch.Tensor:
@@ -418,7 +431,7 @@ def test_peak_loop_measures_something():
 def test_runs_exactly_without_vnni():
     """Under QBACKEND_ISA=avx2 the native GEMM is the AVX2 kernel: it runs Linear and dense convs on
     full-range 8-bit activations exactly (the observers keep 8 bits), a forced route keeps it, and
-    only its depthwise kernel (AVX512-VNNI) refuses."""
+    its depthwise conv runs too (the AVX2 kernel)."""
     code = r'''
 import json, torch, qbackend
 from qbackend.core.extension import _C
@@ -450,10 +463,11 @@ print(json.dumps(out))
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["isa"] == "avx2" and out["refuses"] is None and out["exact"] and not out["seven"]
     assert out["route"] == "native" and out["exact_sums"]
-    assert "AVX512-VNNI" in out["dw"]
-    # 8-bit inputs take the exact routes (the rule's 7-bit FBGEMM row applies to 7-bit ones), depthwise
-    # convs oneDNN's exact kernel; a grouped conv has none: a clear error naming the fix.
-    assert out["routes"] == ["native", "fbgemm", "native", "onednn"]
+    assert out["dw"] is None
+    # the native GEMM for 8-bit inputs and for 7-bit ones at M = 32 (FBGEMM's 7-bit route is within
+    # X_7BIT there), depthwise convs the native AVX2 depthwise kernel; a grouped conv has no exact
+    # route: a clear error.
+    assert out["routes"] == ["native", "native", "native", "native"]
     assert "reduce_range=True" in out["grouped"]
 
 
