@@ -25,6 +25,7 @@ from _machine import run_lines, write_report  # noqa: E402
 from _timing import fmt_us, measure  # noqa: E402
 
 import qbackend  # noqa: E402
+from qbackend.dispatch.rules import fusion  # noqa: E402
 from qbackend.models.mobilenet import mobilenet_v2_case  # noqa: E402
 from qbackend.report.plan_profile import profile_plan  # noqa: E402
 
@@ -95,8 +96,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if qbackend.cpu_features().isa_class not in ("avx512_vnni", "amx"):
-        print("the fused block needs AVX512-VNNI; this CPU (or QBACKEND_ISA) does not offer it")
+    isa_class = qbackend.cpu_features().isa_class
+    if fusion("inverted_residual", isa_class) is None:
+        print(f"the fusion table (qbackend.dispatch.rules.FUSIONS) has no inverted_residual row for the CPU class "
+              f"{isa_class}: both models would be the same (add the class to the row to measure it)")
         return 0
     batches = (1, 32)
     case = mobilenet_v2_case()

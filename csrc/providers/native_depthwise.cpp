@@ -97,28 +97,34 @@ DepthwiseView unpack_depthwise(const at::Tensor& packed, const char* name) {
 // native_gemm.h (not included: its packed-weight constants share names with this file's).
 const kernels::GemmKernels& gemm_kernels();
 
-static bool depthwise_on_avx512() {
-  return cpu::has(cpu::Isa::Avx512Vnni) && std::strcmp(gemm_kernels().name, "avx2") != 0;
-}
-
-void run_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w) {
+const DepthwiseKernel& depthwise_kernel() {
+  static const DepthwiseKernel avx512{"avx512_vnni", &kernels::depthwise_rows_avx512,
+                                      &kernels::depthwise_scratch_bytes};
+  static const DepthwiseKernel avx2{"avx2", &kernels::depthwise_rows_avx2, &kernels::depthwise_scratch_bytes_avx2};
   TORCH_CHECK_VALUE(cpu::has(cpu::Isa::Avx2), "the native depthwise conv needs AVX2, which this CPU (or "
                     "QBACKEND_ISA) does not offer; use the onednn or fbgemm provider");
+  return cpu::has(cpu::Isa::Avx512Vnni) && std::strcmp(gemm_kernels().name, "avx2") != 0 ? avx512 : avx2;
+}
+
+void bind_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w) {
   a.w = w.w;
   a.w32 = w.w32;
   a.epi.N = a.C;
   a.epi.ldc = a.C;
   a.epi.colsum = w.colsum;
-  const bool avx512 = depthwise_on_avx512();
-  const auto rows_fn = avx512 ? &kernels::depthwise_rows_avx512 : &kernels::depthwise_rows_avx2;
-  const size_t bytes = avx512 ? kernels::depthwise_scratch_bytes(a) : kernels::depthwise_scratch_bytes_avx2(a);
+}
+
+void run_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w) {
+  const DepthwiseKernel& k = depthwise_kernel();
+  bind_depthwise(a, w);
+  const size_t bytes = k.scratch_bytes(a);
   const int64_t rows = a.N * a.OH;
   const int64_t work = rows * a.OW * a.C * a.KH * a.KW;
   if (work < kParallelWork || at::get_num_threads() <= 1) {
-    rows_fn(a, 0, rows, scratch(bytes));
+    k.rows(a, 0, rows, scratch(bytes));
     return;
   }
-  parallel::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { rows_fn(a, begin, end, scratch(bytes)); });
+  parallel::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { k.rows(a, begin, end, scratch(bytes)); });
 }
 
 }  // namespace qbackend::native

@@ -32,10 +32,20 @@ at::Tensor pack_depthwise(const at::Tensor& weight);
 // Whether `packed` carries the depthwise header (then unpack_depthwise validates the rest).
 bool is_depthwise(const at::Tensor& packed);
 DepthwiseView unpack_depthwise(const at::Tensor& packed, const char* name);
-// Runs the conv over every output row (threads split the rows) on the AVX512-VNNI kernel, or on the
-// AVX2 one where this CPU (or QBACKEND_ISA) lacks AVX512-VNNI or a test chose the native "avx2"
-// kernel (set_kernel_override); a.epi's output, residual and requantization are set by the caller,
-// the rest here.
+// The depthwise kernel this process runs: the AVX512-VNNI one, or the AVX2 one where this CPU (or
+// QBACKEND_ISA) lacks AVX512-VNNI or a test chose the native "avx2" GEMM kernel
+// (set_kernel_override). The one choice, for the depthwise op and the fused inverted-residual block.
+struct DepthwiseKernel {
+  const char* name;  // "avx512_vnni" or "avx2"
+  void (*rows)(const kernels::DepthwiseArgs&, int64_t row_begin, int64_t row_end, uint8_t* scratch);
+  size_t (*scratch_bytes)(const kernels::DepthwiseArgs&);
+};
+// Raises ValueError without AVX2.
+const DepthwiseKernel& depthwise_kernel();
+// Sets the packed weight's pointers and the epilogue's column count in `a` for the kernel.
+void bind_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w);
+// Runs the conv over every output row (threads split the rows) on depthwise_kernel(); a.epi's
+// output, residual and requantization are set by the caller, the rest here.
 void run_depthwise(kernels::DepthwiseArgs& a, const DepthwiseView& w);
 
 }  // namespace qbackend::native

@@ -25,7 +25,8 @@
 //       project_w, project_scales, project_bias?, output_scale, output_zero_point, output_dtype, post_op,
 //       accum?, accum_scale, accum_zero_point) -> Tensor                   (channels-last output)
 // The weights are the native provider's packed ones (native_conv2d_prepack); expand_w None: no
-// expansion (the depthwise conv reads x). Needs AVX512-VNNI (the native depthwise kernel).
+// expansion (the depthwise conv reads x). Needs AVX2 (the native GEMM and depthwise kernels of this
+// CPU: native::gemm_kernels, native::depthwise_kernel).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -123,7 +124,8 @@ struct Block {
   void rows(int64_t begin, int64_t end) const {
     const size_t eb = (expanded_bytes() + 63) / 64 * 64, db = (dw_out_bytes() + 63) / 64 * 64;
     kernels::DepthwiseArgs d = dw;
-    const size_t sb = kernels::depthwise_scratch_bytes(d);
+    const native::DepthwiseKernel& dk = native::depthwise_kernel();
+    const size_t sb = dk.scratch_bytes(d);
     uint8_t* buf = thread_buffer(eb + db + sb);
     uint8_t* expanded = buf;
     uint8_t* mid = buf + eb;
@@ -159,7 +161,7 @@ struct Block {
       d.epi.out = mid;
       d.out_pixel0 = r0 * OW;
       d.keep_rings = rings;
-      kernels::depthwise_rows_avx512(d, r0, r1, scratch);
+      dk.rows(d, r0, r1, scratch);
       rings = true;
       GemmArgs g = project.g;
       g.M = (r1 - r0) * OW;
@@ -186,9 +188,8 @@ at::Tensor native_inverted_residual(
   checks::activation(x, x_scale, x_zero_point);
   TORCH_CHECK_VALUE(x.dim() == 4, "x must be 4-D [N, C, H, W] (channels-last memory preferred), got shape ",
                     x.sizes());
-  TORCH_CHECK_VALUE(cpu::has(cpu::Isa::Avx512Vnni), "the fused inverted-residual block needs AVX512-VNNI (the native "
-                    "depthwise kernel), which this CPU (or QBACKEND_ISA) does not offer; run its three convs instead");
-  native::gemm_kernels();  // raises on a CPU without the GEMM kernels
+  native::gemm_kernels();  // raises on a CPU without the GEMM kernels (AVX2)
+  native::depthwise_kernel();
   Block b;
   b.N = x.size(0), b.Cin = x.size(1), b.H = x.size(2), b.W = x.size(3);
   b.has_expand = expand_w.has_value() && expand_w->defined();
@@ -250,10 +251,7 @@ at::Tensor native_inverted_residual(
   a.dh = p.dilation[0], a.dw = p.dilation[1];
   a.epi = native::gemm_args(native::PackedView{}, mid_in_dtype, mid_in_zp, mid_in_scale, dt.scales, dt.bias,
                             checks::post_op(dw_post_op), dw_dtype, dw_scale, dw_zero_point);
-  a.w = dv.w;
-  a.epi.N = b.Cmid;
-  a.epi.ldc = b.Cmid;
-  a.epi.colsum = dv.colsum;
+  native::bind_depthwise(a, dv);
 
   b.project.g = native::gemm_args(b.project.w, dw_dtype, dw_zero_point, dw_scale, pt.scales, pt.bias,
                                   checks::post_op(post_op), output_dtype, output_scale, output_zero_point);

@@ -13,8 +13,19 @@ from qbackend.ops import reference as R
 
 from .numerics import all_threads
 
-pytestmark = pytest.mark.skipif(int(_C.usable_isa()) < 3, reason="the fused block needs AVX512-VNNI")
+pytestmark = pytest.mark.skipif(not _C.native_isa(), reason="the fused block needs the native kernels (AVX2)")
 ops = torch.ops.qbackend
+
+
+@pytest.fixture(autouse=True, params=[""] + (["avx2"] if int(_C.usable_isa()) >= 3 else []),
+                ids=lambda k: k or "cpu_choice")
+def native_kernel(request):
+    """This CPU's kernels, and the AVX2 GEMM and depthwise kernels where those are others."""
+    _C.set_native_kernel(request.param)
+    try:
+        yield request.param
+    finally:
+        _C.set_native_kernel("")
 
 
 def _pack(w, stride=1, padding=0, groups=1):
