@@ -102,7 +102,7 @@ RULES: tuple[Rule, ...] = (
          "take the native GEMM", "epyc_zen3/kernels_avx2_exact.md#Linear, 1 thread",
          (m >= 4) & (m < 8) & (k >= 2048)),
     Rule("linear", NO_VNNI, "native", f"qbackend's AVX2 GEMM (int16 products): exact on 8-bit activations, within "
-         f"{X_7BIT}x of FBGEMM's 7-bit route from M = 8 (0.7-1.5x) and at M = 1 (0.6-1.6x; Zen 3)",
+         f"{X_7BIT}x of FBGEMM's 7-bit route from M = 8 (0.7-1.5x) and at M = 1 (0.8-1.4x; Zen 3)",
          "epyc_zen3/kernels_avx2_exact.md#Linear, 2 threads"),
     Rule("linear", NO_VNNI, "fbgemm", "without the native provider: without VNNI, FBGEMM is 3-7x oneDNN at M <= 4 "
          "and level from M = 256 (measured under QBACKEND_ISA=avx2)",
@@ -160,7 +160,7 @@ RULES: tuple[Rule, ...] = (
          "FBGEMM is 1.25-1.7x faster on ResNet-18's 8x8 convs", "xeon_amx/dispatch_quick_avx512_vnni.md#Summary",
          (groups == 1) & (OUT_VALUES <= 16384) & (c_in * c_out * kh * kw <= 1_200_000)),
     Rule("conv2d", ("avx2",), "native", "depthwise convs on the native AVX2 depthwise kernel (int16 products, exact at "
-         "8 bits): 1.1-2.3x oneDNN's exact depthwise kernel on all 9 of MobileNetV2's at 2 threads, batch 1 (0.94-2.2x "
+         "8 bits): 1.1-2.6x oneDNN's exact depthwise kernel on all 9 of MobileNetV2's at 2 threads, batch 1 (0.94-2.2x "
          "at 1 thread; Zen 3)", "epyc_zen3/kernels_avx2_exact.md#Conv2d, channels-last, batch 1, 2 threads", DEPTHWISE),
     Rule("conv2d", NO_VNNI, "onednn", "7-bit activations: the libraries' 7-bit convs are 0.9-1.2x the exact native AVX2 "
          "GEMM on Zen 3 (FBGEMM or oneDNN fastest by shape; oneDNN kept); 8-bit activations take the native GEMM or "
@@ -257,7 +257,7 @@ class SevenBitRow:
 # (AVX-512 without VNNI: none, 8 bits stay). The M of a static layer is its example's rows.
 SEVEN_BIT: tuple[SevenBitRow, ...] = (
     SevenBitRow("linear", ("avx2",), f"FBGEMM's 7-bit GEMM more than {X_7BIT}x the exact native AVX2 GEMM at M = 4 "
-                "over K >= 2048 (Zen 3: 1.61-1.79x at 1 and 2 threads); from M = 8, at M = 1 and on every conv "
+                "over K >= 2048 (Zen 3: 1.6-1.8x at 1 and 2 threads); from M = 8, at M = 1 and on every conv "
                 "0.8-1.5x: 8 bits", "epyc_zen3/kernels_avx2_exact.md#Linear, 2 threads",
                 (m >= 4) & (m < 8) & (k >= 2048)),
 )
