@@ -937,6 +937,12 @@ AVX2_CONV = ["r50 stem 7x7/2", "r50 s1 3x3 64", "r50 s3 1x1 1024->256", "r50 s4 
 # The two activation grids of the same float range [-6.4, 6.35]: 8 bits (the native route) and 7 bits
 # (the only input FBGEMM and oneDNN multiply exactly without VNNI).
 GRID8, GRID7 = (0.05, 128, 255), (0.1, 64, 127)
+# Inputs after a ReLU (most dense convs of a CNN): zero point 0, where oneDNN's 7-bit convs skip
+# their zero-point compensation.
+GRID8_RELU, GRID7_RELU = (0.05, 0, 255), (0.1, 0, 127)
+AVX2_CONV_RELU = ["r50 s1 3x3 64", "r50 s2 3x3 128", "r50 s3 3x3 256", "r50 s4 3x3 512", "r50 s2 3x3/2 128",
+                  "r50 s1 1x1 256->64", "r50 s2 1x1 512->128", "r50 s3 1x1 1024->256", "r50 s4 1x1 2048->512",
+                  "r50 s3 1x1 256->1024"]
 
 
 def sqnr_db(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -1001,35 +1007,45 @@ def bench_avx2_exact(rep: Report, cfg: Settings, threads: list[int], quick: bool
         rep()
         rep.table(header_l, rows[n])
 
+    for after_relu in (False, True):
+        names = AVX2_CONV_RELU if after_relu else AVX2_CONV
+        _avx2_conv_tables(rep, cfg, threads, [l for l in CONV_LAYERS if l[0] in (names[1:3] if quick else names)],
+                          after_relu)
+
+
+def _avx2_conv_tables(rep: Report, cfg: Settings, threads: list[int], layers: list, after_relu: bool) -> None:
+    """The convs of bench_avx2_exact: inputs over a signed range (zero points 128 and 64), or after a
+    ReLU (zero point 0 on both grids, the input uniform over [0, 12.75])."""
+    g8, g7 = (GRID8_RELU, GRID7_RELU) if after_relu else (GRID8, GRID7)
     header_c = ["layer", "N", "C->OC", "HxW", "k/s/g", "native 8-bit", "onednn 8-bit", "fbgemm 7-bit",
                 "onednn 7-bit", "7b/8b", "SQNR 8-bit", "SQNR 7-bit", "winner"]
     rows = {n: [] for n in threads}
     cl = torch.channels_last
-    layers = [l for l in CONV_LAYERS if l[0] in (AVX2_CONV[1:3] + AVX2_CONV[6:7] if quick else AVX2_CONV)]
     for layer in layers:
         name, C, OC, H, W, k, stride, pad, groups = layer
         depthwise = groups == C == OC
         w = torch.randint(-127, 128, (OC, C // groups, k, k), dtype=torch.int8)
         ws, b = weight_scales(OC, C // groups * k * k), torch.empty(OC).uniform_(-1, 1)
         geo = dict(stride=(stride, stride), padding=(pad, pad), dilation=(1, 1), groups=groups)
-        x_f = torch.empty(1, C, H, W).uniform_(-6.4, 6.35).contiguous(memory_format=cl)
-        x8, x7 = _grid(x_f, GRID8), _grid(x_f, GRID7)
+        x_f = torch.empty(1, C, H, W).uniform_(*((0.0, 12.75) if after_relu else (-6.4, 6.35))).contiguous(
+            memory_format=cl)
+        x8, x7 = _grid(x_f, g8), _grid(x_f, g7)
         ref = torch.nn.functional.conv2d(x_f.double(), w.double() * ws.double()[:, None, None, None], b.double(),
                                          stride, pad, 1, groups)
         # 8-bit: the native GEMM or depthwise conv, and oneDNN's depthwise kernel (exact at 8 bits here).
         p8s = ("native", "onednn") if depthwise else ("native",)
-        pw8 = {p: PackedConv2dWeight(w, ws, b, provider=p, x_shape=list(x8.shape), x_qparams=GRID8[:2], **geo)
+        pw8 = {p: PackedConv2dWeight(w, ws, b, provider=p, x_shape=list(x8.shape), x_qparams=g8[:2], **geo)
                for p in p8s}
-        pw7 = {p: PackedConv2dWeight(w, ws, b, provider=p, x_shape=list(x7.shape), x_qparams=GRID7[:2], **geo)
+        pw7 = {p: PackedConv2dWeight(w, ws, b, provider=p, x_shape=list(x7.shape), x_qparams=g7[:2], **geo)
                for p in ("fbgemm", "onednn")}
         f32 = torch.float32
-        q8 = sqnr_db(pw8["native"].conv2d(x8, GRID8[0], GRID8[1], 1.0, 0, f32), ref)
-        q7 = sqnr_db(pw7["onednn"].conv2d(x7, GRID7[0], GRID7[1], 1.0, 0, f32), ref)
-        cands = {p: (lambda pw=pw: pw.conv2d(x8, GRID8[0], GRID8[1], OUT_SCALE, OUT_ZP, torch.uint8))
+        q8 = sqnr_db(pw8["native"].conv2d(x8, g8[0], g8[1], 1.0, 0, f32), ref)
+        q7 = sqnr_db(pw7["onednn"].conv2d(x7, g7[0], g7[1], 1.0, 0, f32), ref)
+        cands = {p: (lambda pw=pw: pw.conv2d(x8, g8[0], g8[1], OUT_SCALE, OUT_ZP, torch.uint8))
                  for p, pw in pw8.items()}
         cands.update({
-            "fbgemm_7": lambda: pw7["fbgemm"].conv2d(x7, GRID7[0], GRID7[1], OUT_SCALE, OUT_ZP, torch.uint8),
-            "onednn_7": lambda: pw7["onednn"].conv2d(x7, GRID7[0], GRID7[1], OUT_SCALE, OUT_ZP, torch.uint8),
+            "fbgemm_7": lambda: pw7["fbgemm"].conv2d(x7, g7[0], g7[1], OUT_SCALE, OUT_ZP, torch.uint8),
+            "onednn_7": lambda: pw7["onednn"].conv2d(x7, g7[0], g7[1], OUT_SCALE, OUT_ZP, torch.uint8),
         })
         for n in threads:
             torch.set_num_threads(n)
@@ -1042,7 +1058,8 @@ def bench_avx2_exact(rep: Report, cfg: Settings, threads: list[int], quick: bool
                             min(m, key=m.get)])
             progress(f"avx2 conv {n}t {name}: " + ", ".join(f"{k_} {fmt_us(v)}" for k_, v in m.items()))
     for n in threads:
-        rep(f"### Conv2d, channels-last, batch 1, {tn(n)}")
+        rep(f"### Conv2d after a ReLU (zero point 0), channels-last, batch 1, {tn(n)}" if after_relu
+            else f"### Conv2d, channels-last, batch 1, {tn(n)}")
         rep()
         rep.table(header_c, rows[n])
 
