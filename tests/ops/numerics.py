@@ -12,8 +12,8 @@ from qbackend.core.extension import _C
 from qbackend.ops import PROVIDERS
 from qbackend.ops import reference as R
 
-# The native provider runs where the CPU (and QBACKEND_ISA) has AVX512-VNNI; its own tests check
-# that it refuses to run elsewhere (tests/ops/test_native.py).
+# The native provider runs where the CPU (and QBACKEND_ISA) has AVX2; its own tests check that it
+# refuses to run elsewhere (tests/ops/test_native.py).
 NATIVE = ["native"] if _C.native_isa() else []
 FAST = ["fbgemm", "onednn"] + NATIVE   # Linear
 CONV_FAST = ["fbgemm", "onednn"]       # every conv geometry (native: 1x1 only, its own tests)
@@ -21,6 +21,21 @@ OUT_DTYPES = [torch.uint8, torch.int8, torch.float32, torch.bfloat16]
 POST_OPS = ["none", "relu", "gelu"]
 ALL_THREADS = torch.get_num_threads()
 HSET = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# The native kernels the depthwise and fused-block tests run: this CPU's choice ("") and, where that
+# is the AVX512-VNNI one, the AVX2 kernels too (set_native_kernel("avx2") selects them on any AVX2 CPU).
+NATIVE_KERNELS = [""] + (["avx2"] if int(_C.usable_isa()) >= 3 else [])
+
+
+def use_native_kernel(request):
+    """Body of a fixture parametrized over NATIVE_KERNELS: the native ops run on that kernel until
+    the test ends."""
+    _C.set_native_kernel(request.param)
+    try:
+        yield request.param
+    finally:
+        _C.set_native_kernel("")
 
 
 class all_threads:

@@ -11,21 +11,16 @@ import torch
 from qbackend.core.extension import _C
 from qbackend.ops import reference as R
 
-from .numerics import all_threads
+from .numerics import NATIVE_KERNELS, all_threads, use_native_kernel
 
 pytestmark = pytest.mark.skipif(not _C.native_isa(), reason="the fused block needs the native kernels (AVX2)")
 ops = torch.ops.qbackend
 
 
-@pytest.fixture(autouse=True, params=[""] + (["avx2"] if int(_C.usable_isa()) >= 3 else []),
-                ids=lambda k: k or "cpu_choice")
+@pytest.fixture(autouse=True, params=NATIVE_KERNELS, ids=lambda k: k or "cpu_choice")
 def native_kernel(request):
     """This CPU's kernels, and the AVX2 GEMM and depthwise kernels where those are others."""
-    _C.set_native_kernel(request.param)
-    try:
-        yield request.param
-    finally:
-        _C.set_native_kernel("")
+    yield from use_native_kernel(request)
 
 
 def _pack(w, stride=1, padding=0, groups=1):

@@ -17,24 +17,17 @@ import qbackend  # noqa: F401
 from qbackend.core.extension import _C
 from qbackend.ops import PackedConv2dWeight
 from qbackend.ops import reference as R
-from tests.ops.numerics import all_threads
+from tests.ops.numerics import NATIVE_KERNELS, all_threads, use_native_kernel
 from tests.subprocess_utils import run_py
 
 ops = torch.ops.qbackend
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not _C.native_isa(), reason="the native GEMM needs AVX2")]
 # The native depthwise conv's kernels: this CPU's choice, and the AVX2 one (int16 products) where
-# that is another (set_native_kernel("avx2") selects it on any AVX2 CPU).
-DEPTHWISE_KERNELS = [""] + (["avx2"] if int(_C.usable_isa()) >= 3 else [])
-
-
-@pytest.fixture(params=DEPTHWISE_KERNELS, ids=lambda k: k or "cpu_choice")
+# that is another.
+@pytest.fixture(params=NATIVE_KERNELS, ids=lambda k: k or "cpu_choice")
 def depthwise_kernel(request):
-    _C.set_native_kernel(request.param)
-    try:
-        yield request.param
-    finally:
-        _C.set_native_kernel("")
+    yield from use_native_kernel(request)
 
 
 DEPTHWISE_KERNEL = pytest.mark.usefixtures("depthwise_kernel")
