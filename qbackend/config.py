@@ -194,8 +194,9 @@ class QuantConfig:
       8-bit one reads 7-bit activations (its input value, for every layer reading it): about 6 dB
       less SQNR on that layer for 1.6-1.8x its speed. On an AVX2 AMD EPYC Zen 3 that is Linears
       at M = 4 .. 7 over K >= 2048 only; every conv and every other Linear is within 1.5x on 8 bits
-      (benchmarks/results/epyc_zen3/kernels_avx2_exact.md). False: 8 bits wherever a provider multiplies them exactly. No effect with VNNI (the libraries
-      multiply 8 bits exactly there), nor where the activation observer sets reduce_range itself.
+      (benchmarks/results/epyc_zen3/kernels_avx2_exact.md). False: 8 bits wherever a provider
+      multiplies them exactly. No effect with VNNI (the libraries multiply 8 bits exactly there),
+      nor where the activation observer sets reduce_range itself.
     forward_plans: eager calls of the converted model replay its forward as one native call per
       input signature, recorded on the signature's second call (qbackend.nn.forward_plan); False:
       every call runs the graph op by op. Switchable later on the model (`qmodel.forward_plans`).

@@ -27,7 +27,6 @@ namespace {
 
 constexpr int kPixels = 4;  // output pixels per block
 
-int64_t ring_rows(const DepthwiseArgs& a) { return (a.KH - 1) * a.dh + 1; }
 // Columns of a widened row: the left padding, the image, and what the last output column's taps
 // reach past it.
 int64_t widened_cols(const DepthwiseArgs& a) {
@@ -82,11 +81,12 @@ Terms make_terms(const GemmArgs& g, int64_t Cp, float* buf) {
   float* s2 = buf;
   float* b2 = buf + Cp;
   const float inv = g.out_inv_scale;
-  for (int64_t c = 0; c < Cp; ++c) {
+  for (int64_t c = 0; c < Cp; ++c) {  // as the GEMM epilogue: scale = w_scale * x_scale, bias 0 if none
     const bool real = c < g.N;
     const float scale = real ? g.w_scales[c] * g.x_scale : 0.0f;
+    const float bias = real && g.bias ? g.bias[c] : 0.0f;
     s2[c] = scale * inv;
-    b2[c] = real && g.bias ? g.bias[c] * inv : 0.0f * inv;
+    b2[c] = bias * inv;
   }
   t.s2 = s2;
   t.b2 = b2;
@@ -180,12 +180,12 @@ void row_pixels(const DepthwiseArgs& a, const GemmArgs& g, const Terms& t, const
 size_t depthwise_scratch_bytes_avx2(const DepthwiseArgs& a) {
   // the ring of widened rows, a row of zeros (the padding rows), the epilogue's two [Cp] terms and
   // the ring's tags
-  return static_cast<size_t>((ring_rows(a) + 1) * widened_lanes(a) + 2 * depthwise_cp(a.C)) * sizeof(int32_t) +
-         static_cast<size_t>(ring_rows(a)) * sizeof(int64_t);
+  return static_cast<size_t>((depthwise_ring_rows(a) + 1) * widened_lanes(a) + 2 * depthwise_cp(a.C)) * sizeof(int32_t) +
+         static_cast<size_t>(depthwise_ring_rows(a)) * sizeof(int64_t);
 }
 
 void depthwise_rows_avx2(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch) {
-  const int64_t lanes = widened_lanes(a), R = ring_rows(a);
+  const int64_t lanes = widened_lanes(a), R = depthwise_ring_rows(a);
   int32_t* ring = reinterpret_cast<int32_t*>(scratch);
   int32_t* zero_row = ring + R * lanes;
   bool zero_row_filled = false;
@@ -200,25 +200,11 @@ void depthwise_rows_avx2(const DepthwiseArgs& a, int64_t row_begin, int64_t row_
   const bool k3 = a.KH == 3 && a.KW == 3;
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t n = row / a.OH, oh = row % a.OH;
-    for (int64_t kh = 0; kh < a.KH; ++kh) {
-      const int64_t ih = oh * a.sh - a.ph + kh * a.dh;
-      if (ih < 0 || ih >= a.H) {
-        if (!zero_row_filled) {
-          std::memset(zero_row, 0, static_cast<size_t>(lanes) * sizeof(int32_t));
-          zero_row_filled = true;
-        }
-        rows[kh] = zero_row;
-        continue;
-      }
-      const int64_t slot = ih % R;
-      int32_t* buf = ring + slot * lanes;
-      if (tags[slot] != n * a.H + ih) {
-        if (a.x_int8) widen_row<true>(a, n, ih, buf);
-        else widen_row<false>(a, n, ih, buf);
-        tags[slot] = n * a.H + ih;
-      }
-      rows[kh] = buf;
-    }
+    depthwise_input_rows(a, n, oh, ring, lanes, tags, zero_row, uint8_t{0}, zero_row_filled,
+                         [&](int64_t ih, int32_t* buf) {
+                           if (a.x_int8) widen_row<true>(a, n, ih, buf);
+                           else widen_row<false>(a, n, ih, buf);
+                         }, rows);
     if (k3) row_pixels<true>(a, g, t, rows, row * a.OW - a.out_pixel0);
     else row_pixels<false>(a, g, t, rows, row * a.OW - a.out_pixel0);
   }

@@ -25,7 +25,6 @@ namespace {
 // read in turn, kept within L2 (1-2 MB per core on the CPUs with AVX512-VNNI).
 constexpr int64_t kChunkInputBytes = int64_t(192) << 10;
 
-int64_t ring_rows(const DepthwiseArgs& a) { return (a.KH - 1) * a.dh + 1; }
 // Lanes a tap row holds per output column and group: one channel block's (64 channels, or all of
 // them when fewer).
 int64_t block_lanes(const DepthwiseArgs& a) { return std::min<int64_t>(64, depthwise_cp(a.C)); }
@@ -446,14 +445,14 @@ size_t depthwise_scratch_bytes(const DepthwiseArgs& a) {
   // a ring per channel block, the padding row, the epilogue's three [Cp] terms, a pixel of the zero
   // point, the column offsets and the rings' tags
   const int64_t blocks = (a.C + 63) / 64;
-  return static_cast<size_t>((blocks * ring_rows(a) + 1) * tap_row_lanes(a) + 3 * depthwise_cp(a.C)) *
+  return static_cast<size_t>((blocks * depthwise_ring_rows(a) + 1) * tap_row_lanes(a) + 3 * depthwise_cp(a.C)) *
              sizeof(int32_t) +
          static_cast<size_t>(depthwise_cp(a.C)) +
-         static_cast<size_t>(depthwise_groups(a.KW) * a.OW * 4 + blocks * ring_rows(a)) * sizeof(int64_t);
+         static_cast<size_t>(depthwise_groups(a.KW) * a.OW * 4 + blocks * depthwise_ring_rows(a)) * sizeof(int64_t);
 }
 
 void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch) {
-  const int64_t lanes = tap_row_lanes(a), R = ring_rows(a), blocks = (a.C + 63) / 64;
+  const int64_t lanes = tap_row_lanes(a), R = depthwise_ring_rows(a), blocks = (a.C + 63) / 64;
   int32_t* rings = reinterpret_cast<int32_t*>(scratch);  // [blocks][R][lanes]
   // input rows above and below the image: every byte the zero point, filled when first read
   int32_t* pad_row = rings + blocks * R * lanes;
@@ -478,24 +477,10 @@ void depthwise_rows_avx512(const DepthwiseArgs& a, int64_t row_begin, int64_t ro
       int64_t* tag = tags + b * R;
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t n = row / a.OH, oh = row % a.OH;
-        for (int64_t kh = 0; kh < a.KH; ++kh) {
-          const int64_t ih = oh * a.sh - a.ph + kh * a.dh;
-          if (ih < 0 || ih >= a.H) {
-            if (!pad_row_filled) {
-              std::memset(pad_row, uint8_zero_point(a), static_cast<size_t>(lanes) * sizeof(int32_t));
-              pad_row_filled = true;
-            }
-            rows[kh] = pad_row;
-            continue;
-          }
-          const int64_t slot = ih % R;
-          int32_t* buf = ring + slot * lanes;
-          if (tag[slot] != n * a.H + ih) {
-            build_tap_row(a, n, ih, c0, pad_pixel, col_off, buf);
-            tag[slot] = n * a.H + ih;
-          }
-          rows[kh] = buf;
-        }
+        depthwise_input_rows(a, n, oh, ring, lanes, tag, pad_row, static_cast<uint8_t>(uint8_zero_point(a)),
+                             pad_row_filled, [&](int64_t ih, int32_t* buf) {
+                               build_tap_row(a, n, ih, c0, pad_pixel, col_off, buf);
+                             }, rows.data());
         row_pixels(a, terms, rows.data(), row * a.OW - a.out_pixel0, c0, nv);
       }
     }

@@ -25,6 +25,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/gemm_kernels.h"
 
@@ -63,6 +64,38 @@ struct DepthwiseArgs {
   // first tile, so the rows two tiles share are laid out once.
   bool keep_rings = false;
 };
+
+// Input rows an output row's taps span: the slots of the ring of laid-out input rows each kernel
+// keeps per thread (slot ih % ring rows: every output row finds the rows it reads in the ring).
+inline int64_t depthwise_ring_rows(const DepthwiseArgs& a) { return (a.KH - 1) * a.dh + 1; }
+
+// The laid-out input rows the taps of output row (n, oh) read, into rows[0 .. KH): for a row inside
+// the image its slot of `ring` (depthwise_ring_rows(a) slots of `lanes` elements, slot ih % those;
+// tags[slot]: the n * H + ih the slot holds, -1 none), laid out by build(ih, slot) when the slot
+// holds another row; for a row outside, `pad` (`lanes` elements, every byte pad_byte), filled the
+// first time one is read (pad_filled).
+template <class T, class Build>
+inline void depthwise_input_rows(const DepthwiseArgs& a, int64_t n, int64_t oh, T* ring, int64_t lanes, int64_t* tags,
+                                 T* pad, uint8_t pad_byte, bool& pad_filled, Build build, const T** rows) {
+  for (int64_t kh = 0; kh < a.KH; ++kh) {
+    const int64_t ih = oh * a.sh - a.ph + kh * a.dh;
+    if (ih < 0 || ih >= a.H) {
+      if (!pad_filled) {
+        std::memset(pad, pad_byte, static_cast<size_t>(lanes) * sizeof(T));
+        pad_filled = true;
+      }
+      rows[kh] = pad;
+      continue;
+    }
+    const int64_t slot = ih % depthwise_ring_rows(a);
+    T* buf = ring + slot * lanes;
+    if (tags[slot] != n * a.H + ih) {
+      build(ih, buf);
+      tags[slot] = n * a.H + ih;
+    }
+    rows[kh] = buf;
+  }
+}
 
 // Scratch bytes one thread needs (its ring of tap rows and one row of padding).
 size_t depthwise_scratch_bytes(const DepthwiseArgs& a);

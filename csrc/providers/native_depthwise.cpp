@@ -98,9 +98,8 @@ DepthwiseView unpack_depthwise(const at::Tensor& packed, const char* name) {
 const kernels::GemmKernels& gemm_kernels();
 
 const DepthwiseKernel& depthwise_kernel() {
-  static const DepthwiseKernel avx512{"avx512_vnni", &kernels::depthwise_rows_avx512,
-                                      &kernels::depthwise_scratch_bytes};
-  static const DepthwiseKernel avx2{"avx2", &kernels::depthwise_rows_avx2, &kernels::depthwise_scratch_bytes_avx2};
+  static const DepthwiseKernel avx512{&kernels::depthwise_rows_avx512, &kernels::depthwise_scratch_bytes};
+  static const DepthwiseKernel avx2{&kernels::depthwise_rows_avx2, &kernels::depthwise_scratch_bytes_avx2};
   TORCH_CHECK_VALUE(cpu::has(cpu::Isa::Avx2), "the native depthwise conv needs AVX2, which this CPU (or "
                     "QBACKEND_ISA) does not offer; use the onednn or fbgemm provider");
   return cpu::has(cpu::Isa::Avx512Vnni) && std::strcmp(gemm_kernels().name, "avx2") != 0 ? avx512 : avx2;

@@ -36,7 +36,6 @@ DepthwiseView unpack_depthwise(const at::Tensor& packed, const char* name);
 // QBACKEND_ISA) lacks AVX512-VNNI or a test chose the native "avx2" GEMM kernel
 // (set_kernel_override). The one choice, for the depthwise op and the fused inverted-residual block.
 struct DepthwiseKernel {
-  const char* name;  // "avx512_vnni" or "avx2"
   void (*rows)(const kernels::DepthwiseArgs&, int64_t row_begin, int64_t row_end, uint8_t* scratch);
   size_t (*scratch_bytes)(const kernels::DepthwiseArgs&);
 };

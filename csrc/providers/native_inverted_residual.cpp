@@ -104,6 +104,7 @@ struct Block {
   bool has_expand = false;
   Stage1x1 expand, project;
   kernels::DepthwiseArgs dw;  // x, x_row0, epi.out, out_pixel0, keep_rings set per tile
+  const native::DepthwiseKernel* dw_kernel = nullptr;  // native::depthwise_kernel(), chosen once per call
   const uint8_t* x = nullptr;  // [N, H, W, Cin]
   const uint8_t* accum = nullptr;
   uint8_t* y = nullptr;
@@ -124,8 +125,7 @@ struct Block {
   void rows(int64_t begin, int64_t end) const {
     const size_t eb = (expanded_bytes() + 63) / 64 * 64, db = (dw_out_bytes() + 63) / 64 * 64;
     kernels::DepthwiseArgs d = dw;
-    const native::DepthwiseKernel& dk = native::depthwise_kernel();
-    const size_t sb = dk.scratch_bytes(d);
+    const size_t sb = dw_kernel->scratch_bytes(d);
     uint8_t* buf = thread_buffer(eb + db + sb);
     uint8_t* expanded = buf;
     uint8_t* mid = buf + eb;
@@ -161,7 +161,7 @@ struct Block {
       d.epi.out = mid;
       d.out_pixel0 = r0 * OW;
       d.keep_rings = rings;
-      dk.rows(d, r0, r1, scratch);
+      dw_kernel->rows(d, r0, r1, scratch);
       rings = true;
       GemmArgs g = project.g;
       g.M = (r1 - r0) * OW;
@@ -189,8 +189,8 @@ at::Tensor native_inverted_residual(
   TORCH_CHECK_VALUE(x.dim() == 4, "x must be 4-D [N, C, H, W] (channels-last memory preferred), got shape ",
                     x.sizes());
   native::gemm_kernels();  // raises on a CPU without the GEMM kernels (AVX2)
-  native::depthwise_kernel();
   Block b;
+  b.dw_kernel = &native::depthwise_kernel();
   b.N = x.size(0), b.Cin = x.size(1), b.H = x.size(2), b.W = x.size(3);
   b.has_expand = expand_w.has_value() && expand_w->defined();
   TORCH_CHECK_VALUE(b.has_expand || !(expand_scales.has_value() && expand_scales->defined()),

@@ -26,7 +26,7 @@ import torch
 from torch import fx
 
 from ..config import QuantConfig
-from ..dispatch.routing import exact_route_exists
+from ..dispatch.routing import exact_route_exists, seven_bit_speedup
 from .fold import get_attr_value
 from .graph_utils import example_shape, is_float_tensor, module_path
 from .layer_spec import LayerSpec
@@ -83,6 +83,14 @@ class QuantizableOp:
         """Whether a routed provider (the config's forced one, if any) runs this op on full-range
         8-bit activations exactly on this CPU (else its input needs 7 bits)."""
         return exact_route_exists(self.kind, self.layer_spec(gm).shape_key(), self.config.provider)
+
+    def seven_bit_input(self, gm: fx.GraphModule) -> bool:
+        """Whether this static op's input gets 7 bits here: no routed provider (the config's forced
+        one, if any) runs it exactly on 8-bit activations, or 7 bits buy speed
+        (QuantConfig.seven_bit_for_speed and the 7-bit table's row for it on this CPU's class)."""
+        shape, forced = self.layer_spec(gm).shape_key(), self.config.provider
+        return not exact_route_exists(self.kind, shape, forced) or (
+            self.config.seven_bit_for_speed and seven_bit_speedup(self.kind, shape, forced) is not None)
 
     def layer_spec(self, gm: fx.GraphModule) -> LayerSpec:
         return LayerSpec(kind=self.kind, name=self.name, weight=get_attr_value(gm, self.weight),

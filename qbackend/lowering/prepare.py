@@ -14,7 +14,6 @@ import torch
 from torch import fx, nn
 
 from ..config import QuantConfig
-from ..dispatch import seven_bit_speedup
 from ..observers import Observer
 from ..observers.outliers import TailHistogram, needs_tail_histogram
 from .calibration_graph import calibration_graph
@@ -249,17 +248,13 @@ def insert_observers(state: PrepareState) -> PrepareState:
 
 
 def _seven_bit_values(state: PrepareState) -> set:
-    """The observed values (roots) a static layer reads as its input where no routed provider (its
-    config's forced one, if any) runs that layer exactly on 8-bit activations here
-    (dispatch.exact_route_exists), or where 7 bits buy speed (QuantConfig.seven_bit_for_speed and
-    the 7-bit table's row for the layer on this CPU's class; not with a forced provider)."""
+    """The observed values (roots) a static layer reads as its input where that layer takes 7-bit
+    inputs here (patterns' seven_bit_input: no exact 8-bit route, or 7 bits buy speed)."""
     values = set()
     for op in state.plan.ops:
         if op.config.mode != "static":
             continue
-        if not op.exact_8bit_route(state.gm) or (
-                op.config.seven_bit_for_speed
-                and seven_bit_speedup(op.kind, op.layer_spec(state.gm).shape_key(), op.config.provider) is not None):
+        if op.seven_bit_input(state.gm):
             values.add(root(op.x, state.plan.static_outputs))
     return values
 
