@@ -188,6 +188,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("native_conv_gemm_k", &qbackend::native::conv_gemm_k, py::arg("in_channels"), py::arg("kh"), py::arg("kw"),
         "the K of the native provider's GEMM weight for a conv (kh * kw * in_channels, or more: zero columns that "
         "let the AMX tiles cover every k)");
+  m.def("native_kernel_for", &qbackend::native::kernel_for, py::arg("packed"),
+        "the native kernel's name for GEMMs on this packed weight (a Linear's or a conv's)");
   m.def("native_isa", &native_isa, "the native GEMM's instruction set here, or '' where it has none");
   m.def("woq_isa", [] { return std::string(qbackend::ops::woq_kernel_name()); },
         "the instruction set of the weight-only int8 kernels in use (avx512, avx2 or scalar)");

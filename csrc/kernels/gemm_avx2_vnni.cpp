@@ -17,6 +17,9 @@ namespace {
 
 // The dot product of gemm_avx2_vnni_impl.h: the VEX-encoded instruction.
 struct VexDot {
+  static constexpr int kMaxRows = 6;  // 12 accumulators, 2 weight registers and a broadcast
+  static constexpr bool kChained = true;
+  static constexpr bool kFullTileLoop = false;
   __attribute__((always_inline)) static __m256i dpbusd(__m256i acc, __m256i a, __m256i b) {
     return _mm256_dpbusd_avx_epi32(acc, a, b);
   }
@@ -43,7 +46,7 @@ double peak_loop(int64_t iters) {
 }  // namespace
 
 const GemmKernels& gemm_kernels_avx2_vnni() {
-  static const GemmKernels k{"avx2_vnni", &gemm<VexDot>, kMaxRows, &peak_loop};
+  static const GemmKernels k{"avx2_vnni", &gemm<VexDot>, VexDot::kMaxRows, &peak_loop};
   return k;
 }
 

@@ -20,6 +20,9 @@ namespace {
 
 // The dot product of gemm_avx2_vnni_impl.h: the EVEX form (AVX512-VNNI + VL) on ymm registers.
 struct EvexDot {
+  static constexpr int kMaxRows = 6;  // 12 accumulators, 2 weight registers and a broadcast
+  static constexpr bool kChained = true;
+  static constexpr bool kFullTileLoop = false;
   __attribute__((always_inline)) static __m256i dpbusd(__m256i acc, __m256i a, __m256i b) {
     return _mm256_dpbusd_epi32(acc, a, b);
   }
@@ -28,7 +31,7 @@ struct EvexDot {
 }  // namespace
 
 const GemmKernels& gemm_kernels_avx2_vnni_evex() {
-  static const GemmKernels k{"avx2_vnni_evex", &gemm<EvexDot>, kMaxRows,
+  static const GemmKernels k{"avx2_vnni_evex", &gemm<EvexDot>, EvexDot::kMaxRows,
                              [](int64_t) -> double { return 0.0; }};  // no peak: a test vehicle
   return k;
 }

@@ -1,15 +1,21 @@
 // The native int8 GEMM's 256-bit kernel (contract and packed layout: gemm_kernels.h), for AVX2 CPUs
 // with AVX-VNNI (the VEX-encoded vpdpbusd: Intel's Alder Lake and later client cores, Sierra
-// Forest / Xeon 6 E-core servers, AMD Zen 5). Included, after their `QB_TARGET` (cpu/targets.h), by
-// gemm_avx2_vnni.cpp and gemm_avx2_vnni_evex.cpp, which instantiate `gemm<Dot>` with the policy
-// `Dot::dpbusd(acc, a, b)` that encodes the dot product: the VEX instruction, or its EVEX form, so
-// that CPUs with AVX512-VNNI but no AVX-VNNI (AMD Zen 4) can test the same code.
+// Forest / Xeon 6 E-core servers, AMD Zen 5), and for AVX2 CPUs without it on weights of 7 bits.
+// Included, after their `QB_TARGET` (cpu/targets.h), by gemm_avx2_vnni.cpp, gemm_avx2_vnni_evex.cpp
+// and gemm_avx2_pairs.cpp, which instantiate `gemm<Dot>` with a policy: `Dot::dpbusd(acc, a, b)`
+// encodes the dot product (the VEX instruction, its EVEX form so that CPUs with AVX512-VNNI but no
+// AVX-VNNI, AMD Zen 4, can test the same code, or AVX2's pair products), `Dot::kMaxRows` is the
+// tallest register tile the policy's registers allow, `Dot::kChained` says whether the
+// accumulator is an input of the dot product's latency (then small tiles take several accumulator
+// sets), and `Dot::kFullTileLoop` whether the policy has its own K loop for full tiles of uint8 rows
+// (`Dot::full_tile(a, lda, B, ldb, k_groups, out)`).
 //
 // The same packed panels as the AVX512 kernels: a panel's 16-column vector (64 bytes per
-// k-group) is read as two 8-column halves. Register tiles are up to 6 rows x one 16-column vector
-// (12 accumulators, 2 weight registers and a broadcast: 15 of the 16 ymm registers); rows are read
-// in place, 4 bytes broadcast per row and k-group; small tiles take 2-4 independent accumulator
-// sets over alternating k-groups to hide the dot product's latency. The epilogue is the AVX512
+// k-group) is read as two 8-column halves. Register tiles are up to Dot::kMaxRows rows x one
+// 16-column vector (VNNI: 6 rows, 12 accumulators, 2 weight registers and a broadcast: 15 of the 16
+// ymm registers); rows are read in place, 4 bytes broadcast per row and k-group; with a chained dot
+// product, small tiles take 2-4 independent accumulator sets over alternating k-groups to hide its
+// latency. The epilogue is the AVX512
 // kernel's on 8 lanes: folded requantization for integer outputs, otherwise scale, bias, residual,
 // relu or gelu (the same rational erf, with an exact division) and the output conversion. Partial
 // vectors (the last columns of N) use masked loads for the per-column terms and byte copies or
@@ -29,7 +35,6 @@
 namespace qbackend::kernels {
 namespace {
 
-constexpr int kMaxRows = 6;
 // int32 x 8 without __m256i's may_alias attribute (keeps the accumulators in registers; see the
 // AVX512 kernel).
 typedef int32_t Acc __attribute__((vector_size(32)));
@@ -39,9 +44,26 @@ typedef int32_t Acc __attribute__((vector_size(32)));
 template <class Dot, int MR, bool I8>
 __attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t ldb,
                                                     int64_t K, __m256i* out) {
-  constexpr int KS = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
+  constexpr int KS = !Dot::kChained ? 1 : (MR == 1 ? 4 : (MR <= 3 ? 2 : 1));
   const int64_t kfull = K / 4, krem = K % 4;
   const int32_t flip = I8 ? static_cast<int32_t>(0x80808080u) : 0;
+  if constexpr (Dot::kFullTileLoop && MR == Dot::kMaxRows && !I8) {
+    // The policy's own loop over the full k-groups of a full tile (the compiler keeps copies of
+    // this many accumulators on the stack), then the partial k-group here.
+    Dot::full_tile(a, lda, B, ldb, kfull, out);
+    if (krem) {
+      const int8_t* bp = B + kfull * ldb;
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 32));
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m256i av = _mm256_set1_epi32(load_tail(a + r * lda + kfull * 4, krem));
+        out[r * 2] = Dot::dpbusd(out[r * 2], av, b0);
+        out[r * 2 + 1] = Dot::dpbusd(out[r * 2 + 1], av, b1);
+      }
+    }
+    return;
+  }
   Acc acc[KS][MR][2];
 #pragma GCC unroll 32
   for (int s = 0; s < KS; ++s)
@@ -222,13 +244,14 @@ constexpr auto row_table(std::integer_sequence<int, R...>) {
 
 template <class Dot, bool I8>
 struct Tiles {
-  static constexpr std::array<TileFn, kMaxRows> table =
-      row_table<Dot, I8>(std::make_integer_sequence<int, kMaxRows>{});
+  static constexpr std::array<TileFn, Dot::kMaxRows> table =
+      row_table<Dot, I8>(std::make_integer_sequence<int, Dot::kMaxRows>{});
 };
 
 template <class Dot>
 void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
   const auto& table = g.a_int8 ? Tiles<Dot, true>::table : Tiles<Dot, false>::table;
+  constexpr int kMaxRows = Dot::kMaxRows;
   sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows, [&](int64_t p, int64_t mb, int64_t me) {
     const int64_t nvp = (std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel) + 15) / 16;
     for (int64_t m = mb; m < me; m += kMaxRows) {

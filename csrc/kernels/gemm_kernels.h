@@ -41,6 +41,7 @@ struct GemmArgs {
   bool a_int8 = false;
   int32_t a_zp = 0;            // zero point of the uint8 view
   const int8_t* b = nullptr;   // packed panels
+  bool b_7bit = false;         // every weight in [-64, 64] (the AVX2 pair-product kernel is exact on them)
   const int32_t* colsum = nullptr;  // [Np]
   const float* w_scales = nullptr;  // [N]
   const float* bias = nullptr;      // [N] or nullptr
@@ -124,6 +125,9 @@ const GemmKernels& gemm_kernels_avx2_vnni();
 // Defined in gemm_avx2.cpp: AVX2 without VNNI, products widened to int16 (vpmaddwd), exact at 8 bits;
 // call only when qbackend::cpu::has(qbackend::cpu::Isa::Avx2).
 const GemmKernels& gemm_kernels_avx2();
+// Defined in gemm_avx2_pairs.cpp: AVX2 without VNNI on 7-bit weights (every |w| <= 64: pair products,
+// vpmaddubsw, exact there and only there); call only when qbackend::cpu::has(qbackend::cpu::Isa::Avx2).
+const GemmKernels& gemm_kernels_avx2_pairs();
 // Defined in gemm_avx2_vnni_evex.cpp: the AVX-VNNI kernel's code on the EVEX form of the instruction,
 // for testing it where the CPU has AVX512-VNNI but no AVX-VNNI; call only when has(Isa::Avx512Vnni).
 const GemmKernels& gemm_kernels_avx2_vnni_evex();

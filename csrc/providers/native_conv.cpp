@@ -200,7 +200,7 @@ int64_t out_element_bytes(kernels::GemmOut t) {
 // the threads as a Linear would (by panels when the rows are few).
 void run_gathered(const GemmArgs& g0, const Taps& t, int64_t pixels) {
   const int64_t K = t.stride, esize = out_element_bytes(g0.out_type);
-  const auto& k = native::gemm_kernels();
+  const auto& k = native::gemm_kernels(g0);
   const int64_t rt = k.row_tile;
   const int64_t block = std::max<int64_t>(rt, kTapBlockBytes / K / rt * rt);
   const bool big = pixels * g0.N * K >= kParallelConvWork;
@@ -252,7 +252,7 @@ constexpr int64_t kDirectBandBytes = int64_t(256) << 10;
 // weight outweighs an image's planes (the deep layers at batch 1), every unit over its share of the
 // weight's panels; false where it does not apply.
 bool run_direct(const GemmArgs& g0, const Taps& t, int64_t N) {
-  const auto& k = native::gemm_kernels();
+  const auto& k = native::gemm_kernels(g0);
   if (!k.direct_conv || !g_direct_conv.load(std::memory_order_relaxed) || t.p.stride[0] > 2 || t.p.stride[1] > 2 ||
       t.C % 64 != 0 || t.KH * t.KW > kernels::kDirectConvMaxTaps)
     return false;

@@ -42,6 +42,10 @@ void pack_into(uint8_t* p, const at::Tensor& w2d, int64_t K, int64_t KH, int64_t
   std::memcpy(p + 24, &KH, 8);
   std::memcpy(p + 32, &KW, 8);
   std::memcpy(p + 40, &kg_field, 8);
+  const int8_t* w = w2d.const_data_ptr<int8_t>();
+  int64_t w7 = 1;
+  for (int64_t i = 0, n = N * Kg; i < n && w7; ++i) w7 = w[i] >= -64 && w[i] <= 64;
+  std::memcpy(p + 48, &w7, 8);
   const int64_t Np = kernels::gemm_np(N);
   kernels::gemm_pack_b(w2d.const_data_ptr<int8_t>(), N, Kg, reinterpret_cast<int8_t*>(p + kHeaderBytes + 4 * Np),
                        reinterpret_cast<int32_t*>(p + kHeaderBytes));
@@ -60,17 +64,19 @@ PackedView read_header(const at::Tensor& packed, const char* name) {
                     "native_conv2d_prepack returns)");
   const uint8_t* p = packed.const_data_ptr<uint8_t>();
   PackedView v;
-  int64_t kh = 0, kw = 0, kg = 0;
+  int64_t kh = 0, kw = 0, kg = 0, w7 = 0;
   std::memcpy(&v.N, p + 8, 8);
   std::memcpy(&v.K, p + 16, 8);
   std::memcpy(&kh, p + 24, 8);
   std::memcpy(&kw, p + 32, 8);
   std::memcpy(&kg, p + 40, 8);
-  TORCH_CHECK_VALUE(std::memcmp(p, kMagic, 8) == 0 && v.N > 0 && v.K > 0 && v.K <= 65536 &&
+  std::memcpy(&w7, p + 48, 8);
+  TORCH_CHECK_VALUE((w7 == 0 || w7 == 1) && std::memcmp(p, kMagic, 8) == 0 && v.N > 0 && v.K > 0 && v.K <= 65536 &&
                         v.N < (int64_t(1) << 24) && kh >= 0 && kw >= 0 && kh <= 64 && kw <= 64 && (kh == 0) == (kw == 0) &&
                         (kg == 0 || (kg > v.K && kg <= 65536)),
                     name, " is not a native packed weight (its header does not match)");
   v.Kg = kg ? kg : v.K;
+  v.w7 = w7 == 1;
   v.KH = kh ? kh : 1;
   v.KW = kw ? kw : 1;
   v.colsum = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
@@ -136,6 +142,8 @@ namespace {
 
 // A kernel chosen by a test (set_kernel_override), or nullptr.
 std::atomic<const kernels::GemmKernels*> g_override{nullptr};
+// A test chose "avx2_int16": the AVX2 kernel's int16 products on 7-bit weights too.
+std::atomic<bool> g_int16_only{false};
 
 // The AMX kernel is used only after it agreed with the VNNI kernel and exact sums on this machine
 // (kernels::gemm_amx_self_check, once per process): a CPU or OS where it computes anything else
@@ -173,14 +181,29 @@ void set_kernel_override(const std::string& name) {
   else if (name == "amx_emulated" && cpu::has(Isa::Avx512Vnni)) k = &kernels::gemm_kernels_amx_emulated();
   else if (name == "avx512_vnni" && cpu::has(Isa::Avx512Vnni)) k = &kernels::gemm_kernels_avx512_vnni();
   else if (name == "avx2_vnni" && cpu::avx_vnni_usable()) k = &kernels::gemm_kernels_avx2_vnni();
-  else if (name == "avx2" && cpu::has(Isa::Avx2)) k = &kernels::gemm_kernels_avx2();
+  else if ((name == "avx2" || name == "avx2_int16") && cpu::has(Isa::Avx2)) k = &kernels::gemm_kernels_avx2();
   else if (name == "avx2_vnni_evex" && cpu::has(Isa::Avx512Vnni)) k = &kernels::gemm_kernels_avx2_vnni_evex();
   else TORCH_CHECK_VALUE(name.empty(), "no native kernel '", name, "' runs on this CPU (or under QBACKEND_ISA)");
   g_override.store(k, std::memory_order_relaxed);
+  g_int16_only.store(name == "avx2_int16", std::memory_order_relaxed);
+}
+
+const kernels::GemmKernels& gemm_kernels(const kernels::GemmArgs& g) {
+  const auto& k = gemm_kernels();
+  if (g.b_7bit && &k == &kernels::gemm_kernels_avx2() && !g_int16_only.load(std::memory_order_relaxed))
+    return kernels::gemm_kernels_avx2_pairs();
+  return k;
+}
+
+std::string kernel_for(const at::Tensor& packed) {
+  const PackedView v = read_header(packed, "packed");
+  kernels::GemmArgs g;
+  g.b_7bit = v.w7;
+  return gemm_kernels(g).name;
 }
 
 void run(const kernels::GemmArgs& g) {
-  const auto& k = gemm_kernels();
+  const auto& k = gemm_kernels(g);
   const int64_t panels = kernels::gemm_num_panels(g.N);
   const bool big = g.M * g.N * g.K >= kParallelWork || (g.N * g.K >= kParallelWeightBytes && panels >= 2);
   const int threads = big ? at::get_num_threads() : 1;
@@ -216,6 +239,7 @@ kernels::GemmArgs gemm_args(const PackedView& w, at::ScalarType x_dtype, int64_t
   g.a_int8 = x_dtype == at::kChar;
   g.a_zp = static_cast<int32_t>(x_zero_point) + (g.a_int8 ? 128 : 0);
   g.b = w.panels;
+  g.b_7bit = w.w7;
   g.colsum = w.colsum;
   g.w_scales = w_scales.const_data_ptr<float>();
   g.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;

@@ -28,6 +28,7 @@ struct PackedView {
   int64_t N = 0, K = 0;
   int64_t Kg = 0;          // the GEMM's K (>= K: zero columns past K)
   int64_t KH = 1, KW = 1;  // a conv weight's kernel size (1 x 1 for Linear weights)
+  bool w7 = false;         // every weight in [-64, 64]: 7 bits (the header's flag, set by the packing)
   const int32_t* colsum = nullptr;
   const int8_t* panels = nullptr;
 };
@@ -52,8 +53,15 @@ bool available();
 // AMX kernel passed its self-check, else AVX512-VNNI, else AVX-VNNI (256-bit), else AVX2 (int16
 // products, exact); raises ValueError where there are none.
 const kernels::GemmKernels& gemm_kernels();
+// The kernels for the GEMM g: gemm_kernels(), except that the AVX2 kernel hands weights of 7 bits
+// (g.b_7bit) to the pair-product kernel (kernels::gemm_kernels_avx2_pairs), exact on them only and
+// faster (benchmarks/results/epyc_zen3/kernels_avx2_pairs.md), unless a test chose "avx2_int16".
+const kernels::GemmKernels& gemm_kernels(const kernels::GemmArgs& g);
+// The kernel's name for GEMMs on the packed weight `packed` (a Linear's or a conv's): tests check the choice.
+std::string kernel_for(const at::Tensor& packed);
 // Tests: run every native GEMM on the named kernel ("amx", "amx_emulated", "avx512_vnni", "avx2_vnni",
-// "avx2_vnni_evex", "avx2"), or "" for this CPU's choice; a ValueError if the CPU cannot run it.
+// "avx2_vnni_evex", "avx2": AVX2's, pair products on 7-bit weights; "avx2_int16": AVX2's int16
+// products on every weight), or "" for this CPU's choice; a ValueError if the CPU cannot run it.
 void set_kernel_override(const std::string& name);
 // Whether KxK convs of stride 1 or 2 over a multiple of 64 channels run on the kernel's direct convolution
 // (kernels::DirectConvArgs; the AMX kernels have one) or on gathered taps like every other conv:

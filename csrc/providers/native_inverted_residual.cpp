@@ -130,7 +130,8 @@ struct Block {
     uint8_t* expanded = buf;
     uint8_t* mid = buf + eb;
     uint8_t* scratch = buf + eb + db;
-    const auto& k = native::gemm_kernels();
+    const auto& ke = native::gemm_kernels(expand.g);
+    const auto& kp = native::gemm_kernels(project.g);
     const int64_t expand_panels = kernels::gemm_num_panels(expand.w.N);
     const int64_t project_panels = kernels::gemm_num_panels(project.w.N);
     int64_t held_image = -1, held_lo = 0, held_hi = -1;  // the expanded rows [held_lo, held_hi] of held_image
@@ -152,7 +153,7 @@ struct Block {
           g.M = (hi - next + 1) * W;
           g.a = x + (n * H + next) * W * Cin;
           g.out = expanded + (next - lo) * W * Cmid;
-          k.gemm(g, 0, g.M, 0, expand_panels);
+          ke.gemm(g, 0, g.M, 0, expand_panels);
         }
         held_image = n, held_lo = lo, held_hi = hi;
         d.x = expanded;
@@ -168,7 +169,7 @@ struct Block {
       g.a = mid;
       g.out = y + r0 * OW * Cout * y_elem;
       if (accum != nullptr) g.r = accum + r0 * OW * Cout;
-      k.gemm(g, 0, g.M, 0, project_panels);
+      kp.gemm(g, 0, g.M, 0, project_panels);
       r0 = r1;
     }
   }
