@@ -189,14 +189,21 @@ class QuantConfig:
       packed weight per provider and picks per call (conv2d: batch; linear: rows); False: one
       provider per layer, routed at the example's size (less memory). Not with a forced provider or
       tune mode, which choose one provider per layer.
-    seven_bit_for_speed: on CPUs without VNNI, a static Linear / Conv2d whose 7-bit route the
-      7-bit table (qbackend.dispatch.rules.SEVEN_BIT) measures more than 1.5x faster than its exact
-      8-bit one reads 7-bit activations (its input value, for every layer reading it): about 6 dB
-      less SQNR on that layer for 1.6-1.8x its speed. On an AVX2 AMD EPYC Zen 3 that is Linears
-      at M = 4 .. 7 over K >= 2048 only; every conv and every other Linear is within 1.5x on 8 bits
-      (benchmarks/results/epyc_zen3/kernels_avx2_exact.md). False: 8 bits wherever a provider
-      multiplies them exactly. No effect with VNNI (the libraries multiply 8 bits exactly there),
-      nor where the activation observer sets reduce_range itself.
+    seven_bit_for_speed: on CPUs without VNNI, trade a little of a static layer's precision for speed
+      where the tables in qbackend.dispatch.rules measure it: (1) a static Conv2d (groups 1) or
+      Linear (from 256 x 256) that the native provider runs gets 7-bit weights (levels -64..64 per output channel,
+      rules.SEVEN_BIT_WEIGHTS), which the native GEMM multiplies exactly with AVX2's pair products:
+      1.05-1.75x per layer and 1.14-1.48x on the zoo CNNs (AMD EPYC Zen 3) for 0.4-2.8 dB of model SQNR
+      (ResNet-18 33.8 -> 31.0 dB, ResNet-50 16.4 -> 15.7, MobileNetV2 13.0 -> 12.6:
+      benchmarks/results/epyc_zen3/kernels_avx2_pairs.md); (2) a static Linear / Conv2d whose 7-bit
+      route the 7-bit table (rules.SEVEN_BIT) measures more than 1.5x faster than its exact 8-bit one
+      reads 7-bit activations (about 6 dB less SQNR on that layer for 1.6-1.8x its speed: on a Zen 3
+      only Linears at M = 4 .. 7 over K >= 2048, benchmarks/results/epyc_zen3/kernels_avx2_exact.md).
+      False: 8-bit weights and 8-bit activations wherever a provider multiplies them exactly. No
+      effect with VNNI (8 bits cost nothing there), nor where the weight observer sets its own
+      range (qmin / qmax / reduce_range) or the activation observer sets reduce_range, nor in tune
+      mode or with a forced provider. A model quantized with 7-bit weights runs them on every CPU (the
+      same integers, so the same outputs).
     forward_plans: eager calls of the converted model replay its forward as one native call per
       input signature, recorded on the signature's second call (qbackend.nn.forward_plan); False:
       every call runs the graph op by op. Switchable later on the model (`qmodel.forward_plans`).

@@ -64,7 +64,7 @@ def static_case():
 
     calibration = [batch(4) for _ in range(3)]
     # the settings the fixture files were written with (defaults added since are turned off)
-    config = qbackend.QuantConfig(weight_rounding="nearest", bias_correction=False,
+    config = qbackend.QuantConfig(weight_rounding="nearest", bias_correction=False, seven_bit_for_speed=False,
                                   activation=qbackend.config.ObserverSpec("histogram", {"dtype": torch.uint8}),
                                   embedding=qbackend.EmbeddingConfig(min_weights=0))
     return model, calibration[0], calibration, batch(5), config

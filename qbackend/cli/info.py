@@ -11,7 +11,7 @@ import torch
 from ..core.extension import _C
 from ..core.version import VERSION
 from ..dispatch import cpu_features, fbgemm_isa, route
-from ..dispatch.routing import exact_route_exists, seven_bit_speedup
+from ..dispatch.routing import exact_route_exists, seven_bit_speedup, seven_bit_weights
 from ..observers import default_reduce_range
 from ..serialization import inspect_file
 
@@ -110,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
             note = "" if eight or seven or op == "embedding_bag" else (
                 " (7-bit input for a static layer: over 1.5x faster here, QuantConfig.seven_bit_for_speed)"
                 if exact else " (7-bit input: no exact 8-bit route here)")
+            weights = seven_bit_weights(op, shape, r) if op in ("linear", "conv2d") and eight else None
+            if weights is not None:
+                note += f"; 7-bit weights for a static layer: {weights.describe} (QuantConfig.seven_bit_for_speed)"
             print(f"| {op} | {label} | {r.provider} | {r.why}{note} |")
     return 0
 

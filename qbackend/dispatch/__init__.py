@@ -9,9 +9,10 @@
 """
 from ..core.routes import BatchRoutes, Route
 from .cpu import ISA_CLASSES, CpuFeatures, Feature, cpu_features, fbgemm_isa
-from .routing import ENV_PROVIDER, env_forced, exact_route_exists, fusion_route, route, seven_bit_speedup
+from .routing import ENV_PROVIDER, env_forced, exact_route_exists, fusion_route, noting_seven_bit_weights, route, \
+    seven_bit_speedup, seven_bit_weights
 from .tuner import TuneOptions, TuneRequest
 
 __all__ = ["BatchRoutes", "CpuFeatures", "ENV_PROVIDER", "exact_route_exists", "Feature", "fusion_route", "ISA_CLASSES",
            "Route", "TuneOptions", "TuneRequest", "cpu_features", "env_forced", "fbgemm_isa", "route",
-           "seven_bit_speedup"]
+           "noting_seven_bit_weights", "seven_bit_speedup", "seven_bit_weights"]

@@ -33,7 +33,7 @@ from ..core.routes import FORCED, RULE, TUNED, Route
 from ..ops import registry
 from .batch_routes import SIZE_KEYS, size_ranges
 from .cpu import CpuFeatures, cpu_features
-from .rules import Rule, SevenBitRow, choose, fusion, seven_bit_pays
+from .rules import Rule, SevenBitRow, choose, fusion, seven_bit_pays, seven_bit_weights_pay
 from .tuner import TuneRequest, tune_route
 
 ENV_PROVIDER = "QBACKEND_PROVIDER"
@@ -128,6 +128,22 @@ def seven_bit_speedup(op: str, shape: Mapping, forced: str | None = None,
     if forced is not None or env_forced() is not None:
         return None
     return seven_bit_pays(op, (cpu if cpu is not None else cpu_features()).isa_class, shape)
+
+
+def seven_bit_weights(op: str, shape: Mapping, r: Route, cpu: CpuFeatures | None = None) -> SevenBitRow | None:
+    """The 7-bit weight table's row (rules.SEVEN_BIT_WEIGHTS) for a static layer routed `r` on this
+    CPU: where the native provider runs it at every call size and its pair-product kernel pays;
+    None where the layer keeps 8-bit weights (another provider, a forced or tuned route)."""
+    if r.source != RULE or r.provider != "native":
+        return None
+    if r.batch_routes is not None and any(p != "native" for _, p in r.batch_routes.ranges):
+        return None
+    return seven_bit_weights_pay(op, (cpu if cpu is not None else cpu_features()).isa_class, shape)
+
+
+def noting_seven_bit_weights(r: Route, row: SevenBitRow) -> Route:
+    """`r` with its layer's 7-bit weights (the table's row `row`) said in its why."""
+    return dataclasses.replace(r, why=f"{r.why}; 7-bit weights: {row.describe}")
 
 
 def route(op: str, shape: Mapping, *, eight_bit_input: bool = True, forced: str | None = None,

@@ -263,6 +263,34 @@ SEVEN_BIT: tuple[SevenBitRow, ...] = (
 )
 
 
+# Where QuantConfig.seven_bit_for_speed gives a static layer's weight 7 bits (every level in
+# [-64, 64] per output channel) when the native provider runs it: without VNNI the native GEMM then
+# multiplies with AVX2's pair products (vpmaddubsw, exact for any uint8 input on such weights:
+# kernels/gemm_avx2_pairs.cpp) instead of widening both operands to int16. Model output SQNR on the
+# Zen 3 (benchmarks/results/epyc_zen3/kernels_avx2_pairs.md): ResNet-18 33.8 -> 31.0 dB, ResNet-50
+# 16.4 -> 15.7, MobileNetV2 13.0 -> 12.6 for 1.14-1.48x (7-bit inputs instead cost 4.1, 1.5 and 1.4
+# dB). Depthwise convs have their own kernel and keep 8 bits.
+SEVEN_BIT_WEIGHTS: tuple[SevenBitRow, ...] = (
+    SevenBitRow("conv2d", ("avx2",), "the native GEMM's pair products on 7-bit weights 1.15-1.5x its int16 products on "
+                "ResNet's and MobileNetV2's dense convs (Zen 3, 1 and 2 threads)", "epyc_zen3/kernels_avx2_pairs.md",
+                groups == 1),
+    SevenBitRow("linear", ("avx2",), "the native GEMM's pair products on 7-bit weights 1.1-1.7x its int16 "
+                "products on Linears from 256 x 256 at M = 1 to 128 (Zen 3, 2 threads); smaller ones keep 8 bits, "
+                "where a call's fixed cost leaves the products little to gain", "epyc_zen3/kernels_avx2_pairs.md",
+                (k >= 256) & (n >= 256)),
+)
+
+
+def seven_bit_weights_pay(op: str, isa_class: str, shape: Mapping) -> SevenBitRow | None:
+    """The 7-bit weight table's row for this static layer on `isa_class` (when the native provider
+    runs it), or None (8-bit weights cost no speed)."""
+    if isa_class not in ISA_CLASSES:
+        raise ValueError(f"unknown ISA class {isa_class!r}; expected one of {', '.join(ISA_CLASSES)}")
+    f = facts(op, shape)
+    return next((r for r in SEVEN_BIT_WEIGHTS if r.op == op and isa_class in r.isa_classes and r.when.compiled(f)),
+                None)
+
+
 def seven_bit_pays(op: str, isa_class: str, shape: Mapping) -> SevenBitRow | None:
     """The 7-bit table's row for this static layer on `isa_class`, or None (8 bits cost no speed)."""
     if isa_class not in ISA_CLASSES:

@@ -6,11 +6,13 @@ its module on that provider (layer_modules.py). Used by the graph lowering and b
 fallback alike (a `LayerSpec` says all it needs)."""
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
 from ..algorithms.gptq import corrected_bias, round_weight
 from ..core.routes import Route
-from ..dispatch import TuneOptions, route
+from ..dispatch import TuneOptions, noting_seven_bit_weights, route, seven_bit_weights
 from ..nn import WeightOnlyConv2d, WeightOnlyLinear
 from ..nn.activation import uses_8_bits
 from ..nn.weights import quantize_weight
@@ -35,7 +37,25 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
     x_qp is required in static mode. With `tune`, the providers are timed on this layer (unless
     one is forced, by the config or QBACKEND_PROVIDER)."""
     mode = spec.config.mode
-    w_obs = spec.config.weight.create(f"{spec.name}.weight")
+    token = spec.per_token is not None
+    if mode == "static" and x_qp is None and not token:
+        raise ValueError(f"{spec.name}: static quantization needs the input's qparams")
+    # dynamic: linear_dynamic picks 7 or 8 bits per provider, so every provider is exact; per
+    # token: the choice gave 7 bits where no provider is exact on 8 (lowering/per_token.py)
+    eight = spec.per_token["qmax"] == 255 if token else mode == "static" and uses_8_bits(x_qp.dtype, x_qp.qmax) \
+        if x_qp is not None else False
+    kind = spec.kind if mode == "static" else "linear"
+    # the rules' route, before the weight's bits: a layer the native provider runs may take 7-bit
+    # weights (rules.SEVEN_BIT_WEIGHTS); tune mode times layers on their int8 weight, so it keeps 8
+    ruled = route(kind, spec.shape_key(), eight_bit_input=eight, forced=spec.config.provider,
+                  by_batch=spec.config.route_by_batch) if tune is None and mode != "weight_only" else None
+    w_spec, seven = spec.config.weight, None
+    if ruled is not None and mode == "static" and not token and spec.config.seven_bit_for_speed \
+            and not {"qmin", "qmax", "reduce_range"} & set(w_spec.kwargs):
+        seven = seven_bit_weights(kind, spec.shape_key(), ruled)
+        if seven is not None:
+            w_spec = dataclasses.replace(w_spec, kwargs={**w_spec.kwargs, "qmin": -64, "qmax": 64})
+    w_obs = w_spec.create(f"{spec.name}.weight")
     q, scales = quantize_weight(spec.weight, w_obs, spec.name)
     if spec.hessian is not None:
         q, spec.rounding = round_weight(spec.weight, scales, spec.hessian, w_obs.qmin, w_obs.qmax, nearest=q,
@@ -50,17 +70,13 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
             return WeightOnlyLinear(q, scales, spec.bias), None
         g = spec.geometry
         return WeightOnlyConv2d(q, scales, spec.bias, g["stride"], g["padding"], g["dilation"], g["groups"]), None
-    token = spec.per_token is not None
-    if mode == "static" and x_qp is None and not token:
-        raise ValueError(f"{spec.name}: static quantization needs the input's qparams")
-    # dynamic: linear_dynamic picks 7 or 8 bits per provider, so every provider is exact; per
-    # token: the choice gave 7 bits where no provider is exact on 8 (lowering/per_token.py)
-    eight = spec.per_token["qmax"] == 255 if token else mode == "static" and uses_8_bits(x_qp.dtype, x_qp.qmax)
-    kind = spec.kind if mode == "static" else "linear"
     # tune mode times layers on their int8 input; a per-token layer is routed by the rules
     request = tune_request(spec, tune, q, scales, x_qp, out_qp, accum_qp) if tune is not None and not token else None
-    r = route(kind, spec.shape_key(), eight_bit_input=eight, forced=spec.config.provider,
-              by_batch=spec.config.route_by_batch, tune=request)
+    r = ruled if ruled is not None else route(kind, spec.shape_key(), eight_bit_input=eight,
+                                              forced=spec.config.provider, by_batch=spec.config.route_by_batch,
+                                              tune=request)
+    if seven is not None:
+        r = noting_seven_bit_weights(r, seven)
     try:
         return layer_module(spec, q, scales, r.provider, x_qp, out_qp, accum_qp, r.batch_routes), r
     except ValueError as exc:  # a geometry the provider refuses only when packing

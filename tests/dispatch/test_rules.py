@@ -4,6 +4,7 @@ file (and section) that exists."""
 import math
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -337,6 +338,39 @@ def test_seven_bit_table():
     with pytest.raises(ValueError, match="unknown ISA class"):
         rules.seven_bit_pays("conv2d", "sse", conv3)
     assert all(r.why and "\n" not in r.why and len(r.why) <= 240 for r in rules.SEVEN_BIT)
+
+
+def test_seven_bit_weight_table():
+    from qbackend.core.routes import FORCED, RULE, TUNED, BatchRoutes, Route
+    from qbackend.dispatch.routing import seven_bit_weights
+
+    conv3 = dict(CONV, c_in=64, c_out=64)
+    # every dense conv on AVX2 (the pair products: 1.1-1.9x); depthwise convs keep 8 bits
+    for shape in (conv3, dict(conv3, kernel=(1, 1), c_in=1024), dict(conv3, c_in=3, kernel=(7, 7))):
+        assert rules.seven_bit_weights_pay("conv2d", "avx2", shape).op == "conv2d", shape
+    assert rules.seven_bit_weights_pay("conv2d", "avx2", dict(conv3, groups=64)) is None
+    # Linears from 256 x 256, at every M
+    for m in (1, 4, 128):
+        assert rules.seven_bit_weights_pay("linear", "avx2", {"m": m, "k": 768, "n": 3072}).op == "linear"
+    assert rules.seven_bit_weights_pay("linear", "avx2", {"m": 8, "k": 16, "n": 16}) is None
+    assert rules.seven_bit_weights_pay("linear", "avx2", {"m": 8, "k": 4096, "n": 10}) is None
+    for isa in ("amx", "avx512_vnni", "avx2_vnni", "avx512"):  # VNNI: 8 bits cost nothing; AVX-512: unmeasured
+        assert rules.seven_bit_weights_pay("conv2d", isa, conv3) is None
+        assert rules.seven_bit_weights_pay("linear", isa, LINEAR) is None
+    for row in rules.SEVEN_BIT_WEIGHTS:
+        assert (Path(__file__).parents[2] / "benchmarks" / "results" / row.evidence.split("#")[0]).exists()
+    with pytest.raises(ValueError, match="unknown ISA class"):
+        rules.seven_bit_weights_pay("conv2d", "sse", conv3)
+    # only a rule route to the native provider, at every call size, takes 7-bit weights
+    native = Route("native", RULE, "why")
+    cpu = SimpleNamespace(isa_class="avx2")
+    assert seven_bit_weights("conv2d", conv3, native, cpu=cpu) is not None
+    assert seven_bit_weights("conv2d", conv3, Route("onednn", RULE, "why"), cpu=cpu) is None
+    assert seven_bit_weights("conv2d", conv3, Route("native", FORCED, "why"), cpu=cpu) is None
+    assert seven_bit_weights("conv2d", conv3, Route("native", TUNED, "why"), cpu=cpu) is None
+    mixed = Route("native", RULE, "why", batch_routes=BatchRoutes("n", ((2, "native"), (None, "onednn"))))
+    assert seven_bit_weights("conv2d", conv3, mixed, cpu=cpu) is None
+    assert seven_bit_weights("conv2d", conv3, native, cpu=SimpleNamespace(isa_class="avx512_vnni")) is None
 
 
 def test_exact_route_exists_reads_the_provider_the_environment_forces(monkeypatch):

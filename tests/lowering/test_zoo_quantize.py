@@ -66,7 +66,10 @@ def test_resnet50_and_mobilenet_v2():
     case, q = _quantized("resnet50", batch_size=1, image_size=32, num_calibration_batches=1, num_eval_batches=1,
                          residual_gamma=0.3)
     assert len(q.qbackend_layers) == 54 and sum(v.residual for v in q.qbackend_layers.values()) == 16
-    assert _eval_sqnr(case, q) > 10
+    # 10.7 dB with 8-bit weights; 9.8 where the CPU class gives its dense convs 7-bit weights
+    # (QuantConfig.seven_bit_for_speed without VNNI)
+    seven = any("7-bit weights" in row.get("why", "") for row in qbackend.explain(q).rows)
+    assert _eval_sqnr(case, q) > (9.3 if seven else 10)
     case, q = _quantized("mobilenet_v2", batch_size=2, image_size=64, num_calibration_batches=2, num_eval_batches=1,
                          residual_gamma=0.3)
     layers = q.qbackend_layers
