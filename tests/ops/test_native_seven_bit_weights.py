@@ -14,20 +14,17 @@ import qbackend  # noqa: F401
 from qbackend.core.extension import _C
 from qbackend.ops import PackedConv2dWeight
 from qbackend.ops import reference as R
-from tests.ops.numerics import all_threads
+from tests.ops.numerics import all_threads, use_native_kernel
 
 ops = torch.ops.qbackend
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not _C.native_isa(), reason="the native GEMM needs AVX2")]
 
 
-@pytest.fixture
-def avx2_kernel():
-    _C.set_native_kernel("avx2")
-    try:
-        yield
-    finally:
-        _C.set_native_kernel("")
+@pytest.fixture(params=["avx2"])
+def avx2_kernel(request):
+    """The AVX2 kernels (pair products on 7-bit weights) on any AVX2 CPU, until the test ends."""
+    yield from use_native_kernel(request)
 
 
 def _w7(shape, g) -> torch.Tensor:
