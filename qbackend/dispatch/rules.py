@@ -281,22 +281,23 @@ SEVEN_BIT_WEIGHTS: tuple[SevenBitRow, ...] = (
 )
 
 
-def seven_bit_weights_pay(op: str, isa_class: str, shape: Mapping) -> SevenBitRow | None:
-    """The 7-bit weight table's row for this static layer on `isa_class` (when the native provider
-    runs it), or None (8-bit weights cost no speed)."""
+def _seven_bit_row(table: tuple[SevenBitRow, ...], op: str, isa_class: str, shape: Mapping) -> SevenBitRow | None:
+    """The first row of `table` for this static layer on `isa_class`, or None."""
     if isa_class not in ISA_CLASSES:
         raise ValueError(f"unknown ISA class {isa_class!r}; expected one of {', '.join(ISA_CLASSES)}")
     f = facts(op, shape)
-    return next((r for r in SEVEN_BIT_WEIGHTS if r.op == op and isa_class in r.isa_classes and r.when.compiled(f)),
-                None)
+    return next((r for r in table if r.op == op and isa_class in r.isa_classes and r.when.compiled(f)), None)
+
+
+def seven_bit_weights_pay(op: str, isa_class: str, shape: Mapping) -> SevenBitRow | None:
+    """The 7-bit weight table's row for this static layer on `isa_class` (when the native provider
+    runs it), or None (8-bit weights cost no speed)."""
+    return _seven_bit_row(SEVEN_BIT_WEIGHTS, op, isa_class, shape)
 
 
 def seven_bit_pays(op: str, isa_class: str, shape: Mapping) -> SevenBitRow | None:
     """The 7-bit table's row for this static layer on `isa_class`, or None (8 bits cost no speed)."""
-    if isa_class not in ISA_CLASSES:
-        raise ValueError(f"unknown ISA class {isa_class!r}; expected one of {', '.join(ISA_CLASSES)}")
-    f = facts(op, shape)
-    return next((r for r in SEVEN_BIT if r.op == op and isa_class in r.isa_classes and r.when.compiled(f)), None)
+    return _seven_bit_row(SEVEN_BIT, op, isa_class, shape)
 
 
 def fusion(chain: str, isa_class: str) -> Fusion | None:

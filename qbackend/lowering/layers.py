@@ -15,7 +15,7 @@ from ..core.routes import Route
 from ..dispatch import TuneOptions, noting_seven_bit_weights, route, seven_bit_weights
 from ..nn import WeightOnlyConv2d, WeightOnlyLinear
 from ..nn.activation import uses_8_bits
-from ..nn.weights import quantize_weight
+from ..nn.weights import SEVEN_BIT_LEVELS, quantize_weight
 from ..observers import QParams
 from .layer_modules import layer_module
 from .layer_spec import LayerSpec
@@ -42,8 +42,7 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
         raise ValueError(f"{spec.name}: static quantization needs the input's qparams")
     # dynamic: linear_dynamic picks 7 or 8 bits per provider, so every provider is exact; per
     # token: the choice gave 7 bits where no provider is exact on 8 (lowering/per_token.py)
-    eight = spec.per_token["qmax"] == 255 if token else mode == "static" and uses_8_bits(x_qp.dtype, x_qp.qmax) \
-        if x_qp is not None else False
+    eight = spec.per_token["qmax"] == 255 if token else mode == "static" and uses_8_bits(x_qp.dtype, x_qp.qmax)
     kind = spec.kind if mode == "static" else "linear"
     # the rules' route, before the weight's bits: a layer the native provider runs may take 7-bit
     # weights (rules.SEVEN_BIT_WEIGHTS); tune mode times layers on their int8 weight, so it keeps 8
@@ -54,7 +53,8 @@ def build_layer(spec: LayerSpec, x_qp: QParams | None = None, out_qp: QParams | 
             and not {"qmin", "qmax", "reduce_range"} & set(w_spec.kwargs):
         seven = seven_bit_weights(kind, spec.shape_key(), ruled)
         if seven is not None:
-            w_spec = dataclasses.replace(w_spec, kwargs={**w_spec.kwargs, "qmin": -64, "qmax": 64})
+            qmin, qmax = SEVEN_BIT_LEVELS
+            w_spec = dataclasses.replace(w_spec, kwargs={**w_spec.kwargs, "qmin": qmin, "qmax": qmax})
     w_obs = w_spec.create(f"{spec.name}.weight")
     q, scales = quantize_weight(spec.weight, w_obs, spec.name)
     if spec.hessian is not None:

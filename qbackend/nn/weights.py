@@ -8,6 +8,17 @@ from ..observers import Observer, PerChannelMinMaxObserver
 from ..ops import weight_rows  # noqa: F401  (registers qbackend::quantize_weight_rows)
 
 
+# The levels of a 7-bit weight (QuantConfig.seven_bit_for_speed): on them AVX2's pair products are
+# exact for any uint8 input (the native provider's packing checks the same bound).
+SEVEN_BIT_LEVELS = (-64, 64)
+
+
+def is_seven_bit(q: torch.Tensor) -> bool:
+    """Whether every level of the int8 weight q is in SEVEN_BIT_LEVELS."""
+    lo, hi = SEVEN_BIT_LEVELS
+    return q.numel() == 0 or (int(q.min()) >= lo and int(q.max()) <= hi)
+
+
 def default_weight_observer(name: str | None = None) -> Observer:
     return PerChannelMinMaxObserver(dtype=torch.int8, symmetric=True, axis=0, name=name)
 

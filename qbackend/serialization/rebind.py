@@ -33,6 +33,7 @@ from ..nn import (DynamicQuantizedLinear, DynamicQuantizedLSTM, QuantizedConv2d,
                   QuantizedEmbeddingBag, QuantizedLinear, TokenQuantizedLinear)
 from ..nn.inverted_residual import QuantizedInvertedResidual
 from ..nn.activation import ActivationBorder, StaticQParamsMixin, uses_8_bits
+from ..nn.weights import is_seven_bit
 from ..observers import choose_qparams, default_reduce_range
 from ..ops import PackedConv2dWeight
 
@@ -116,7 +117,7 @@ def reroute(qmodel) -> dict[str, tuple[str, str]]:
         elif isinstance(m, (QuantizedLinear, QuantizedConv2d)):
             eight = is_8bit_input(m, qmodel.qbackend_activations)
             r = route(info.kind, info.shape, eight_bit_input=eight, forced=info.forced, by_batch=info.route_by_batch)
-            seven = seven_bit_weights(info.kind, info.shape, r) if int(m.packed.weight.abs().max()) <= 64 else None
+            seven = seven_bit_weights(info.kind, info.shape, r) if is_seven_bit(m.packed.weight) else None
             if seven is not None:  # weights saved on 7 bits, which this CPU's native GEMM runs faster
                 r = noting_seven_bit_weights(r, seven)
             stale_hint = (isinstance(m.packed, PackedConv2dWeight) and m.packed.x_qparams is not None

@@ -37,7 +37,7 @@ def describe(q):
     layers = [m for m in q.modules() if type(m).__name__ in ("QuantizedConv2d", "QuantizedLinear")]
     with torch.no_grad():
         y = q(x)
-    return {"max_w": [int(m.packed.weight.abs().max()) for m in layers],
+    return {"max_w": [int(m.packed.weight.int().abs().max()) for m in layers],
             "groups": [getattr(m.packed, "groups", 1) for m in layers],
             "providers": [m.packed.provider.name for m in layers],
             "kernels": [_C.native_kernel_for(m.packed.packed) if m.packed.provider.name == "native"
@@ -80,3 +80,15 @@ def test_seven_bit_weights_where_the_native_gemm_runs_them():
     assert all(64 < w <= 100 for w in res["own_range"]["max_w"]), res["own_range"]
     # 7-bit weights cost some SQNR, not much
     assert res["off"]["sqnr"] > 25 and d["sqnr"] > res["off"]["sqnr"] - 6, res
+
+
+def test_seven_bit_test_of_a_weight():
+    """The reload's test of saved weights: both ends of [-64, 64] in, one level past either out
+    (-128 included, which int8's abs leaves negative)."""
+    import torch
+
+    from qbackend.nn.weights import is_seven_bit
+
+    assert is_seven_bit(torch.tensor([[-64, 0, 64]], dtype=torch.int8))
+    for v in (65, -65, 127, -128):
+        assert not is_seven_bit(torch.tensor([[v, 5, -3]], dtype=torch.int8)), v
