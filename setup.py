@@ -4,6 +4,12 @@ Portable by construction: no -march flag. ISA-specific kernels live in their own
 translation units (csrc/kernels/*_avx2.cpp, *_avx512.cpp, ...) that switch the target with
 QB_TARGET (csrc/cpu/targets.h: every unit's instruction sets in one place) after their includes;
 the caller chooses one at run time (cpu::usable_isa, csrc/cpu/probe.h).
+
+Build time (CI builds from scratch on 2 cores): a translation unit includes the torch headers it
+uses (ATen/core/Tensor.h, ATen/ops/<op>.h, torch/library.h, torch/csrc/utils/pybind.h), never the
+umbrella ATen/ATen.h (14 s of parsing per unit) or torch/extension.h (50 s), which
+tests/test_build_headers.py checks; -g0 drops the debug information Python's CFLAGS ask for (a
+quarter of each unit's compile time).
 """
 import glob
 import os
@@ -55,7 +61,7 @@ setup(
             # -fopenmp: ATen's at::parallel_for is a header template over `#pragma omp parallel` in
             # torch's OpenMP build; without the flag it silently runs on one thread. The libgomp.so.1
             # this links against resolves, at run time, to the one torch already loaded (same soname).
-            extra_compile_args=["-O3", "-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
+            extra_compile_args=["-O3", "-g0", "-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
                                 "-fopenmp"],
             extra_link_args=["-fopenmp"],
         )

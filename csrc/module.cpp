@@ -1,6 +1,6 @@
 // The Python module qbackend._C: the CPU probe and ISA cap. The ops register themselves with the
 // torch dispatcher (TORCH_LIBRARY_FRAGMENT(qbackend, ...)) when this library is loaded.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <fbgemm/Fbgemm.h>
 #include <fbgemm/Utils.h>

@@ -1,7 +1,7 @@
 // Argument checks shared by the qbackend ops. Each message names the argument it is about.
 // TORCH_CHECK_TYPE surfaces in Python as TypeError, TORCH_CHECK_VALUE as ValueError.
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cmath>
 #include <string>

@@ -1,7 +1,8 @@
 // Conv2d hyper-parameters as the ops receive them (int[] lists), checked once, shared by providers.
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/TensorOperators.h>
 
 #include <array>
 

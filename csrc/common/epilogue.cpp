@@ -1,6 +1,9 @@
 // Conversions shared by the providers' epilogues (see epilogue.h).
 #include "common/epilogue.h"
 
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/empty_like.h>
+
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -1,7 +1,7 @@
 // Output and input conversions shared by the providers: int8 <-> uint8 shifts, fp32 -> int8/bf16
 // finishing (for epilogues a library cannot fuse), and the dynamic activation qparams rule.
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace qbackend {
 

@@ -6,7 +6,8 @@
 // Keeping packed weights as tensors lets torch.compile / torch.export treat them as ordinary
 // module buffers.
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
 
 #include <memory>
 

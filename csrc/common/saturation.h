@@ -7,7 +7,7 @@
 // activations ([0, 127]; observers pick that range on these CPUs) and raise ValueError otherwise,
 // instead of returning wrong numbers.
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <fbgemm/Utils.h>
 

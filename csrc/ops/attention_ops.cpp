@@ -17,7 +17,13 @@
 //
 // AVX512 kernel (csrc/kernels/attention_avx512.cpp) when qbackend::cpu::has(qbackend::cpu::Isa::Avx512);
 // below that, ATen's SDPA in fp32, then the same output conversion.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/round.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/nan_to_num.h>
+#include <ATen/ops/clamp.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

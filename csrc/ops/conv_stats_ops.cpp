@@ -17,7 +17,9 @@
 //
 // The statistics of GPTQ / bias correction for convs (qbackend/algorithms/gptq.py); the references
 // are the fp64 sum of F.unfold's rows and F.unfold's rows themselves (tests/algorithms/test_conv_gptq.py).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -17,7 +17,9 @@
 // scan, for providers that do not check, e.g. fbgemm_gpu's lookup): an index outside
 // [0, num_rows) is an IndexError; offsets that do not start at 0, decrease, or end beyond the
 // number of indices are a ValueError. mode: 0 = sum, 1 = mean.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/arange.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

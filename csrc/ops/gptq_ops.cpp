@@ -15,7 +15,9 @@
 // is the float32 operation (product, then sum: no fused multiply-add) that gptq.py's
 // `gptq_columns_ref` performs, so the two agree bit for bit; rows are independent, so the result
 // does not depend on the thread count or the ISA.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

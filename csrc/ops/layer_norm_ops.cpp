@@ -12,7 +12,13 @@
 // times SmoothQuant's divisors, or all equal), then saturates at qmax (7-bit activations).
 // Inputs of any strides (made contiguous); float32 only. AVX512 kernel
 // (csrc/kernels/layer_norm_avx512.cpp) when qbackend::cpu::has(qbackend::cpu::Isa::Avx512), else ATen ops.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/round.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/nan_to_num.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/layer_norm.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -14,7 +14,9 @@
 //
 // Inputs of any rank/strides (made contiguous), float32 or bfloat16; non-finite values are never
 // binned (they are counted). Results are independent of the thread count and ISA.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -4,7 +4,9 @@
 // row gathered from one input row (which stays in cache): torch's h[order[:, None], order] took 40 ms
 // on 3072 columns on the AMX Xeon. The reference is that indexing expression, bit for bit.
 // h: float32 or float64 [K, K]; order: int64 [K], each in [0, K).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -17,7 +17,8 @@
 // * scale[m] + bias[n] (no bias: + 0 left out), each operation one float32 rounding, in that order
 // (no fused multiply-add: this unit is built for the baseline ISA). The reference of both:
 // qbackend/ops/reference.py.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

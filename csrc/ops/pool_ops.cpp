@@ -11,7 +11,8 @@
 // kernel in kernels/pool_avx2.cpp (each pixel's channels held in registers over its window), else
 // a loop over channels (contiguous in channels-last) that the compiler vectorizes for the baseline
 // ISA (pmaxub / pmaxsb).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

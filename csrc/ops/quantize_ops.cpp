@@ -6,7 +6,7 @@
 // quantize_per_tensor's memory_format asks for contiguous or channels-last); empty in -> empty out. NaN quantizes to the zero
 // point, +-inf to qmax/qmin (no NaN scan on the hot path). Per-channel scales may be float32 or
 // float64 (rounded to float32, like a Python float scale); zero points any integer dtype.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

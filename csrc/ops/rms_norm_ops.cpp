@@ -7,7 +7,8 @@
 // The form of Llama's norm (and Mistral's, Qwen2's, ...) in float32, as one call instead of the six
 // torch ops of the model's own Python (pow, mean, add, rsqrt, two products). The sum of squares runs
 // in double, so y differs from the torch ops' float32 result only by their own rounding.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

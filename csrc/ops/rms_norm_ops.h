@@ -1,6 +1,6 @@
 // qbackend::rms_norm (rms_norm_ops.cpp, where its contract is) as a C++ function, for native callers.
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace qbackend::ops {
 

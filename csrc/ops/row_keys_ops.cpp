@@ -5,7 +5,8 @@
 // rows[r, c] as a signed integer) * multipliers[c], then MurmurHash3's 64-bit finalizer (h ^= h >> 33,
 // h *= 0xff51afd7ed558ccd, h ^= h >> 33, h *= 0xc4ceb9fe1a85ec53, h ^= h >> 33; logical shifts).
 // The reference: qbackend/ops/reference.py row_keys (the same math in torch int64 ops, bit for bit).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

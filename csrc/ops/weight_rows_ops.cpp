@@ -4,7 +4,8 @@
 // (qbackend/nn/weights.py) computed as torch ops on an fp64 copy, in one pass with no temporary (the
 // reference: qbackend/ops/reference.py quantize_weight_rows, bit for bit). q is contiguous, w's shape.
 // scales: float32 [N], each positive and finite; a NaN or infinite weight is a ValueError.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -30,7 +30,9 @@
 // from the cache by every four rows of x (the weights are never stored in float). More rows: the weights dequantized block by block
 // (kPanelRows output channels) into a float32 panel that at::mm multiplies. Both accumulate in float32
 // (woq_kernels.h).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

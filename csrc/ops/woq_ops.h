@@ -1,7 +1,7 @@
 // The weight-only Linear ops (woq_ops.cpp, where their contracts are) as C++ functions, for native
 // callers that run several of them in one call (runtime/decoder_layer.cpp).
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 

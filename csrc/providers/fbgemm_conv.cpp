@@ -9,7 +9,11 @@
 // The stride/padding/dilation/groups are fixed at prepack (FBGEMM packs for them); the op takes
 // them again (same signature as onednn_conv2d, and shape inference needs them) and checks them.
 // Not fused by FBGEMM, so run after an fp32 output: gelu, bf16 output, and the residual add.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/conv2d.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

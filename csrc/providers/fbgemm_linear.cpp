@@ -9,7 +9,9 @@
 // FBGEMM wants uint8 activations: int8 ones are shifted by +128 (exact). int8 output is computed
 // as uint8 with zero point + 128 and shifted back (exact). gelu and bf16 output are not FBGEMM
 // epilogues: they run after the fp32 output (unfused, documented in the dispatcher's table).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
 
 #include <cstdlib>
 #include <cstring>

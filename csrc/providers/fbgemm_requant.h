@@ -1,7 +1,7 @@
 // FBGEMM's ReQuantizeOutput parameters for a uint8/int8 output, shared by the fbgemm linear and
 // conv ops. int8 output is computed as uint8 with zero point + 128 and shifted back (exact).
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cmath>
 #include <vector>

@@ -20,7 +20,8 @@
 //                 output_scale, output_zero_point, output_dtype, post_op, accum, accum_scale,
 //                 accum_zero_point) -> Tensor                                  (channels-last output)
 //   native_conv2d_add_(... the same, Tensor(a!) accum ...) -> ()   the result written into accum
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

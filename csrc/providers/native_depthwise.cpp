@@ -1,6 +1,7 @@
 // The native provider's depthwise convs: packed weight and thread split (native_depthwise.h).
 #include "providers/native_depthwise.h"
 
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #include <cstring>

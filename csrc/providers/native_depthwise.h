@@ -11,7 +11,7 @@
 //                                    Cp = C rounded up to 16, 0 beyond C and KW)
 //   [..., ... + 4 KH KW Cp)          int32 w32 [KH][KW][Cp], the AVX2 kernel's (depthwise_kernels.h)
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "kernels/depthwise_kernels.h"
 #include "common/conv_params.h"

@@ -1,6 +1,9 @@
 // The native provider's packed weight, kernel choice and thread split (native_gemm.h).
 #include "providers/native_gemm.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/Parallel.h>
 
 #include <atomic>

@@ -15,7 +15,7 @@
 // were 1-D and still load. A plain tensor, not an opaque handle: it survives clone / deepcopy /
 // torch.save, and every op checks its header and size before reading it.
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <string>
 

@@ -27,7 +27,7 @@
 // The weights are the native provider's packed ones (native_conv2d_prepack); expand_w None: no
 // expansion (the depthwise conv reads x). Needs AVX2 (the native GEMM and depthwise kernels of this
 // CPU: native::gemm_kernels, native::depthwise_kernel).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -8,7 +8,8 @@
 //   native_linear_dynamic(x, w_packed, w_scales, bias, reduce_range, post_op) -> Tensor
 // x is read in place when its rows are contiguous (any leading shape); int8 x is read as uint8
 // with its zero point + 128, inside the kernel. Nothing but the output is allocated per call.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

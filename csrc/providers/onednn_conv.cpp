@@ -12,7 +12,12 @@
 // accum tensor first because oneDNN writes its result into it (onednn_conv2d_add_, for an accum
 // nothing reads afterwards, does not). gelu (which torch's qconv does not take) and other residual
 // cases run unfused after an fp32 output.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/relu.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -8,7 +8,9 @@
 //   onednn_linear_dynamic(x, w_packed, w_scales, bias, reduce_range, post_op) -> Tensor
 // oneDNN takes uint8 or int8 activations, fuses relu and (erf) gelu, and writes uint8, int8,
 // fp32 or bf16 directly. Weights must be symmetric (zero points 0).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "common/checks.h"

@@ -1,7 +1,9 @@
 // The activation cache (contract: activation_cache.h).
 #include "runtime/activation_cache.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>
+#include <ATen/EmptyTensor.h>
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <cstdlib>

@@ -11,7 +11,8 @@
 // (QBACKEND_ACTIVATION_CACHE_MB at load, default 1024; 0 turns the cache off), the rest freed.
 // Smaller outputs take torch's CPU allocator as before. Thread-safe.
 #pragma once
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <cstddef>
 

@@ -28,7 +28,10 @@
 #include "runtime/decoder_layer.h"
 
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
 
 #include <algorithm>
 #include <cmath>

@@ -42,7 +42,6 @@
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
-#include <torch/extension.h>
 
 #include <atomic>
 #include <chrono>
