@@ -2,7 +2,7 @@
 performance counters on the same model, weights and calibration data.
 
     python benchmarks/layer_profile.py [--model mobilenet_v2] [--batch 1] [--threads 2] [--calls 40]
-                                       [--rounds 7] [--out benchmarks/results/<cpu>/layer_profile_<model>_b<batch>.md]
+                                       [--rounds 7] [--no-fusions] [--out benchmarks/results/<cpu>/layer_profile_<model>_b<batch>.md]
 
 qbackend: the model from qbackend.quantize (default config, forward plans on); each step of its
 forward plan is timed by the replay (qbackend.report.plan_profile: a clock read between steps, no
@@ -95,7 +95,8 @@ class QbackendSide:
 def _is_layer_node(info) -> bool:
     """An OpenVINO node that runs a conv or a fully connected layer (with what it fused)."""
     kind = info.exec_type.lower()
-    return "conv" in kind or "gemm" in kind or info.node_type in ("FullyConnected", "MatMul")
+    return ("conv" in kind or "gemm" in kind or "conv" in info.node_type.lower()
+            or info.node_type in ("FullyConnected", "MatMul"))
 
 
 class OpenVinoSide:
@@ -197,6 +198,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calls", type=int, default=40, help="forwards per block")
     ap.add_argument("--rounds", type=int, default=7, help="blocks per side, the sides alternating")
+    ap.add_argument("--no-fusions", action="store_true",
+                    help="qbackend without cross-layer fusions (QuantConfig(fusions=False)): one row per layer")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -208,7 +211,8 @@ def main(argv=None) -> int:
         x = synthetic_images(args.batch, 224, generator(4))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qmodel = qbackend.quantize(case.model, (x,), case.calibration)
+        config = qbackend.QuantConfig(fusions=False) if args.no_fusions else None
+        qmodel = qbackend.quantize(case.model, (x,), case.calibration, config=config)
     o_side = OpenVinoSide(case.model, case.calibration, x, args.threads)
     q_side = QbackendSide(qmodel, x)
     q_total, q_rows, ov_total, ov_rows = interleaved(q_side, o_side, args.rounds, args.calls)
@@ -221,7 +225,8 @@ def main(argv=None) -> int:
              f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start "
              f"{load_average()}",
              f"- command: `python benchmarks/layer_profile.py --model {args.model} --batch {args.batch} "
-             f"--threads {args.threads} --calls {args.calls} --rounds {args.rounds}`",
+             f"--threads {args.threads} --calls {args.calls} --rounds {args.rounds}"
+             + (" --no-fusions" if args.no_fusions else "") + "`",
              f"- us per forward, the median over {args.rounds} blocks of {args.calls} forwards per side, the sides "
              "alternating; qbackend: each step of the forward plan timed by the replay (a clock read between steps; "
              "the mean over the block's replays); OpenVINO: PERF_COUNT real time per node (the mean over the "

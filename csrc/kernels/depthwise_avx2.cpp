@@ -1,13 +1,14 @@
 // The native depthwise conv (contract: depthwise_kernels.h) on AVX2 CPUs without VNNI, exact at 8
-// bits. Each input row a thread needs is widened once into a ring of int32 rows, padded in both
-// directions: lane (iw + pw, c) holds xu - xu_zp (xu the uint8 view of x; 0 in the padding, so the
-// taps read no zero point and the sums need no colsum correction). A tap of 8 channels is then one
-// vpmaddwd of the widened lanes against the filter's int32 lanes (w in the low int16, 0 in the high
-// one: |(xu - xu_zp) * w| <= 255 * 128, exact) and one vpaddd; blocks of 4 output pixels x 16
-// channels keep 8 accumulators in registers. Integer outputs without a residual are requantized
-// with per-channel terms worked out once per call, the others by the GEMM's 256-bit epilogue
-// (gemm_avx2_vnni_impl.h); both give the GEMM's bytes. 3 x 3 kernels have their tap loop unrolled.
-// Call only when has(Isa::Avx2).
+// bits. Each input row a thread needs is laid out once into a ring of int32 rows of tap pairs,
+// padded in both directions: lane (col, c) holds the int16 pair (v[col][c], v[col + dw][c]), v =
+// xu - xu_zp (xu the uint8 view of x) in column col - pw of the image and 0 in the padding, so the
+// taps read no zero point and the sums need no colsum correction. Two taps (kw, kw + 1) of 8
+// channels are then one vpmaddwd of the pair lanes at column ow * sw + kw * dw against the
+// filter's pair lanes (w32: w[kw] low, w[kw + 1] high, 0 past KW; |v * w| <= 255 * 128, the pair's
+// sum exact in int32) and one vpaddd; blocks of 4 output pixels x 16 channels keep 8 accumulators
+// in registers. Integer outputs without a residual are requantized with per-channel terms worked
+// out once per call, the others by the GEMM's 256-bit epilogue (gemm_avx2_vnni_impl.h); both give
+// the GEMM's bytes. 3 x 3 kernels have their tap loop unrolled. Call only when has(Isa::Avx2).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -27,37 +28,57 @@ namespace {
 
 constexpr int kPixels = 4;  // output pixels per block
 
-// Columns of a widened row: the left padding, the image, and what the last output column's taps
-// reach past it.
-int64_t widened_cols(const DepthwiseArgs& a) {
+// Columns of a pair row: the left padding, the image, and what the last output column's taps
+// reach past it (every pair starts at a column a tap reads).
+int64_t pair_cols(const DepthwiseArgs& a) {
   return std::max(a.W + a.pw, (a.OW - 1) * a.sw + (a.KW - 1) * a.dw + 1);
 }
-int64_t widened_lanes(const DepthwiseArgs& a) { return widened_cols(a) * depthwise_cp(a.C); }
+int64_t pair_lanes(const DepthwiseArgs& a) { return pair_cols(a) * depthwise_cp(a.C); }
 
-// Input row (n, ih) widened: dst [widened_cols][Cp] int32, xu - xu_zp, 0 in the padding columns
-// and past C.
+// 16 channels of input column iw as int16 xu - xu_zp (I8: int8 bytes read as x ^ 0x80).
 template <bool I8>
-void widen_row(const DepthwiseArgs& a, int64_t n, int64_t ih, int32_t* dst) {
-  const int64_t C = a.C, Cp = depthwise_cp(C), cols = widened_cols(a);
+__attribute__((always_inline)) inline __m256i widened16(const uint8_t* s, __m256i vzp) {
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  if constexpr (I8) b = _mm_xor_si128(b, _mm_set1_epi8(static_cast<char>(0x80)));
+  return _mm256_sub_epi16(_mm256_cvtepu8_epi16(b), vzp);
+}
+
+// Input row (n, ih) as tap pairs: dst [pair_cols][Cp] int32, lane (col, c) = (v[col][c],
+// v[col + dw][c]) as int16 (low, high), v = xu - xu_zp at image column col - pw, 0 outside the
+// image and past C.
+template <bool I8>
+void pair_row(const DepthwiseArgs& a, int64_t n, int64_t ih, int32_t* dst) {
+  const int64_t C = a.C, Cp = depthwise_cp(C), cols = pair_cols(a);
   const uint8_t* src = a.x + (n * a.H + ih - a.x_row0) * a.W * C;
   const int32_t zp = a.x_zp + (I8 ? 128 : 0);
-  const __m256i vzp = _mm256_set1_epi32(zp);
-  const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
-  std::memset(dst, 0, static_cast<size_t>(a.pw * Cp) * sizeof(int32_t));
-  const int64_t whole = C / 8 * 8;
-  for (int64_t iw = 0; iw < a.W; ++iw) {
-    const uint8_t* s = src + iw * C;
-    int32_t* d = dst + (iw + a.pw) * Cp;
-    int64_t c = 0;
-    for (; c < whole; c += 8) {
-      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + c));
-      if constexpr (I8) b = _mm_xor_si128(b, flip);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + c), _mm256_sub_epi32(_mm256_cvtepu8_epi32(b), vzp));
+  const __m256i vzp = _mm256_set1_epi16(static_cast<int16_t>(zp));
+  const int64_t whole = C / 16 * 16;
+  auto v = [&](int64_t iw, int64_t c) -> int32_t {  // one value, 0 outside the image
+    if (iw < 0 || iw >= a.W) return 0;
+    return static_cast<int32_t>(static_cast<uint8_t>(src[iw * C + c] ^ (I8 ? 0x80 : 0))) - zp;
+  };
+  for (int64_t col = 0; col < cols; ++col) {
+    const int64_t ia = col - a.pw, ib = ia + a.dw;
+    const bool va = ia >= 0 && ia < a.W, vb = ib >= 0 && ib < a.W;
+    int32_t* d = dst + col * Cp;
+    if (!va && !vb) {
+      std::memset(d, 0, static_cast<size_t>(Cp) * sizeof(int32_t));
+      continue;
     }
-    for (; c < C; ++c) d[c] = static_cast<int32_t>(static_cast<uint8_t>(s[c] ^ (I8 ? 0x80 : 0))) - zp;
+    int64_t c = 0;
+    for (; c < whole; c += 16) {
+      const __m256i x0 = va ? widened16<I8>(src + ia * C + c, vzp) : _mm256_setzero_si256();
+      const __m256i x1 = vb ? widened16<I8>(src + ib * C + c, vzp) : _mm256_setzero_si256();
+      // unpack within 128-bit lanes: lo = channels 0-3 | 8-11, hi = 4-7 | 12-15
+      const __m256i lo = _mm256_unpacklo_epi16(x0, x1), hi = _mm256_unpackhi_epi16(x0, x1);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + c), _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + c + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    for (; c < C; ++c)
+      d[c] = static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(v(ib, c))) << 16) |
+                                  static_cast<uint16_t>(v(ia, c)));
     for (; c < Cp; ++c) d[c] = 0;
   }
-  std::memset(dst + (a.W + a.pw) * Cp, 0, static_cast<size_t>((cols - a.W - a.pw) * Cp) * sizeof(int32_t));
 }
 
 // The requantizing epilogue's terms (integer output, no gelu, no residual: the GEMM epilogue's
@@ -127,25 +148,25 @@ __attribute__((always_inline)) inline void store_requantized(const GemmArgs& g, 
   }
 }
 
-// MR output pixels (ow0.., pixel index m0..) x 16 channels (c0..) of one output row whose widened
+// MR output pixels (ow0.., pixel index m0..) x 16 channels (c0..) of one output row whose pair
 // input rows are rows[0 .. KH). K3: a 3 x 3 kernel (its tap loop unrolled).
 template <int MR, bool K3>
 void block(const DepthwiseArgs& a, const GemmArgs& g, const Terms& t, const int32_t* const* rows, int64_t m0,
            int64_t ow0, int64_t c0) {
   const int64_t Cp = depthwise_cp(a.C);
-  const int64_t KH = K3 ? 3 : a.KH, KW = K3 ? 3 : a.KW;
+  const int64_t KH = K3 ? 3 : a.KH, P = K3 ? 2 : depthwise_pairs(a.KW);
   const int64_t step = a.sw * Cp;  // lanes between the pixels of the block
   __m256i acc[MR * 2];
 #pragma GCC unroll 8
   for (int i = 0; i < MR * 2; ++i) acc[i] = _mm256_setzero_si256();
 #pragma GCC unroll 3
   for (int64_t kh = 0; kh < KH; ++kh) {
-#pragma GCC unroll 3
-    for (int64_t kw = 0; kw < KW; ++kw) {
-      const int32_t* wp = a.w32 + (kh * KW + kw) * Cp + c0;
+#pragma GCC unroll 2
+    for (int64_t kp = 0; kp < P; ++kp) {  // taps 2 kp and 2 kp + 1
+      const int32_t* wp = a.w32 + (kh * P + kp) * Cp + c0;
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
       const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 8));
-      const int32_t* xp = rows[kh] + (ow0 * a.sw + kw * a.dw) * Cp + c0;
+      const int32_t* xp = rows[kh] + (ow0 * a.sw + 2 * kp * a.dw) * Cp + c0;
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const __m256i* p = reinterpret_cast<const __m256i*>(xp + r * step);
@@ -178,14 +199,14 @@ void row_pixels(const DepthwiseArgs& a, const GemmArgs& g, const Terms& t, const
 }  // namespace
 
 size_t depthwise_scratch_bytes_avx2(const DepthwiseArgs& a) {
-  // the ring of widened rows, a row of zeros (the padding rows), the epilogue's two [Cp] terms and
+  // the ring of pair rows, a row of zeros (the padding rows), the epilogue's two [Cp] terms and
   // the ring's tags
-  return static_cast<size_t>((depthwise_ring_rows(a) + 1) * widened_lanes(a) + 2 * depthwise_cp(a.C)) * sizeof(int32_t) +
+  return static_cast<size_t>((depthwise_ring_rows(a) + 1) * pair_lanes(a) + 2 * depthwise_cp(a.C)) * sizeof(int32_t) +
          static_cast<size_t>(depthwise_ring_rows(a)) * sizeof(int64_t);
 }
 
 void depthwise_rows_avx2(const DepthwiseArgs& a, int64_t row_begin, int64_t row_end, uint8_t* scratch) {
-  const int64_t lanes = widened_lanes(a), R = depthwise_ring_rows(a);
+  const int64_t lanes = pair_lanes(a), R = depthwise_ring_rows(a);
   int32_t* ring = reinterpret_cast<int32_t*>(scratch);
   int32_t* zero_row = ring + R * lanes;
   bool zero_row_filled = false;
@@ -202,8 +223,8 @@ void depthwise_rows_avx2(const DepthwiseArgs& a, int64_t row_begin, int64_t row_
     const int64_t n = row / a.OH, oh = row % a.OH;
     depthwise_input_rows(a, n, oh, ring, lanes, tags, zero_row, uint8_t{0}, zero_row_filled,
                          [&](int64_t ih, int32_t* buf) {
-                           if (a.x_int8) widen_row<true>(a, n, ih, buf);
-                           else widen_row<false>(a, n, ih, buf);
+                           if (a.x_int8) pair_row<true>(a, n, ih, buf);
+                           else pair_row<false>(a, n, ih, buf);
                          }, rows);
     if (k3) row_pixels<true>(a, g, t, rows, row * a.OW - a.out_pixel0);
     else row_pixels<false>(a, g, t, rows, row * a.OW - a.out_pixel0);

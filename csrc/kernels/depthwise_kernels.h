@@ -20,8 +20,9 @@
 // Packed weight (the provider's header aside): int32 colsum [Cp] (sum of each channel's taps, 0 in
 // the padding), then int8 w4 [KH][G][Cp][4] with w4[kh][g][lane(c)][t] = w[c][kh][4g + t] (0 where
 // 4g + t >= KW or c >= C); G = ceil(KW / 4), Cp = C rounded up to 16. Then, for the AVX2 kernel,
-// int32 w32 [KH][KW][Cp] in channel order: w[c][kh][kw] in the low int16 of the lane, 0 in the high
-// one (0 beyond C).
+// int32 w32 [KH][P][Cp] in channel order, the taps of a kernel row in pairs (P = ceil(KW / 2)):
+// w[c][kh][2p] in the low int16 of the lane, w[c][kh][2p + 1] in the high one (0 past KW and
+// beyond C), so one int16 dot product (vpmaddwd) adds two taps of 8 channels.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +36,7 @@ constexpr int64_t kDepthwiseMaxTaps = 512;  // KH * KW (64 per side at most)
 
 inline int64_t depthwise_cp(int64_t C) { return (C + 15) / 16 * 16; }  // channels padded to vectors
 inline int64_t depthwise_groups(int64_t KW) { return (KW + 3) / 4; }    // 4-tap groups per kernel row
+inline int64_t depthwise_pairs(int64_t KW) { return (KW + 1) / 2; }     // tap pairs per kernel row (AVX2)
 // Channels in whole 64-channel blocks (their lanes interleaved, above).
 inline int64_t depthwise_whole_blocks(int64_t C) { return C / 64 * 64; }
 // The lane of channel c (above).
@@ -52,7 +54,7 @@ struct DepthwiseArgs {
   int64_t N = 0, C = 0, H = 0, W = 0, OH = 0, OW = 0, KH = 0, KW = 0;
   int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   const int8_t* w = nullptr;   // w4 [KH][G][Cp][4] (header comment)
-  const int32_t* w32 = nullptr;  // w32 [KH][KW][Cp] (header comment): the AVX2 kernel's
+  const int32_t* w32 = nullptr;  // w32 [KH][P][Cp] (header comment): the AVX2 kernel's
   // The epilogue's arguments, one GEMM "row" per output pixel ((n * OH + oh) * OW + ow) and one
   // "column" per channel: N = C, ldc = C, colsum = the packed weight's [Cp] sums; a/b unused (the
   // kernel passes the uint8 view's zero point to the epilogue itself).

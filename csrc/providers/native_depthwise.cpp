@@ -20,7 +20,7 @@ constexpr int64_t kParallelWork = int64_t(1) << 17;
 
 int64_t packed_bytes(int64_t C, int64_t KH, int64_t KW) {
   const int64_t Cp = kernels::depthwise_cp(C);
-  return kHeaderBytes + 4 * Cp + 4 * KH * kernels::depthwise_groups(KW) * Cp + 4 * KH * KW * Cp;
+  return kHeaderBytes + 4 * Cp + 4 * KH * kernels::depthwise_groups(KW) * Cp + 4 * KH * kernels::depthwise_pairs(KW) * Cp;
 }
 
 // A buffer per thread for the ring of tap rows, grown as needed and kept.
@@ -63,7 +63,10 @@ at::Tensor pack_depthwise(const at::Tensor& weight) {
         const int8_t v = src[(c * KH + kh) * KW + kw];
         colsum[lane] += v;
         w4[((kh * G + kw / 4) * Cp + lane) * 4 + kw % 4] = v;
-        w32[(kh * KW + kw) * Cp + c] = static_cast<int32_t>(static_cast<uint16_t>(static_cast<int16_t>(v)));
+        // the pair's low or high int16 (bit pattern: the high half may be negative)
+        const uint32_t half = static_cast<uint16_t>(static_cast<int16_t>(v));
+        uint32_t& lane32 = reinterpret_cast<uint32_t&>(w32[(kh * kernels::depthwise_pairs(KW) + kw / 2) * Cp + c]);
+        lane32 |= kw % 2 ? half << 16 : half;
       }
   }
   return out;

@@ -9,7 +9,8 @@
 //                                    correction), in the kernel's lane order (depthwise_kernels.h)
 //   [64 + 4 Cp, ... + 4 KH G Cp)     int8 w4 [KH][G][Cp][4] (depthwise_kernels.h; G = ceil(KW / 4),
 //                                    Cp = C rounded up to 16, 0 beyond C and KW)
-//   [..., ... + 4 KH KW Cp)          int32 w32 [KH][KW][Cp], the AVX2 kernel's (depthwise_kernels.h)
+//   [..., ... + 4 KH P Cp)           int32 w32 [KH][P][Cp], the AVX2 kernel's tap pairs
+//                                    (depthwise_kernels.h; P = ceil(KW / 2))
 #pragma once
 #include <ATen/core/Tensor.h>
 
