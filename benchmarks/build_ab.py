@@ -1,13 +1,16 @@
-"""Two builds of qbackend compared on the native provider's 1x1 convs (ResNet-50's distinct ones, batch
-32, uint8 output with relu, alone and with an in-place int8-residual add): the measurement behind a
-kernel change that only one build has, where no peer differs between the builds.
+"""Two builds of qbackend compared on the native provider's convs: ResNet-50's distinct 1x1 convs at
+batch 32 (uint8 output with relu, alone and with an in-place int8-residual add; `--layers
+resnet50_1x1`, the default) or MobileNetV2's distinct depthwise convs at batch 1 (uint8 output with
+relu; `--layers mobilenet_v2_depthwise`): the measurement behind a kernel change that only one build
+has, where no peer differs between the builds.
 
 Each build is a copy of the `qbackend` package (its compiled extension included) in its own folder;
 the builds run in turn in fresh processes (A, B, A, B, ... or B first with --b-first: the order
 is reported), each process timing every layer (the minimum over benchmarks/_timing.py's blocks),
 and the table gives the medians over the rounds and B / A.
 
-    python benchmarks/build_ab.py --a DIR_A --b DIR_B [--rounds 4] [--threads 2] [--out FILE]
+    python benchmarks/build_ab.py --a DIR_A --b DIR_B [--layers resnet50_1x1|mobilenet_v2_depthwise]
+                                  [--rounds 4] [--threads 2] [--out FILE]
 
 To make the two folders: copy `qbackend/` after building each commit (`python setup.py build_ext
 --inplace`), e.g. `cp -r qbackend /tmp/a/` at the old commit and `cp -r qbackend /tmp/b/` at the new.
@@ -26,6 +29,37 @@ import sys
 LAYERS = [(64, 64, 56), (64, 256, 56), (256, 64, 56), (256, 128, 56), (128, 512, 28), (512, 128, 28),
           (512, 256, 28), (256, 1024, 14), (1024, 256, 14), (1024, 512, 14), (512, 2048, 7), (2048, 512, 7)]
 BATCH = 32
+# (channels, input h = w, stride): MobileNetV2's distinct 3x3 depthwise convs (224 x 224 input)
+DEPTHWISE = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (192, 28, 2), (384, 14, 1),
+             (576, 14, 1), (576, 14, 2), (960, 7, 1)]
+TITLES = {"resnet50_1x1": "the native 1x1 convs (batch 32)",
+          "mobilenet_v2_depthwise": "the native depthwise convs (MobileNetV2's, batch 1)"}
+
+
+def child_depthwise(threads: int) -> None:
+    """Times MobileNetV2's depthwise convs (batch 1, uint8 in and out, relu) on the qbackend found
+    first on sys.path; prints one JSON line."""
+    import torch
+
+    import qbackend
+    from _timing import measure
+    from qbackend.ops import PackedConv2dWeight
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    out = {"qbackend": os.path.dirname(qbackend.__file__)}
+    with torch.inference_mode():
+        for c, hw, s in DEPTHWISE:
+            w = torch.randint(-127, 128, (c, 1, 3, 3), dtype=torch.int8)
+            ws, b = torch.rand(c) * 0.01 + 1e-3, torch.randn(c)
+            x = torch.randint(0, 256, (1, c, hw, hw), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+            pw = PackedConv2dWeight(w, ws, b, (s, s), (1, 1), (1, 1), c, "native", x_shape=list(x.shape),
+                                    x_qparams=(0.02, 128))
+            key = f"dw {c} @{hw} s{s}"
+            timed = measure({key: lambda: pw.conv2d(x, 0.02, 128, 0.1, 0, torch.uint8, "relu")},
+                            blocks=8, block_s=0.02)
+            out.update({k: t.min_us for k, t in timed.items()})
+    print(json.dumps(out))
 
 
 def child(threads: int) -> None:
@@ -62,6 +96,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--a", help="folder holding build A's qbackend package")
     ap.add_argument("--b", help="folder holding build B's qbackend package")
+    ap.add_argument("--layers", choices=sorted(TITLES), default="resnet50_1x1")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--b-first", action="store_true")
@@ -70,7 +105,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     if args.child:
-        child(args.threads)
+        (child_depthwise if args.layers == "mobilenet_v2_depthwise" else child)(args.threads)
         return 0
     if not (args.a and args.b):
         ap.error("--a and --b are required")
@@ -82,18 +117,21 @@ def main(argv=None) -> int:
     for _ in range(args.rounds):
         for side in order:
             env = {**os.environ, "PYTHONPATH": getattr(args, side)}
-            res = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--threads", str(args.threads)],
+            res = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--threads", str(args.threads),
+                                  "--layers", args.layers],
                                  env=env, capture_output=True, text=True, check=True)
             runs[side].append(json.loads(res.stdout.strip().splitlines()[-1]))
     keys = [k for k in runs["a"][0] if k != "qbackend"]
-    lines = ["# Two builds on the native 1x1 convs (batch 32)", "", cpu_line(),
+    lines = [f"# Two builds on {TITLES[args.layers]}", "", cpu_line(),
              f"- A: `{runs['a'][0]['qbackend']}`; B: `{runs['b'][0]['qbackend']}`",
              f"- threads: {args.threads}; {args.rounds} rounds, each build in a fresh process per round, order "
              f"{' then '.join(s.upper() for s in order)}; date: "
              f"{datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start {start_load}",
              "- us per call: each process's minimum over 8 blocks of about 20 ms (benchmarks/_timing.py), then the "
              "median over the rounds; "
-             "uint8 input and output, relu; +res: the in-place int8-residual add (conv2d_add_)", "",
+             "uint8 input and output, relu; +res: the in-place int8-residual add (conv2d_add_)",
+             f"- command: `python benchmarks/build_ab.py --layers {args.layers} --rounds {args.rounds} "
+             f"--threads {args.threads}`", "",
              "| layer | A us | B us | B / A |", "|---|---|---|---|"]
     for k in keys:
         a = statistics.median(r[k] for r in runs["a"])
