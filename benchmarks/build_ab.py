@@ -1,7 +1,8 @@
 """Two builds of qbackend compared on the native provider's convs: ResNet-50's distinct 1x1 convs at
 batch 32 (uint8 output with relu, alone and with an in-place int8-residual add; `--layers
-resnet50_1x1`, the default) or MobileNetV2's distinct depthwise convs at batch 1 (uint8 output with
-relu; `--layers mobilenet_v2_depthwise`): the measurement behind a kernel change that only one build
+resnet50_1x1`, the default), MobileNetV2's at batch 1 (the same, on 7-bit weights as its layers get
+them without VNNI; `--layers mobilenet_v2_1x1`) or
+its depthwise convs at batch 1 (uint8 output with relu; `--layers mobilenet_v2_depthwise`): the measurement behind a kernel change that only one build
 has, where no peer differs between the builds.
 
 Each build is a copy of the `qbackend` package (its compiled extension included) in its own folder;
@@ -9,7 +10,7 @@ the builds run in turn in fresh processes (A, B, A, B, ... or B first with --b-f
 is reported), each process timing every layer (the minimum over benchmarks/_timing.py's blocks),
 and the table gives the medians over the rounds and B / A.
 
-    python benchmarks/build_ab.py --a DIR_A --b DIR_B [--layers resnet50_1x1|mobilenet_v2_depthwise]
+    python benchmarks/build_ab.py --a DIR_A --b DIR_B [--layers resnet50_1x1|mobilenet_v2_1x1|mobilenet_v2_depthwise]
                                   [--rounds 4] [--threads 2] [--out FILE]
 
 To make the two folders: copy `qbackend/` after building each commit (`python setup.py build_ext
@@ -32,7 +33,13 @@ BATCH = 32
 # (channels, input h = w, stride): MobileNetV2's distinct 3x3 depthwise convs (224 x 224 input)
 DEPTHWISE = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (192, 28, 2), (384, 14, 1),
              (576, 14, 1), (576, 14, 2), (960, 7, 1)]
-TITLES = {"resnet50_1x1": "the native 1x1 convs (batch 32)",
+# (c_in, c_out, input h = w): MobileNetV2's distinct 1x1 convs (expansions and projections, 224 x 224)
+MOBILENET_1X1 = [(32, 16, 112), (16, 96, 112), (96, 24, 56), (24, 144, 56), (144, 24, 56), (144, 32, 28),
+                 (32, 192, 28), (192, 32, 28), (192, 64, 14), (64, 384, 14), (384, 64, 14), (384, 96, 14),
+                 (96, 576, 14), (576, 96, 14), (576, 160, 7), (160, 960, 7), (960, 160, 7), (960, 320, 7),
+                 (320, 1280, 7)]
+TITLES = {"resnet50_1x1": "the native 1x1 convs (ResNet-50's, batch 32)",
+          "mobilenet_v2_1x1": "the native 1x1 convs (MobileNetV2's, batch 1)",
           "mobilenet_v2_depthwise": "the native depthwise convs (MobileNetV2's, batch 1)"}
 
 
@@ -62,7 +69,7 @@ def child_depthwise(threads: int) -> None:
     print(json.dumps(out))
 
 
-def child(threads: int) -> None:
+def child(threads: int, layers=LAYERS, batch: int = BATCH, w_max: int = 127) -> None:
     """Times every layer on the qbackend found first on sys.path (benchmarks/_timing.measure, the
     layer alone and with the residual interleaved); prints one JSON line."""
     import torch
@@ -76,11 +83,11 @@ def child(threads: int) -> None:
     cl = torch.channels_last
     out = {"qbackend": os.path.dirname(qbackend.__file__)}
     with torch.inference_mode():
-        for ci, co, hw in LAYERS:
-            w = torch.randint(-127, 128, (co, ci, 1, 1), dtype=torch.int8)
+        for ci, co, hw in layers:
+            w = torch.randint(-w_max, w_max + 1, (co, ci, 1, 1), dtype=torch.int8)
             ws, b = torch.rand(co) * 0.01 + 1e-3, torch.randn(co)
-            x = torch.randint(0, 256, (BATCH, ci, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
-            acc = torch.randint(0, 256, (BATCH, co, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
+            x = torch.randint(0, 256, (batch, ci, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
+            acc = torch.randint(0, 256, (batch, co, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
             pw = PackedConv2dWeight(w, ws, b, (1, 1), (0, 0), (1, 1), 1, "native", x_shape=list(x.shape),
                                     x_qparams=(0.02, 128))
             key = f"{ci}->{co} @{hw}"
@@ -105,7 +112,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     if args.child:
-        (child_depthwise if args.layers == "mobilenet_v2_depthwise" else child)(args.threads)
+        if args.layers == "mobilenet_v2_depthwise":
+            child_depthwise(args.threads)
+        elif args.layers == "mobilenet_v2_1x1":
+            child(args.threads, MOBILENET_1X1, 1, w_max=64)  # 7-bit weights: the model's on AVX2
+        else:
+            child(args.threads)
         return 0
     if not (args.a and args.b):
         ap.error("--a and --b are required")

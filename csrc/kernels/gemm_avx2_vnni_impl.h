@@ -174,6 +174,40 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m
   const __m256 q_lo_plain = _mm256_set1_ps(lo);
   const __m256 q_hi = _mm256_set1_ps(q_max - static_cast<float>(g.out_zp));
   const __m256i out_zp = _mm256_set1_epi32(g.out_zp);
+  if (folded && n16 + 16 <= g.N) {
+    // Folded requantization of a whole 16-column vector: both halves of a row clamped, then packed
+    // to 16 bytes with the zero point added in int16 (exact: the clamped values plus out_zp lie in
+    // the output's range), one store per row.
+    const __m256 inv = _mm256_set1_ps(g.out_inv_scale), xs = _mm256_set1_ps(g.x_scale);
+    const __m256i a_zp = _mm256_set1_epi32(g.a_zp);
+    __m256i zc[2];
+    __m256 s2[2], b2[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n0 = n16 + h * 8;
+      zc[h] = _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.colsum + n0)), a_zp);
+      s2[h] = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(g.w_scales + n0), xs), inv);
+      b2[h] = _mm256_mul_ps(g.bias ? _mm256_loadu_ps(g.bias + n0) : _mm256_setzero_ps(), inv);
+    }
+    const __m256 r2 = _mm256_set1_ps(g.r_scale * g.out_inv_scale);
+    const __m256i zp16 = _mm256_set1_epi16(static_cast<int16_t>(g.out_zp));
+    const bool u8 = g.out_type == GemmOut::u8;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      __m256i q[2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r * 2 + h], zc[h])), s2[h], b2[h]);
+        if (g.r) t = _mm256_fmadd_ps(residual(g, m0 + r, n16 + h * 8, 8), r2, t);
+        q[h] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, q_lo), q_hi));
+      }
+      const __m256i w16 = _mm256_add_epi16(_mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8), zp16);
+      const __m128i lo16 = _mm256_castsi256_si128(w16), hi16 = _mm256_extracti128_si256(w16, 1);
+      const __m128i bytes = u8 ? _mm_packus_epi16(lo16, hi16) : _mm_packs_epi16(lo16, hi16);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n16), bytes);
+    }
+    return;
+  }
   for (int h = 0; h < 2; ++h) {
     const int64_t n0 = n16 + h * 8;
     const int64_t valid = std::min<int64_t>(8, g.N - n0);
