@@ -191,20 +191,23 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m
     }
     const __m256 r2 = _mm256_set1_ps(g.r_scale * g.out_inv_scale);
     const __m256i zp16 = _mm256_set1_epi16(static_cast<int16_t>(g.out_zp));
-    const bool u8 = g.out_type == GemmOut::u8;
+    const bool u8 = g.out_type == GemmOut::u8, has_r = g.r != nullptr;
+    // the output's address and row step read once (the stores below may alias g for the compiler)
+    uint8_t* const out = static_cast<uint8_t*>(g.out) + m0 * g.ldc + n16;
+    const int64_t ldc = g.ldc;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       __m256i q[2];
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r * 2 + h], zc[h])), s2[h], b2[h]);
-        if (g.r) t = _mm256_fmadd_ps(residual(g, m0 + r, n16 + h * 8, 8), r2, t);
+        if (has_r) t = _mm256_fmadd_ps(residual(g, m0 + r, n16 + h * 8, 8), r2, t);
         q[h] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, q_lo), q_hi));
       }
       const __m256i w16 = _mm256_add_epi16(_mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8), zp16);
       const __m128i lo16 = _mm256_castsi256_si128(w16), hi16 = _mm256_extracti128_si256(w16, 1);
       const __m128i bytes = u8 ? _mm_packus_epi16(lo16, hi16) : _mm_packs_epi16(lo16, hi16);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint8_t*>(g.out) + (m0 + r) * g.ldc + n16), bytes);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + r * ldc), bytes);
     }
     return;
   }
