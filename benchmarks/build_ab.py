@@ -1,8 +1,8 @@
 """Two builds of qbackend compared on the native provider's convs: ResNet-50's distinct 1x1 convs at
 batch 32 (uint8 output with relu, alone and with an in-place int8-residual add; `--layers
 resnet50_1x1`, the default), MobileNetV2's at batch 1 (the same, on 7-bit weights as its layers get
-them without VNNI; `--layers mobilenet_v2_1x1`) or
-its depthwise convs at batch 1 (uint8 output with relu; `--layers mobilenet_v2_depthwise`): the measurement behind a kernel change that only one build
+them without VNNI; `--layers mobilenet_v2_1x1`) or its depthwise convs at batch 1 (uint8 output with
+relu; `--layers mobilenet_v2_depthwise`): the measurement behind a kernel change that only one build
 has, where no peer differs between the builds.
 
 Each build is a copy of the `qbackend` package (its compiled extension included) in its own folder;
@@ -43,59 +43,53 @@ TITLES = {"resnet50_1x1": "the native 1x1 convs (ResNet-50's, batch 32)",
           "mobilenet_v2_depthwise": "the native depthwise convs (MobileNetV2's, batch 1)"}
 
 
-def child_depthwise(threads: int) -> None:
-    """Times MobileNetV2's depthwise convs (batch 1, uint8 in and out, relu) on the qbackend found
-    first on sys.path; prints one JSON line."""
-    import torch
-
-    import qbackend
-    from _timing import measure
-    from qbackend.ops import PackedConv2dWeight
-
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    out = {"qbackend": os.path.dirname(qbackend.__file__)}
-    with torch.inference_mode():
-        for c, hw, s in DEPTHWISE:
-            w = torch.randint(-127, 128, (c, 1, 3, 3), dtype=torch.int8)
-            ws, b = torch.rand(c) * 0.01 + 1e-3, torch.randn(c)
-            x = torch.randint(0, 256, (1, c, hw, hw), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
-            pw = PackedConv2dWeight(w, ws, b, (s, s), (1, 1), (1, 1), c, "native", x_shape=list(x.shape),
-                                    x_qparams=(0.02, 128))
-            key = f"dw {c} @{hw} s{s}"
-            timed = measure({key: lambda: pw.conv2d(x, 0.02, 128, 0.1, 0, torch.uint8, "relu")},
-                            blocks=8, block_s=0.02)
-            out.update({k: t.min_us for k, t in timed.items()})
-    print(json.dumps(out))
-
-
-def child(threads: int, layers=LAYERS, batch: int = BATCH, w_max: int = 127) -> None:
-    """Times every layer on the qbackend found first on sys.path (benchmarks/_timing.measure, the
-    layer alone and with the residual interleaved); prints one JSON line."""
-    import torch
-
-    import qbackend
-    from _timing import measure
-    from qbackend.ops import PackedConv2dWeight
-
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
+def _pointwise_cases(torch, PackedConv2dWeight, layers, batch: int, w_max: int):
+    """Per 1x1 conv: {name: call} for the layer alone and with the in-place residual add."""
     cl = torch.channels_last
+    for ci, co, hw in layers:
+        w = torch.randint(-w_max, w_max + 1, (co, ci, 1, 1), dtype=torch.int8)
+        ws, b = torch.rand(co) * 0.01 + 1e-3, torch.randn(co)
+        x = torch.randint(0, 256, (batch, ci, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
+        acc = torch.randint(0, 256, (batch, co, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
+        pw = PackedConv2dWeight(w, ws, b, (1, 1), (0, 0), (1, 1), 1, "native", x_shape=list(x.shape),
+                                x_qparams=(0.02, 128))
+        key = f"{ci}->{co} @{hw}"
+        yield {key: lambda: pw.conv2d(x, 0.02, 128, 0.1, 128, torch.uint8, "relu"),
+               key + " +res": lambda: pw.conv2d_add_(x, 0.02, 128, 0.1, 128, torch.uint8, "relu", acc, 0.05, 128)}
+
+
+def _depthwise_cases(torch, PackedConv2dWeight):
+    """Per MobileNetV2 depthwise conv (batch 1): {name: call}."""
+    for c, hw, s in DEPTHWISE:
+        w = torch.randint(-127, 128, (c, 1, 3, 3), dtype=torch.int8)
+        ws, b = torch.rand(c) * 0.01 + 1e-3, torch.randn(c)
+        x = torch.randint(0, 256, (1, c, hw, hw), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+        pw = PackedConv2dWeight(w, ws, b, (s, s), (1, 1), (1, 1), c, "native", x_shape=list(x.shape),
+                                x_qparams=(0.02, 128))
+        yield {f"dw {c} @{hw} s{s}": lambda: pw.conv2d(x, 0.02, 128, 0.1, 0, torch.uint8, "relu")}
+
+
+def child(threads: int, layers: str) -> None:
+    """Times the layer set `layers` (a TITLES key) on the qbackend found first on sys.path
+    (benchmarks/_timing.measure, a layer's variants interleaved); prints one JSON line."""
+    import torch
+
+    import qbackend
+    from _timing import measure
+    from qbackend.ops import PackedConv2dWeight
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    if layers == "mobilenet_v2_depthwise":
+        cases = _depthwise_cases(torch, PackedConv2dWeight)
+    elif layers == "mobilenet_v2_1x1":  # 7-bit weights: the model's on AVX2
+        cases = _pointwise_cases(torch, PackedConv2dWeight, MOBILENET_1X1, 1, 64)
+    else:
+        cases = _pointwise_cases(torch, PackedConv2dWeight, LAYERS, BATCH, 127)
     out = {"qbackend": os.path.dirname(qbackend.__file__)}
     with torch.inference_mode():
-        for ci, co, hw in layers:
-            w = torch.randint(-w_max, w_max + 1, (co, ci, 1, 1), dtype=torch.int8)
-            ws, b = torch.rand(co) * 0.01 + 1e-3, torch.randn(co)
-            x = torch.randint(0, 256, (batch, ci, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
-            acc = torch.randint(0, 256, (batch, co, hw, hw), dtype=torch.uint8).contiguous(memory_format=cl)
-            pw = PackedConv2dWeight(w, ws, b, (1, 1), (0, 0), (1, 1), 1, "native", x_shape=list(x.shape),
-                                    x_qparams=(0.02, 128))
-            key = f"{ci}->{co} @{hw}"
-            timed = measure({key: lambda: pw.conv2d(x, 0.02, 128, 0.1, 128, torch.uint8, "relu"),
-                             key + " +res": lambda: pw.conv2d_add_(x, 0.02, 128, 0.1, 128, torch.uint8, "relu",
-                                                                   acc, 0.05, 128)},
-                            blocks=8, block_s=0.02)
-            out.update({k: t.min_us for k, t in timed.items()})
+        for calls in cases:
+            out.update({k: t.min_us for k, t in measure(calls, blocks=8, block_s=0.02).items()})
     print(json.dumps(out))
 
 
@@ -112,12 +106,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     if args.child:
-        if args.layers == "mobilenet_v2_depthwise":
-            child_depthwise(args.threads)
-        elif args.layers == "mobilenet_v2_1x1":
-            child(args.threads, MOBILENET_1X1, 1, w_max=64)  # 7-bit weights: the model's on AVX2
-        else:
-            child(args.threads)
+        child(args.threads, args.layers)
         return 0
     if not (args.a and args.b):
         ap.error("--a and --b are required")
