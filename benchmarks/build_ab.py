@@ -2,15 +2,17 @@
 batch 32 (uint8 output with relu, alone and with an in-place int8-residual add; `--layers
 resnet50_1x1`, the default), MobileNetV2's at batch 1 (the same, on 7-bit weights as its layers get
 them without VNNI; `--layers mobilenet_v2_1x1`) or its depthwise convs at batch 1 (uint8 output with
-relu; `--layers mobilenet_v2_depthwise`): the measurement behind a kernel change that only one build
-has, where no peer differs between the builds.
+relu; `--layers mobilenet_v2_depthwise`), or whole converted models at batch 1 (ResNet-18,
+ResNet-50 and MobileNetV2 on 224 x 224 images, quantized in each process from the same seed;
+`--layers models_b1`): the measurement behind a kernel change that only one build has, where no
+peer differs between the builds.
 
 Each build is a copy of the `qbackend` package (its compiled extension included) in its own folder;
 the builds run in turn in fresh processes (A, B, A, B, ... or B first with --b-first: the order
 is reported), each process timing every layer (the minimum over benchmarks/_timing.py's blocks),
 and the table gives the medians over the rounds and B / A.
 
-    python benchmarks/build_ab.py --a DIR_A --b DIR_B [--layers resnet50_1x1|mobilenet_v2_1x1|mobilenet_v2_depthwise]
+    python benchmarks/build_ab.py --a DIR_A --b DIR_B [--layers resnet50_1x1|mobilenet_v2_1x1|mobilenet_v2_depthwise|models_b1]
                                   [--rounds 4] [--threads 2] [--out FILE]
 
 To make the two folders: copy `qbackend/` after building each commit (`python setup.py build_ext
@@ -40,7 +42,9 @@ MOBILENET_1X1 = [(32, 16, 112), (16, 96, 112), (96, 24, 56), (24, 144, 56), (144
                  (320, 1280, 7)]
 TITLES = {"resnet50_1x1": "the native 1x1 convs (ResNet-50's, batch 32)",
           "mobilenet_v2_1x1": "the native 1x1 convs (MobileNetV2's, batch 1)",
-          "mobilenet_v2_depthwise": "the native depthwise convs (MobileNetV2's, batch 1)"}
+          "mobilenet_v2_depthwise": "the native depthwise convs (MobileNetV2's, batch 1)",
+          "models_b1": "whole converted models (batch 1, 224 x 224)"}
+MODELS_B1 = ("resnet18", "resnet50", "mobilenet_v2")
 
 
 def _pointwise_cases(torch, PackedConv2dWeight, layers, batch: int, w_max: int):
@@ -69,6 +73,24 @@ def _depthwise_cases(torch, PackedConv2dWeight):
         yield {f"dw {c} @{hw} s{s}": lambda: pw.conv2d(x, 0.02, 128, 0.1, 0, torch.uint8, "relu")}
 
 
+def _model_cases(torch, qbackend):
+    """Per zoo CNN of MODELS_B1: {name: forward at batch 1}, the model quantized with the default
+    config on the zoo's calibration batches (the same seeds in every process)."""
+    import warnings
+
+    from qbackend.models import MODELS
+    from qbackend.models.case import generator
+    from qbackend.models.synthetic import synthetic_images
+
+    for name in MODELS_B1:
+        case = MODELS[name](batch_size=8, num_calibration_batches=4, num_eval_batches=1, image_size=224, seed=0)
+        x = synthetic_images(1, 224, generator(4))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q = qbackend.quantize(case.model, (x,), case.calibration)
+        yield {name: lambda q=q, x=x: q(x)}
+
+
 def child(threads: int, layers: str) -> None:
     """Times the layer set `layers` (a TITLES key) on the qbackend found first on sys.path
     (benchmarks/_timing.measure, a layer's variants interleaved); prints one JSON line."""
@@ -80,7 +102,9 @@ def child(threads: int, layers: str) -> None:
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    if layers == "mobilenet_v2_depthwise":
+    if layers == "models_b1":
+        cases = _model_cases(torch, qbackend)
+    elif layers == "mobilenet_v2_depthwise":
         cases = _depthwise_cases(torch, PackedConv2dWeight)
     elif layers == "mobilenet_v2_1x1":  # 7-bit weights: the model's on AVX2
         cases = _pointwise_cases(torch, PackedConv2dWeight, MOBILENET_1X1, 1, 64)

@@ -48,6 +48,7 @@ pybind11::dict cpu_probe() {
   put("amx_tile", f.amx_tile);
   put("amx_int8", f.amx_int8);
   put("amx_bf16", f.amx_bf16);
+  d["l2_bytes"] = f.l2_bytes;
   return d;
 }
 
@@ -162,7 +163,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_spin_us", &qbackend::parallel::set_spin_us, "set them (QBACKEND_SPIN_US at load; 0 = no spinning)");
   m.def("own_pool", &qbackend::parallel::own_pool, "whether qbackend's kernels run on its own pool (else OpenMP)");
   m.def("set_own_pool", &qbackend::parallel::set_own_pool, "choose it (QBACKEND_THREADING at load)");
-  m.def("cpu_probe", &cpu_probe, "CPUID/XGETBV probe: {feature: (cpu_has, os_allows)}");
+  m.def("cpu_probe", &cpu_probe, "CPUID/XGETBV probe: {feature: (cpu_has, os_allows)}, vendor, model_name, l2_bytes (per core, 0: unknown)");
   py::enum_<qbackend::cpu::Isa>(m, "Isa", "the ISA levels of qbackend's kernels (qbackend.core.isa.Isa)")
       .value("SCALAR", qbackend::cpu::Isa::Scalar)
       .value("AVX2", qbackend::cpu::Isa::Avx2)

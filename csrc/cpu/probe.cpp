@@ -73,6 +73,8 @@ Features do_probe() {
     const auto last = s.find_last_not_of(' ');
     f.model_name = first == std::string::npos ? "" : s.substr(first, last - first + 1);
   }
+  // L2 size per core: leaf 0x80000006 ECX[31:16] in KB (AMD and Intel alike).
+  if (ext.a >= 0x80000006u) f.l2_bytes = static_cast<int64_t>(cpuid(0x80000006u).c >> 16) << 10;
 
   Regs l1 = cpuid(1);
   const bool osxsave = bit(l1.c, 27);

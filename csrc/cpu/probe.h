@@ -1,5 +1,6 @@
 // CPU feature probe: what the CPU has (CPUID) and what the OS lets us use (XCR0, AMX permission).
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace qbackend::cpu {
@@ -14,6 +15,7 @@ struct Features {
   std::string model_name;
   Feature avx2, fma, avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni, avx_vnni, avx512_bf16,
       amx_tile, amx_int8, amx_bf16;
+  int64_t l2_bytes = 0;  // the L2 cache per core (CPUID), 0 where the CPU does not say
 };
 
 // Probes once (thread-safe) and caches. Requests AMX tile-data permission from Linux on first call.

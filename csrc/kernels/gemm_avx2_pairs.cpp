@@ -34,24 +34,12 @@ struct PairDot {
   // The K loop of a full 5-row tile over `groups` k-groups of uint8 rows: accumulators in ymm0-9
   // (row r's halves in 2r and 2r + 1), the k-group's two weight vectors in ymm10-11, a row's
   // broadcast in ymm12, products in ymm13-14, the ones in ymm15. In assembly because the compiler
-  // keeps a stack copy of each accumulator inside this loop. Stores the sums to out[0..9].
-  static void full_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t ldb, int64_t groups, __m256i* out) {
+  // keeps a stack copy of each accumulator inside this loop. Stores the sums to out[0..9]. With pf,
+  // k-group k also prefetches the line at pf + k * pf_step into L2 (dot_tile in gemm_avx2_vnni_impl.h).
+  static void full_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t ldb, int64_t groups, __m256i* out,
+                        const int8_t* pf, int64_t pf_step) {
     const uint8_t* r0 = a;
     const uint8_t* r3 = a + 3 * lda;
-    __asm__ volatile(
-        "vpxor %%xmm0, %%xmm0, %%xmm0\n\t vpxor %%xmm1, %%xmm1, %%xmm1\n\t"
-        "vpxor %%xmm2, %%xmm2, %%xmm2\n\t vpxor %%xmm3, %%xmm3, %%xmm3\n\t"
-        "vpxor %%xmm4, %%xmm4, %%xmm4\n\t vpxor %%xmm5, %%xmm5, %%xmm5\n\t"
-        "vpxor %%xmm6, %%xmm6, %%xmm6\n\t vpxor %%xmm7, %%xmm7, %%xmm7\n\t"
-        "vpxor %%xmm8, %%xmm8, %%xmm8\n\t vpxor %%xmm9, %%xmm9, %%xmm9\n\t"
-        "vpcmpeqw %%ymm15, %%ymm15, %%ymm15\n\t vpsrlw $15, %%ymm15, %%ymm15\n\t"  // int16 ones
-        "test %[n], %[n]\n\t"
-        "jle 2f\n\t"
-        ".p2align 4\n"
-        "1:\n\t"
-        "vmovdqu (%[b]), %%ymm10\n\t"
-        "vmovdqu 32(%[b]), %%ymm11\n\t"
-        "add %[ldb], %[b]\n\t"
 #define QB_PAIR_ROW(ADDR, A0, A1)                                                  \
         "vpbroadcastd " ADDR ", %%ymm12\n\t"                                      \
         "vpmaddubsw %%ymm10, %%ymm12, %%ymm13\n\t"                                \
@@ -60,26 +48,53 @@ struct PairDot {
         "vpmaddwd %%ymm15, %%ymm14, %%ymm14\n\t"                                  \
         "vpaddd %%ymm13, %%" A0 ", %%" A0 "\n\t"                                  \
         "vpaddd %%ymm14, %%" A1 ", %%" A1 "\n\t"
-        QB_PAIR_ROW("(%[r0])", "ymm0", "ymm1")
-        QB_PAIR_ROW("(%[r0],%[s],1)", "ymm2", "ymm3")
-        QB_PAIR_ROW("(%[r0],%[s],2)", "ymm4", "ymm5")
-        QB_PAIR_ROW("(%[r3])", "ymm6", "ymm7")
-        QB_PAIR_ROW("(%[r3],%[s],1)", "ymm8", "ymm9")
-#undef QB_PAIR_ROW
-        "add $4, %[r0]\n\t"
-        "add $4, %[r3]\n\t"
-        "dec %[n]\n\t"
-        "jnz 1b\n"
-        "2:\n\t"
-        "vmovdqu %%ymm0, 0(%[out])\n\t vmovdqu %%ymm1, 32(%[out])\n\t"
-        "vmovdqu %%ymm2, 64(%[out])\n\t vmovdqu %%ymm3, 96(%[out])\n\t"
-        "vmovdqu %%ymm4, 128(%[out])\n\t vmovdqu %%ymm5, 160(%[out])\n\t"
-        "vmovdqu %%ymm6, 192(%[out])\n\t vmovdqu %%ymm7, 224(%[out])\n\t"
+#define QB_PAIR_LOOP(PREFETCH)                                                                     \
+        "vpxor %%xmm0, %%xmm0, %%xmm0\n\t vpxor %%xmm1, %%xmm1, %%xmm1\n\t"                         \
+        "vpxor %%xmm2, %%xmm2, %%xmm2\n\t vpxor %%xmm3, %%xmm3, %%xmm3\n\t"                         \
+        "vpxor %%xmm4, %%xmm4, %%xmm4\n\t vpxor %%xmm5, %%xmm5, %%xmm5\n\t"                         \
+        "vpxor %%xmm6, %%xmm6, %%xmm6\n\t vpxor %%xmm7, %%xmm7, %%xmm7\n\t"                         \
+        "vpxor %%xmm8, %%xmm8, %%xmm8\n\t vpxor %%xmm9, %%xmm9, %%xmm9\n\t"                         \
+        "vpcmpeqw %%ymm15, %%ymm15, %%ymm15\n\t vpsrlw $15, %%ymm15, %%ymm15\n\t" /* int16 ones */    \
+        "test %[n], %[n]\n\t"                                                                       \
+        "jle 2f\n\t"                                                                                \
+        ".p2align 4\n"                                                                              \
+        "1:\n\t"                                                                                    \
+        "vmovdqu (%[b]), %%ymm10\n\t"                                                               \
+        "vmovdqu 32(%[b]), %%ymm11\n\t"                                                             \
+        "add %[ldb], %[b]\n\t"                                                                      \
+        PREFETCH                                                                                   \
+        QB_PAIR_ROW("(%[r0])", "ymm0", "ymm1")                                                     \
+        QB_PAIR_ROW("(%[r0],%[s],1)", "ymm2", "ymm3")                                              \
+        QB_PAIR_ROW("(%[r0],%[s],2)", "ymm4", "ymm5")                                              \
+        QB_PAIR_ROW("(%[r3])", "ymm6", "ymm7")                                                     \
+        QB_PAIR_ROW("(%[r3],%[s],1)", "ymm8", "ymm9")                                              \
+        "add $4, %[r0]\n\t"                                                                         \
+        "add $4, %[r3]\n\t"                                                                         \
+        "dec %[n]\n\t"                                                                              \
+        "jnz 1b\n"                                                                                   \
+        "2:\n\t"                                                                                    \
+        "vmovdqu %%ymm0, 0(%[out])\n\t vmovdqu %%ymm1, 32(%[out])\n\t"                              \
+        "vmovdqu %%ymm2, 64(%[out])\n\t vmovdqu %%ymm3, 96(%[out])\n\t"                             \
+        "vmovdqu %%ymm4, 128(%[out])\n\t vmovdqu %%ymm5, 160(%[out])\n\t"                           \
+        "vmovdqu %%ymm6, 192(%[out])\n\t vmovdqu %%ymm7, 224(%[out])\n\t"                           \
         "vmovdqu %%ymm8, 256(%[out])\n\t vmovdqu %%ymm9, 288(%[out])\n\t"
-        : [b] "+r"(B), [r0] "+r"(r0), [r3] "+r"(r3), [n] "+r"(groups)
-        : [ldb] "r"(ldb), [s] "r"(lda), [out] "r"(out)
-        : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+#define QB_PAIR_CLOBBERS                                                                                       \
+  "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", \
+      "xmm12", "xmm13", "xmm14", "xmm15"
+    if (pf) {
+      __asm__ volatile(QB_PAIR_LOOP("prefetcht1 (%[pf])\n\t add %[pfs], %[pf]\n\t")
+                       : [b] "+r"(B), [r0] "+r"(r0), [r3] "+r"(r3), [n] "+r"(groups), [pf] "+r"(pf)
+                       : [ldb] "r"(ldb), [s] "r"(lda), [out] "r"(out), [pfs] "r"(pf_step)
+                       : QB_PAIR_CLOBBERS);
+    } else {
+      __asm__ volatile(QB_PAIR_LOOP("")
+                       : [b] "+r"(B), [r0] "+r"(r0), [r3] "+r"(r3), [n] "+r"(groups)
+                       : [ldb] "r"(ldb), [s] "r"(lda), [out] "r"(out)
+                       : QB_PAIR_CLOBBERS);
+    }
+#undef QB_PAIR_CLOBBERS
+#undef QB_PAIR_LOOP
+#undef QB_PAIR_ROW
   }
 };
 

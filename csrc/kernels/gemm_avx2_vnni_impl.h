@@ -8,7 +8,7 @@
 // tallest register tile the policy's registers allow, `Dot::kChained` says whether the
 // accumulator is an input of the dot product's latency (then small tiles take several accumulator
 // sets), and `Dot::kFullTileLoop` whether the policy has its own K loop for full tiles of uint8 rows
-// (`Dot::full_tile(a, lda, B, ldb, k_groups, out)`).
+// (`Dot::full_tile(a, lda, B, ldb, k_groups, out, pf, pf_step)`).
 //
 // The same packed panels as the AVX512 kernels: a panel's 16-column vector (64 bytes per
 // k-group) is read as two 8-column halves. Register tiles are up to Dot::kMaxRows rows x one
@@ -29,6 +29,7 @@
 #include <cstring>
 #include <utility>
 
+#include "cpu/probe.h"
 #include "kernels/gemm_common.h"
 #include "kernels/gemm_kernels.h"
 
@@ -41,16 +42,18 @@ typedef int32_t Acc __attribute__((vector_size(32)));
 
 // The int32 sums of MR rows x 16 columns (out[r * 2 + h], h = 8-column half) over the whole K. B
 // points at the vector's first k-group; ldb is the byte step to the next (64 x the panel's vectors).
+// With pf, k-group k also prefetches the cache line at pf + k * pf_step into L2 (weights the sweep
+// reads next: see gemm below).
 template <class Dot, int MR, bool I8>
 __attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t ldb,
-                                                    int64_t K, __m256i* out) {
+                                                    int64_t K, __m256i* out, const int8_t* pf, int64_t pf_step) {
   constexpr int KS = !Dot::kChained ? 1 : (MR == 1 ? 4 : (MR <= 3 ? 2 : 1));
   const int64_t kfull = K / 4, krem = K % 4;
   const int32_t flip = I8 ? static_cast<int32_t>(0x80808080u) : 0;
   if constexpr (Dot::kFullTileLoop && MR == Dot::kMaxRows && !I8) {
     // The policy's own loop over the full k-groups of a full tile (the compiler keeps copies of
     // this many accumulators on the stack), then the partial k-group here.
-    Dot::full_tile(a, lda, B, ldb, kfull, out);
+    Dot::full_tile(a, lda, B, ldb, kfull, out, pf, pf_step);
     if (krem) {
       const int8_t* bp = B + kfull * ldb;
       const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp));
@@ -83,6 +86,12 @@ __attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t ld
   }
 
   int64_t k4 = 0;
+  if (pf) {
+    for (; k4 < kfull; ++k4) {
+      QB_STEP(0, k4, load_a4(a + r * lda + k4 * 4))
+      _mm_prefetch(reinterpret_cast<const char*>(pf + k4 * pf_step), _MM_HINT_T1);
+    }
+  }
   for (; k4 + KS <= kfull; k4 += KS) {
 #pragma GCC unroll 4
     for (int s = 0; s < KS; ++s) QB_STEP(s, k4 + s, load_a4(a + r * lda + (k4 + s) * 4))
@@ -264,15 +273,17 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m
   }
 }
 
-// One tile: MR rows (m0..) x vector v of panel p (nvp vectors).
+// One tile: MR rows (m0..) x vector v of panel p (nvp vectors), prefetching a line of pf per k-group
+// (pf_step apart) where pf is not null.
 template <class Dot, int MR, bool I8>
-void tile(const GemmArgs& g, int64_t m0, int64_t p, int64_t v, int64_t nvp) {
+void tile(const GemmArgs& g, int64_t m0, int64_t p, int64_t v, int64_t nvp, const int8_t* pf, int64_t pf_step) {
   __m256i sums[MR * 2];
-  dot_tile<Dot, MR, I8>(g.a + m0 * g.lda, g.lda, g.b + p * kGemmPanel * gemm_kp(g.K) + v * 64, nvp * 64, g.K, sums);
+  dot_tile<Dot, MR, I8>(g.a + m0 * g.lda, g.lda, g.b + p * kGemmPanel * gemm_kp(g.K) + v * 64, nvp * 64, g.K, sums,
+                        pf, pf_step);
   epilogue<MR>(g, sums, m0, p * kGemmPanel + v * 16);
 }
 
-using TileFn = void (*)(const GemmArgs&, int64_t, int64_t, int64_t, int64_t);
+using TileFn = void (*)(const GemmArgs&, int64_t, int64_t, int64_t, int64_t, const int8_t*, int64_t);
 
 template <class Dot, bool I8, int... R>
 constexpr auto row_table(std::integer_sequence<int, R...>) {
@@ -289,11 +300,36 @@ template <class Dot>
 void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
   const auto& table = g.a_int8 ? Tiles<Dot, true>::table : Tiles<Dot, false>::table;
   constexpr int kMaxRows = Dot::kMaxRows;
-  sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows, [&](int64_t p, int64_t mb, int64_t me) {
+  // Two orders of a panel's tiles. Row tiles outer (each tile's rows stay in L1 across the panel's
+  // vectors), unless the panel and the rows overflow L2 together where one 16-column vector and the
+  // rows do not: then vectors outer (the rows and a vector stay in L2: a 3x3 conv over 512 channels
+  // at 7 x 7 reads a 295 KB panel and 226 KB of rows, over a 512 KB L2). With `next` (a panel the
+  // sweep reads from memory or L3) and at least two row tiles, the first tiles prefetch what runs
+  // next a line per k-group: rows outer, tile i its i-th slice of the next panel; vectors outer,
+  // the first row tile of a vector the next vector (of this panel, or the next panel's first). With
+  // one row tile (a GEMV streaming the weight) the hardware prefetcher keeps up, as on AVX512.
+  static const int64_t l2 = cpu::probe().l2_bytes > 0 ? cpu::probe().l2_bytes : int64_t(1) << 20;
+  const int64_t kp = gemm_kp(g.K), kgroups = kp / 4;
+  sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows, [&](int64_t p, int64_t mb, int64_t me, NextPanel next) {
     const int64_t nvp = (std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel) + 15) / 16;
+    const bool prefetch = me - mb > kMaxRows;
+    const int64_t rows = (me - mb) * g.K, budget = l2 / 4 * 3;
+    if (prefetch && nvp * 16 * kp + rows > budget && 16 * kp + rows <= budget) {
+      const int8_t* panel = g.b + p * kGemmPanel * kp;
+      for (int64_t v = 0; v < nvp; ++v) {
+        const int8_t* pf = v + 1 < nvp ? panel + (v + 1) * 64 : next.p;
+        const int64_t step = v + 1 < nvp ? nvp * 64 : next.bytes / kgroups;
+        for (int64_t m = mb; m < me; m += kMaxRows)
+          table[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p, v, nvp, m == mb ? pf : nullptr, step);
+      }
+      return;
+    }
+    const int64_t pf_bytes = prefetch ? next.bytes : 0, slice = kgroups * 64;
+    int64_t i = 0;
     for (int64_t m = mb; m < me; m += kMaxRows) {
       const TileFn f = table[std::min<int64_t>(kMaxRows, me - m) - 1];
-      for (int64_t v = 0; v < nvp; ++v) f(g, m, p, v, nvp);  // the rows stay in L1 across the vectors
+      for (int64_t v = 0; v < nvp; ++v, ++i)
+        f(g, m, p, v, nvp, i * slice < pf_bytes ? next.p + i * slice : nullptr, 64);
     }
   });
 }

@@ -53,6 +53,7 @@ class CpuFeatures:
     amx_bf16: Feature
     override: str | None  # QBACKEND_ISA, if set
     level: isa.Isa        # the level qbackend's own kernels use (after the override)
+    l2_bytes: int = 0     # L2 cache per core (CPUID; 0 where the CPU does not say): the AVX2 GEMM's blocking
 
     @property
     def level_name(self) -> str:
@@ -92,7 +93,7 @@ def cpu_features() -> CpuFeatures:
     feats = {name: Feature(*raw[name]) for name in FEATURE_NAMES}
     return CpuFeatures(
         vendor=raw["vendor"], model_name=raw["model_name"], override=isa.requested(),
-        level=usable_isa(), **feats,
+        level=usable_isa(), l2_bytes=int(raw["l2_bytes"]), **feats,
     )
 
 

@@ -38,6 +38,22 @@ def exact_sums(x: torch.Tensor, x_zp: int, w: torch.Tensor) -> torch.Tensor:
     return (x.to(torch.int64) - x_zp) @ w.to(torch.int64).t()
 
 
+def beyond_l2_cases(order: str):
+    """(m, n, k) problems whose weight exceeds the sweep's L2 budget (K x N > 512 KiB: one panel at
+    a time, the tiles prefetching what runs next) in the 256-bit kernels' two tile orders, sized from
+    this CPU's L2 (gemm_avx2_vnni_impl.h): "rows", the panel and the rows inside 3/4 of the L2 (row
+    tiles outer); "vectors", the panel and the rows over it where one 16-column vector and the rows
+    fit (vectors outer). n = 130: a last panel of one partial vector; k odd: a partial k-group."""
+    from qbackend.dispatch.cpu import cpu_features
+
+    budget = (cpu_features().l2_bytes or 1 << 20) // 4 * 3
+    if order == "rows":
+        return [(m, 520, 1027) for m in (1, 6, 12, 25)]
+    k = budget // 80 | 1  # a panel 64 k = 0.8 budget; 25-31 rows 0.31-0.39 of it
+    assert 130 * k > 512 << 10
+    return [(m, 130, k) for m in (25, 31)]
+
+
 def native_sums(x, x_zp, w, threads=False):
     """The int32 sums through the kernel: unit scales, no bias, fp32 output (exact below 2**24)."""
     p = ops.native_linear_prepack(w)

@@ -34,7 +34,7 @@ from qbackend.core.extension import _C
 from qbackend.ops import PackedConv2dWeight
 from tests.ops.numerics import HSET, all_threads
 from tests.ops.test_linear import SLOW_HSET, linear_cases, run_linear_case
-from tests.ops.test_native import exact_sums, native_sums
+from tests.ops.test_native import beyond_l2_cases, exact_sums, native_sums
 
 ops = torch.ops.qbackend
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -109,6 +109,21 @@ def test_every_block_and_remainder_sums_exactly(kernel, k):
                     x[-1] = lo
                     y = native_sums(x, zp, w)
                     assert torch.equal(y.to(torch.int64), exact_sums(x, zp, w)), f"m={m} n={n} k={k} {dtype} zp={zp}"
+
+
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k != "amx_emulated"])
+@pytest.mark.parametrize("order", ["rows", "vectors"])
+def test_weights_beyond_the_l2_budget_sum_exactly(kernel, order):
+    """The 256-bit kernels' two tile orders of a weight beyond the L2 budget, with their prefetches:
+    exact sums (tests/ops/test_native.py: beyond_l2_cases)."""
+    g = torch.Generator().manual_seed(11)
+    with native_kernel(kernel):
+        for m, n, k in beyond_l2_cases(order):
+            w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+            w[0] = -128
+            x = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+            x[0] = 255
+            assert torch.equal(native_sums(x, 5, w).to(torch.int64), exact_sums(x, 5, w)), f"m={m} n={n} k={k}"
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -15,6 +15,7 @@ from qbackend.core.extension import _C
 from qbackend.ops import PackedConv2dWeight
 from qbackend.ops import reference as R
 from tests.ops.numerics import all_threads, use_native_kernel
+from tests.ops.test_native import beyond_l2_cases
 
 ops = torch.ops.qbackend
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -75,6 +76,19 @@ def test_every_tile_sums_exactly(avx2_kernel, k):
                     x[2] = lo
                 ref = (x.to(torch.int64) - zp) @ w.to(torch.int64).t()
                 assert torch.equal(_sums(x, zp, w).to(torch.int64), ref), f"m={m} n={n} k={k} {dtype} zp={zp}"
+
+
+@pytest.mark.parametrize("order", ["rows", "vectors"])
+def test_weights_beyond_the_l2_budget_sum_exactly(avx2_kernel, order):
+    """Both tile orders of a weight beyond the L2 budget, with their prefetches (the next panel's
+    slices, the next vector): exact sums, a last panel of one partial vector, a partial k-group."""
+    g = torch.Generator().manual_seed(7)
+    for m, n, k in beyond_l2_cases(order):
+        w = _w7((n, k), g)
+        x = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+        x[0] = 255
+        ref = (x.to(torch.int64) - 3) @ w.to(torch.int64).t()
+        assert torch.equal(_sums(x, 3, w).to(torch.int64), ref), f"m={m} n={n} k={k}"
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 3072, 768), (37, 200, 300), (300, 64, 576)])
