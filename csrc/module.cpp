@@ -8,6 +8,7 @@
 #include "cpu/bf16_speed.h"
 #include "cpu/probe.h"
 #include "providers/native_gemm.h"
+#include "providers/native_winograd.h"
 #include "runtime/activation_cache.h"
 #include "runtime/decoder_layer.h"
 #include "runtime/forward_plan.h"
@@ -207,6 +208,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "how many native conv calls ran on the direct convolution in this process");
   m.def("native_amx_self_check", &qbackend::kernels::gemm_amx_self_check, py::arg("emulated"),
         "compares the AMX kernel (or the emulated one) with the VNNI kernel and exact sums: '' or the difference");
+  m.def("set_native_winograd", &qbackend::native::set_winograd, py::arg("enabled"),
+        "whether 3x3 stride-1 convs pack and run on the Winograd route where it applies (AVX2 without VNNI)");
+  m.def("native_winograd_enabled", &qbackend::native::winograd_enabled);
+  m.def("native_winograd_calls", &qbackend::native::winograd_calls, "conv calls that ran on the Winograd route");
   m.def("native_peak_ops", &native_peak_ops, "int8 ops/s of a dot-product loop on `threads` threads",
         pybind11::arg("iters"), pybind11::arg("threads") = 1);
   qbackend::register_forward_plan(m);

@@ -6,6 +6,8 @@
 //   * Stride 1 or 2 over a multiple of 64 channels, on a kernel with a direct convolution (AMX):
 //     bands of output rows over a zero-point-padded copy of their input (split into phase planes
 //     at stride 2), no taps gathered (kernels::DirectConvArgs, csrc/kernels/conv_amx.cpp).
+//   * 3x3, stride 1, on AVX2 CPUs without VNNI, where the packing added the Winograd filter:
+//     Winograd's F(2x2, 3x3) transform (native_winograd.h), exact, the same bytes as the GEMM.
 //   * Otherwise: each output pixel's taps (KH x KW x C bytes; the activation's zero point where a
 //     tap falls in the padding, which adds nothing to the sums) are gathered into a row, in blocks
 //     of rows that stay in L2 (per thread, in a reused buffer: nothing allocated per call but the
@@ -34,6 +36,7 @@
 #include "common/conv_params.h"
 #include "providers/native_depthwise.h"
 #include "providers/native_gemm.h"
+#include "providers/native_winograd.h"
 #include "runtime/activation_cache.h"
 #include "runtime/parallel.h"
 #include "providers/registrations.h"
@@ -47,7 +50,8 @@ at::Tensor native_conv2d_prepack(const at::Tensor& weight, at::IntArrayRef strid
                                  at::IntArrayRef dilation, int64_t groups) {
   check_conv_weight(weight, groups);
   const Conv2dParams p = conv2d_params(stride, padding, dilation, groups);
-  if (groups == 1) return native::pack_conv(weight);
+  if (groups == 1) return native::pack_conv(weight, native::winograd_packs(weight.size(1), weight.size(2),
+                                                                          weight.size(3), p));
   const std::string why = native::depthwise_refusal(weight, groups);
   TORCH_CHECK_VALUE(why.empty(), "the native provider cannot run this convolution (weight ", weight.sizes(),
                     ", groups ", groups, "): ", why, "; use the onednn or fbgemm provider");
@@ -347,6 +351,9 @@ void conv_impl(const Checked& c, const at::Tensor& x, double x_scale, int64_t x_
   if (w.KH != 1 || w.KW != 1 || p.padding[0] != 0 || p.padding[1] != 0) {
     g.r = rp;
     g.out = yp;
+    if (native::run_winograd(g, w, xp, x.scalar_type() == at::kChar, static_cast<int32_t>(x_zero_point), N, C, H, W,
+                             OH, OW, p))
+      return;
     const Taps t{xp, xp + xc.numel(), C, H, W, OH, OW, w.KH, w.KW, p, static_cast<uint8_t>(x_zero_point), w.Kg};
     if (!run_direct(g, t, N)) run_gathered(g, t, N * OH * OW);
     return;

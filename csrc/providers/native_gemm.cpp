@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cpu/probe.h"
+#include "kernels/winograd_kernels.h"
 #include "runtime/parallel.h"
 
 namespace qbackend::native {
@@ -33,6 +34,12 @@ int64_t packed_bytes(int64_t N, int64_t K) {
 }
 
 namespace {
+
+// Bytes of a packed weight with the Winograd filter of C input channels after it (winograd = true).
+int64_t conv_packed_bytes(int64_t N, int64_t Kg, int64_t C, bool winograd) {
+  const int64_t gemm = packed_bytes(N, Kg);
+  return winograd ? (gemm + 63) / 64 * 64 + 2 * kernels::winograd_packed_elems(N, C) : gemm;
+}
 
 // Writes the header and packs w [N, Kg] into p (K: the weight's own K, Kg > K: zero columns past it).
 void pack_into(uint8_t* p, const at::Tensor& w2d, int64_t K, int64_t KH, int64_t KW) {
@@ -67,14 +74,17 @@ PackedView read_header(const at::Tensor& packed, const char* name) {
                     "native_conv2d_prepack returns)");
   const uint8_t* p = packed.const_data_ptr<uint8_t>();
   PackedView v;
-  int64_t kh = 0, kw = 0, kg = 0, w7 = 0;
+  int64_t kh = 0, kw = 0, kg = 0, w7 = 0, wino = 0;
   std::memcpy(&v.N, p + 8, 8);
   std::memcpy(&v.K, p + 16, 8);
   std::memcpy(&kh, p + 24, 8);
   std::memcpy(&kw, p + 32, 8);
   std::memcpy(&kg, p + 40, 8);
   std::memcpy(&w7, p + 48, 8);
+  std::memcpy(&wino, p + 56, 8);
   TORCH_CHECK_VALUE((w7 == 0 || w7 == 1) && std::memcmp(p, kMagic, 8) == 0 && v.N > 0 && v.K > 0 && v.K <= 65536 &&
+                        (wino == 0 || (wino == 1 && kh == 3 && kw == 3 && kg == 0 &&
+                                       v.K / 9 <= kernels::kWinogradMaxChannels)) &&
                         v.N < (int64_t(1) << 24) && kh >= 0 && kw >= 0 && kh <= 64 && kw <= 64 && (kh == 0) == (kw == 0) &&
                         (kg == 0 || (kg > v.K && kg <= 65536)),
                     name, " is not a native packed weight (its header does not match)");
@@ -84,6 +94,8 @@ PackedView read_header(const at::Tensor& packed, const char* name) {
   v.KW = kw ? kw : 1;
   v.colsum = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
   v.panels = reinterpret_cast<const int8_t*>(p + kHeaderBytes + 4 * kernels::gemm_np(v.N));
+  // (inside the tensor once unpack_conv has checked its size)
+  if (wino) v.winograd = reinterpret_cast<const int16_t*>(p + (packed_bytes(v.N, v.Kg) + 63) / 64 * 64);
   return v;
 }
 
@@ -106,7 +118,7 @@ int64_t conv_gemm_k(int64_t C, int64_t KH, int64_t KW) {
   return tiles && KH * KW > 1 && C < 16 && Kg != K && 2 * Kg <= 5 * K ? Kg : K;
 }
 
-at::Tensor pack_conv(const at::Tensor& weight) {
+at::Tensor pack_conv(const at::Tensor& weight, bool winograd) {
   const int64_t OC = weight.size(0), C = weight.size(1), KH = weight.size(2), KW = weight.size(3);
   TORCH_CHECK_VALUE(KH <= 64 && KW <= 64, "the native provider takes kernels up to 64 x 64, got ", KH, "x", KW);
   check_gemm_size(OC, KH * KW * C, "in_channels x kH x kW");
@@ -114,9 +126,18 @@ at::Tensor pack_conv(const at::Tensor& weight) {
   at::Tensor w2d = weight.permute({0, 2, 3, 1}).reshape({OC, K});
   if (Kg != K) w2d = at::constant_pad_nd(w2d, {0, Kg - K}, 0);
   w2d = w2d.contiguous();
-  const int64_t bytes = packed_bytes(OC, Kg);
+  winograd = winograd && KH == 3 && KW == 3 && Kg == K && C <= kernels::kWinogradMaxChannels;
+  const int64_t bytes = conv_packed_bytes(OC, Kg, C, winograd);
   at::Tensor out = at::zeros({KH, KW, (bytes + taps - 1) / taps}, at::kByte);
-  pack_into(out.data_ptr<uint8_t>(), w2d, K, KH, KW);
+  uint8_t* p = out.data_ptr<uint8_t>();
+  pack_into(p, w2d, K, KH, KW);
+  if (winograd) {
+    const int64_t one = 1;
+    std::memcpy(p + 56, &one, 8);
+    const at::Tensor w = weight.contiguous();
+    kernels::winograd_pack(w.const_data_ptr<int8_t>(), OC, C,
+                           reinterpret_cast<int16_t*>(p + (packed_bytes(OC, Kg) + 63) / 64 * 64));
+  }
   return out;
 }
 
@@ -124,7 +145,7 @@ PackedView unpack(const at::Tensor& packed, const char* name) {
   TORCH_CHECK_VALUE(packed.defined() && packed.dim() == 1, name, " is not a native packed weight for a Linear "
                     "(expected the 1-D uint8 tensor native_linear_prepack returns)");
   const PackedView v = read_header(packed, name);
-  TORCH_CHECK_VALUE(packed.numel() == packed_bytes(v.N, v.K) && v.KH == 1 && v.KW == 1 && v.Kg == v.K,
+  TORCH_CHECK_VALUE(packed.numel() == packed_bytes(v.N, v.K) && v.KH == 1 && v.KW == 1 && v.Kg == v.K && !v.winograd,
                     name, " is not a native packed weight for a Linear (its header or size does not match)");
   return v;
 }
@@ -133,7 +154,7 @@ PackedView unpack_conv(const at::Tensor& packed, const char* name) {
   TORCH_CHECK_VALUE(packed.defined() && (packed.dim() == 1 || packed.dim() == 3), name, " is not a native packed "
                     "weight for a conv (expected the [kH, kW, L] uint8 tensor native_conv2d_prepack returns)");
   const PackedView v = read_header(packed, name);
-  const int64_t taps = v.KH * v.KW, bytes = packed_bytes(v.N, v.Kg);
+  const int64_t taps = v.KH * v.KW, bytes = conv_packed_bytes(v.N, v.Kg, v.K / taps, v.winograd != nullptr);
   const bool ok = packed.dim() == 1 ? packed.numel() == bytes && taps == 1 && v.Kg == v.K  // a 1x1 weight of earlier versions
                                     : packed.size(0) == v.KH && packed.size(1) == v.KW &&
                                           packed.size(2) == (bytes + taps - 1) / taps && v.K % taps == 0;

@@ -3,9 +3,12 @@
 //
 // Packed weight tensor (uint8), made by native_linear_prepack (1-D) / native_conv2d_prepack (3-D):
 //   [0, 64)                   header: "QBNGEMM1", int64 N, int64 K, int64 KH, int64 KW, int64 Kg,
-//                             zeros (KH = KW = 0 for a Linear weight; Kg = 0 for Kg = K)
+//                             int64 w7, int64 winograd (KH = KW = 0 for a Linear weight; Kg = 0 for
+//                             Kg = K; w7: every weight in [-64, 64]; winograd: the filter below follows)
 //   [64, 64 + 4 Np)           colsum, int32 [Np]
 //   [64 + 4 Np, ... + Np Kp)  panels (csrc/kernels/gemm_kernels.h) of the GEMM weight [N, Kg]
+//   then, with winograd (3x3 conv weights only), from the next multiple of 64 bytes: the Winograd
+//   conv's int16 filter (csrc/kernels/winograd_kernels.h), winograd_packed_elems(N, C) of them
 // Kg: the GEMM's K, the weight's K padded with zero columns where the tile kernel runs whole
 // 64-k steps instead of a VNNI tail (a conv over 1-15 channels on AMX: pack_conv); the rows of
 // gathered taps are then Kg bytes apart, their bytes past K multiplied by the zeros.
@@ -31,6 +34,7 @@ struct PackedView {
   bool w7 = false;         // every weight in [-64, 64]: 7 bits (the header's flag, set by the packing)
   const int32_t* colsum = nullptr;
   const int8_t* panels = nullptr;
+  const int16_t* winograd = nullptr;  // a 3x3 conv's Winograd filter, where the packing added one
 };
 
 constexpr int64_t kHeaderBytes = 64;
@@ -39,8 +43,9 @@ int64_t packed_bytes(int64_t N, int64_t K);
 at::Tensor pack(const at::Tensor& w2d);
 // Packs a conv weight [OC, C, KH, KW] (int8, groups 1) into a new [KH, KW, L] packed tensor; a KxK
 // weight over 1-15 channels whose K is not a multiple of 64 gets Kg = K rounded up to 64 where this
-// CPU's kernel is the AMX one (its tiles then cover every k).
-at::Tensor pack_conv(const at::Tensor& weight);
+// CPU's kernel is the AMX one (its tiles then cover every k). With `winograd` (a 3x3 weight over at
+// most kernels::kWinogradMaxChannels channels) the tensor also holds its Winograd filter.
+at::Tensor pack_conv(const at::Tensor& weight, bool winograd = false);
 // The GEMM's K for a conv weight over C channels with a KH x KW kernel (pack_conv's Kg).
 int64_t conv_gemm_k(int64_t C, int64_t KH, int64_t KW);
 // Validates `packed` (dtype, contiguity, header, size) and returns its view; `name` is the argument.

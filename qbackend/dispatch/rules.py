@@ -270,10 +270,15 @@ SEVEN_BIT: tuple[SevenBitRow, ...] = (
 # Zen 3 (benchmarks/results/epyc_zen3/kernels_avx2_pairs.md): ResNet-18 33.8 -> 31.0 dB, ResNet-50
 # 16.4 -> 15.7, MobileNetV2 13.0 -> 12.6 for 1.14-1.48x (7-bit inputs instead cost 4.1, 1.5 and 1.4
 # dB). Depthwise convs have their own kernel and keep 8 bits.
+# Not the 3x3 stride-1 convs the native provider runs on its Winograd route there
+# (csrc/providers/native_winograd.h: from 16 to 1824 input channels, 32 output tiles a call; here from
+# 12 x 12 outputs): exact on 8-bit weights, whose bits do not change its speed.
+WINOGRAD_CONV = (kh == 3) & (kw == 3) & (stride == 1) & (c_in >= 16) & (c_in <= 1824) & (oh >= 12) & (ow >= 12)
 SEVEN_BIT_WEIGHTS: tuple[SevenBitRow, ...] = (
     SevenBitRow("conv2d", ("avx2",), "the native GEMM's pair products on 7-bit weights 1.15-1.5x its int16 products on "
-                "ResNet's and MobileNetV2's dense convs (Zen 3, 1 and 2 threads)", "epyc_zen3/kernels_avx2_pairs.md",
-                groups == 1),
+                "ResNet's and MobileNetV2's dense convs (Zen 3, 1 and 2 threads); 3x3 stride-1 convs from 12 x 12 "
+                "outputs run on its Winograd route, exact at 8 bits", "epyc_zen3/kernels_avx2_pairs.md",
+                (groups == 1) & ~WINOGRAD_CONV),
     SevenBitRow("linear", ("avx2",), "the native GEMM's pair products on 7-bit weights 1.1-1.7x its int16 "
                 "products on Linears from 256 x 256 at M = 1 to 128 (Zen 3, 2 threads); smaller ones keep 8 bits, "
                 "where a call's fixed cost leaves the products little to gain", "epyc_zen3/kernels_avx2_pairs.md",

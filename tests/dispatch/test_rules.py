@@ -345,9 +345,14 @@ def test_seven_bit_weight_table():
     from qbackend.dispatch.routing import seven_bit_weights
 
     conv3 = dict(CONV, c_in=64, c_out=64)
-    # every dense conv on AVX2 (the pair products: 1.1-1.9x); depthwise convs keep 8 bits
-    for shape in (conv3, dict(conv3, kernel=(1, 1), c_in=1024), dict(conv3, c_in=3, kernel=(7, 7))):
+    # every dense conv on AVX2 (the pair products: 1.1-1.9x) but those of the Winograd route (3x3,
+    # stride 1, 16-1824 input channels, from 12 x 12 outputs); depthwise convs keep 8 bits
+    strided = dict(conv3, stride=2)
+    for shape in (strided, dict(conv3, kernel=(1, 1), c_in=1024), dict(conv3, c_in=3, kernel=(7, 7)),
+                  dict(conv3, c_in=8), dict(conv3, c_in=2048), dict(conv3, h=7, w=7, c_in=512, c_out=512)):
         assert rules.seven_bit_weights_pay("conv2d", "avx2", shape).op == "conv2d", shape
+    for shape in (conv3, dict(conv3, h=14, w=14, c_in=256, c_out=256), dict(conv3, c_in=16), dict(conv3, c_in=1824)):
+        assert rules.seven_bit_weights_pay("conv2d", "avx2", shape) is None, shape
     assert rules.seven_bit_weights_pay("conv2d", "avx2", dict(conv3, groups=64)) is None
     # Linears from 256 x 256, at every M
     for m in (1, 4, 128):
@@ -364,13 +369,13 @@ def test_seven_bit_weight_table():
     # only a rule route to the native provider, at every call size, takes 7-bit weights
     native = Route("native", RULE, "why")
     cpu = SimpleNamespace(isa_class="avx2")
-    assert seven_bit_weights("conv2d", conv3, native, cpu=cpu) is not None
-    assert seven_bit_weights("conv2d", conv3, Route("onednn", RULE, "why"), cpu=cpu) is None
-    assert seven_bit_weights("conv2d", conv3, Route("native", FORCED, "why"), cpu=cpu) is None
-    assert seven_bit_weights("conv2d", conv3, Route("native", TUNED, "why"), cpu=cpu) is None
+    assert seven_bit_weights("conv2d", strided, native, cpu=cpu) is not None
+    assert seven_bit_weights("conv2d", strided, Route("onednn", RULE, "why"), cpu=cpu) is None
+    assert seven_bit_weights("conv2d", strided, Route("native", FORCED, "why"), cpu=cpu) is None
+    assert seven_bit_weights("conv2d", strided, Route("native", TUNED, "why"), cpu=cpu) is None
     mixed = Route("native", RULE, "why", batch_routes=BatchRoutes("n", ((2, "native"), (None, "onednn"))))
-    assert seven_bit_weights("conv2d", conv3, mixed, cpu=cpu) is None
-    assert seven_bit_weights("conv2d", conv3, native, cpu=SimpleNamespace(isa_class="avx512_vnni")) is None
+    assert seven_bit_weights("conv2d", strided, mixed, cpu=cpu) is None
+    assert seven_bit_weights("conv2d", strided, native, cpu=SimpleNamespace(isa_class="avx512_vnni")) is None
 
 
 def test_exact_route_exists_reads_the_provider_the_environment_forces(monkeypatch):

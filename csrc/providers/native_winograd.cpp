@@ -1,0 +1,79 @@
+// The native provider's Winograd route (native_winograd.h): when it applies, and the split of the
+// output tiles over the threads.
+#include "providers/native_winograd.h"
+
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu/probe.h"
+#include "kernels/winograd_kernels.h"
+#include "runtime/parallel.h"
+
+namespace qbackend::native {
+namespace {
+
+std::atomic<bool> g_winograd{true};
+std::atomic<int64_t> g_calls{0};
+
+// Output tiles (2 x 2 pixels) below which a call keeps the GEMM: the filter is 3.6 times the int8
+// weight's bytes, read once per block of tiles (a 512-channel conv at 7 x 7, 16 tiles: 1.09x the
+// GEMM with both weights in cache, one thread, AMD Zen 3; 14 x 14, 49 tiles: 1.47x).
+constexpr int64_t kMinTiles = 32;
+// Input channels below which the packing adds no Winograd filter: the transforms work on 16 channels
+// at a time, so a stem over 1-15 channels would transform mostly padding.
+constexpr int64_t kMinChannels = 16;
+// Multiply-adds (of the direct conv) from which a call runs on every thread.
+constexpr int64_t kParallelWork = int64_t(1) << 22;
+
+bool avx2_gemm() { return available() && std::strcmp(gemm_kernels().name, "avx2") == 0; }
+
+}  // namespace
+
+bool winograd_packs(int64_t C, int64_t KH, int64_t KW, const Conv2dParams& p) {
+  return g_winograd.load(std::memory_order_relaxed) && KH == 3 && KW == 3 && C >= kMinChannels &&
+         C <= kernels::kWinogradMaxChannels &&
+         p.stride[0] == 1 && p.stride[1] == 1 && p.dilation[0] == 1 && p.dilation[1] == 1 && avx2_gemm();
+}
+
+bool run_winograd(const kernels::GemmArgs& g, const PackedView& w, const uint8_t* x, bool x_int8, int32_t x_zp,
+                  int64_t N, int64_t C, int64_t H, int64_t W, int64_t OH, int64_t OW, const Conv2dParams& p) {
+  if (!w.winograd || !g_winograd.load(std::memory_order_relaxed) || p.stride[0] != 1 || p.stride[1] != 1 ||
+      p.dilation[0] != 1 || p.dilation[1] != 1 || p.padding[0] > 2 || p.padding[1] > 2 || !cpu::has(cpu::Isa::Avx2))
+    return false;
+  kernels::WinogradArgs a;
+  a.x = x, a.x_int8 = x_int8, a.x_zp = x_zp;
+  a.C = C, a.H = H, a.W = W, a.OH = OH, a.OW = OW, a.ph = p.padding[0], a.pw = p.padding[1];
+  a.u = w.winograd;
+  const int64_t tiles = N * kernels::winograd_tiles_per_image(a);
+  if (tiles < kMinTiles) return false;
+  std::vector<int32_t> zeros(static_cast<size_t>(kernels::gemm_np(g.N)), 0);
+  a.g = g;
+  a.g.a_zp = 0;
+  a.g.colsum = zeros.data();
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  const int64_t scratch = kernels::winograd_scratch_bytes(C) + 64;
+  auto run = [&](int64_t t0, int64_t t1) {
+    static thread_local std::vector<uint8_t> buffer;
+    if (static_cast<int64_t>(buffer.size()) < scratch) buffer.resize(static_cast<size_t>(scratch));
+    uint8_t* s = buffer.data();
+    s += (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
+    kernels::winograd_conv_avx2(a, t0, t1, s);
+  };
+  const int threads = N * OH * OW * g.N * 9 * C >= kParallelWork ? at::get_num_threads() : 1;
+  if (threads <= 1) run(0, tiles);
+  else
+    parallel::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) run(tiles * t / threads, tiles * (t + 1) / threads);
+    });
+  return true;
+}
+
+void set_winograd(bool enabled) { g_winograd.store(enabled, std::memory_order_relaxed); }
+bool winograd_enabled() { return g_winograd.load(std::memory_order_relaxed); }
+int64_t winograd_calls() { return g_calls.load(std::memory_order_relaxed); }
+
+}  // namespace qbackend::native
