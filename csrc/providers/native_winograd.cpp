@@ -19,10 +19,12 @@ namespace {
 std::atomic<bool> g_winograd{true};
 std::atomic<int64_t> g_calls{0};
 
-// Output tiles (2 x 2 pixels) below which a call keeps the GEMM: the filter is 3.6 times the int8
-// weight's bytes, read once per block of tiles (a 512-channel conv at 7 x 7, 16 tiles: 1.09x the
-// GEMM with both weights in cache, one thread, AMD Zen 3; 14 x 14, 49 tiles: 1.47x).
-constexpr int64_t kMinTiles = 32;
+// Output rows and columns below which a call keeps the GEMM: the filter is 3.6 times the int8 weight's
+// bytes, read once per block of tiles, and the deep layers' images are few tiles (ResNet's 512
+// channels at 7 x 7: 0.65-0.68x the pair-product GEMM at batch 1, 0.9-1.16x at batch 8; 14 x 14 and
+// up: 1.15-1.5x; benchmarks/results/epyc_zen3/winograd_avx2.md). The rule table's 7-bit weights
+// (qbackend/dispatch/rules.py, WINOGRAD_CONV) follow the same bound.
+constexpr int64_t kMinOutput = 12;
 // Input channels below which the packing adds no Winograd filter: the transforms work on 16 channels
 // at a time, so a stem over 1-15 channels would transform mostly padding.
 constexpr int64_t kMinChannels = 16;
@@ -48,8 +50,8 @@ bool run_winograd(const kernels::GemmArgs& g, const PackedView& w, const uint8_t
   a.x = x, a.x_int8 = x_int8, a.x_zp = x_zp;
   a.C = C, a.H = H, a.W = W, a.OH = OH, a.OW = OW, a.ph = p.padding[0], a.pw = p.padding[1];
   a.u = w.winograd;
+  if (OH < kMinOutput || OW < kMinOutput) return false;
   const int64_t tiles = N * kernels::winograd_tiles_per_image(a);
-  if (tiles < kMinTiles) return false;
   std::vector<int32_t> zeros(static_cast<size_t>(kernels::gemm_np(g.N)), 0);
   a.g = g;
   a.g.a_zp = 0;

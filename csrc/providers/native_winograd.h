@@ -19,8 +19,8 @@ bool winograd_packs(int64_t C, int64_t KH, int64_t KW, const Conv2dParams& p);
 
 // The channels-last conv of x [N, H, W, C] (uint8, or int8 with x_int8; x_zp in x's own type) on
 // the Winograd filter of w, with the epilogue of g (its a_zp and colsum are not used): false, and
-// nothing done, where the route does not apply (no filter, parameters, too few output tiles for
-// the transforms to pay, the route switched off).
+// nothing done, where the route does not apply (no filter, parameters, an output under 12 x 12
+// where the GEMM is faster, the route switched off).
 bool run_winograd(const kernels::GemmArgs& g, const PackedView& w, const uint8_t* x, bool x_int8, int32_t x_zp,
                   int64_t N, int64_t C, int64_t H, int64_t W, int64_t OH, int64_t OW, const Conv2dParams& p);
 

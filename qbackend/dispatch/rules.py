@@ -271,8 +271,8 @@ SEVEN_BIT: tuple[SevenBitRow, ...] = (
 # 16.4 -> 15.7, MobileNetV2 13.0 -> 12.6 for 1.14-1.48x (7-bit inputs instead cost 4.1, 1.5 and 1.4
 # dB). Depthwise convs have their own kernel and keep 8 bits.
 # Not the 3x3 stride-1 convs the native provider runs on its Winograd route there
-# (csrc/providers/native_winograd.h: from 16 to 1824 input channels, 32 output tiles a call; here from
-# 12 x 12 outputs): exact on 8-bit weights, whose bits do not change its speed.
+# (csrc/providers/native_winograd.h: 16 to 1824 input channels, outputs from 12 x 12): exact on
+# 8-bit weights, whose bits do not change its speed (benchmarks/results/epyc_zen3/winograd_avx2.md).
 WINOGRAD_CONV = (kh == 3) & (kw == 3) & (stride == 1) & (c_in >= 16) & (c_in <= 1824) & (oh >= 12) & (ow >= 12)
 SEVEN_BIT_WEIGHTS: tuple[SevenBitRow, ...] = (
     SevenBitRow("conv2d", ("avx2",), "the native GEMM's pair products on 7-bit weights 1.15-1.5x its int16 products on "

@@ -62,9 +62,9 @@ def _both_routes(fn):
     return y_w, y_g
 
 
-GEOMETRIES = [  # batch, in channels, out channels, h, w, padding (each at least 32 output tiles)
-    (1, 64, 64, 14, 14, 1), (2, 19, 5, 7, 9, 1), (3, 17, 33, 9, 10, 0), (3, 40, 20, 11, 4, 2),
-    (1, 16, 1, 13, 13, 1), (1, 16, 16, 12, 17, 1), (4, 31, 70, 6, 5, 1), (1, 130, 24, 16, 16, 1)]
+GEOMETRIES = [  # batch, in channels, out channels, h, w, padding (outputs from 12 x 12: the route's)
+    (1, 64, 64, 14, 14, 1), (2, 19, 5, 13, 15, 1), (3, 17, 33, 14, 15, 0), (2, 40, 20, 11, 12, 2),
+    (1, 16, 1, 13, 13, 1), (1, 16, 16, 12, 17, 1), (2, 31, 70, 12, 13, 1), (1, 130, 24, 16, 16, 1)]
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda t: "x".join(map(str, t)))
@@ -113,7 +113,7 @@ def test_largest_channel_count_sums_exactly(avx2_kernel):
     c = 1824
     wt = torch.full((16, c, 3, 3), -128, dtype=torch.int8)
     wt[1] = 127
-    x = torch.full((32, c, 4, 4), 255, dtype=torch.uint8).contiguous(memory_format=CL)  # 32 tiles
+    x = torch.full((1, c, 14, 14), 255, dtype=torch.uint8).contiguous(memory_format=CL)  # 12 x 12 outputs
     pw = PackedConv2dWeight(wt, torch.ones(16), None, (1, 1), (0, 0), (1, 1), 1, "native", x_shape=list(x.shape),
                             x_qparams=(1.0, 0))
     y_w, y_g = _both_routes(lambda: pw.conv2d(x, 1.0, 0, 1.0, 0, torch.float32, "none"))
@@ -123,12 +123,12 @@ def test_largest_channel_count_sums_exactly(avx2_kernel):
 
 
 def test_where_the_route_does_not_apply(avx2_kernel):
-    """More channels than the bound or fewer than 16, stride 2, dilation 2, or too few output tiles:
-    the GEMM route (no Winograd call), with the reference's sums."""
+    """More channels than the bound or fewer than 16, stride 2, dilation 2, or an output under
+    12 x 12: the GEMM route (no Winograd call), with the reference's sums."""
     g = torch.Generator().manual_seed(5)
     cases = [((1825, 8, 6, 6), (1, 1), (1, 1)), ((15, 8, 12, 12), (1, 1), (1, 1)), ((16, 16, 12, 12), (2, 2), (1, 1)),
              ((16, 16, 12, 12), (1, 1), (2, 2)),
-             ((16, 16, 7, 7), (1, 1), (1, 1))]  # the last: 16 tiles
+             ((16, 16, 11, 30), (1, 1), (1, 1))]  # the last: 11 output rows
     for (c, oc, h, w), stride, dilation in cases:
         wt = torch.randint(-128, 128, (oc, c, 3, 3), dtype=torch.int8, generator=g)
         x = torch.randint(0, 256, (1, c, h, w), dtype=torch.uint8, generator=g).contiguous(memory_format=CL)
