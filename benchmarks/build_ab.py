@@ -2,7 +2,8 @@
 batch 32 (uint8 output with relu, alone and with an in-place int8-residual add; `--layers
 resnet50_1x1`, the default), MobileNetV2's at batch 1 (the same, on 7-bit weights as its layers get
 them without VNNI; `--layers mobilenet_v2_1x1`) or its depthwise convs at batch 1 (uint8 output with
-relu; `--layers mobilenet_v2_depthwise`), or whole converted models at batch 1 (ResNet-18,
+relu; `--layers mobilenet_v2_depthwise`), ResNet's 3x3 stride-1 convs at batch 1 (the same, 8-bit
+weights: the Winograd route where the CPU class has it; `--layers resnet_3x3`), or whole converted models at batch 1 (ResNet-18,
 ResNet-50 and MobileNetV2 on 224 x 224 images, quantized in each process from the same seed;
 `--layers models_b1`): the measurement behind a kernel change that only one build has, where no
 peer differs between the builds.
@@ -12,7 +13,7 @@ the builds run in turn in fresh processes (A, B, A, B, ... or B first with --b-f
 is reported), each process timing every layer (the minimum over benchmarks/_timing.py's blocks),
 and the table gives the medians over the rounds and B / A.
 
-    python benchmarks/build_ab.py --a DIR_A --b DIR_B [--layers resnet50_1x1|mobilenet_v2_1x1|mobilenet_v2_depthwise|models_b1]
+    python benchmarks/build_ab.py --a DIR_A --b DIR_B [--layers resnet50_1x1|mobilenet_v2_1x1|mobilenet_v2_depthwise|resnet_3x3|models_b1]
                                   [--rounds 4] [--threads 2] [--out FILE]
 
 To make the two folders: copy `qbackend/` after building each commit (`python setup.py build_ext
@@ -43,7 +44,9 @@ MOBILENET_1X1 = [(32, 16, 112), (16, 96, 112), (96, 24, 56), (24, 144, 56), (144
 TITLES = {"resnet50_1x1": "the native 1x1 convs (ResNet-50's, batch 32)",
           "mobilenet_v2_1x1": "the native 1x1 convs (MobileNetV2's, batch 1)",
           "mobilenet_v2_depthwise": "the native depthwise convs (MobileNetV2's, batch 1)",
+          "resnet_3x3": "the native 3x3 stride-1 convs (ResNet's, batch 1)",
           "models_b1": "whole converted models (batch 1, 224 x 224)"}
+RESNET_3X3 = [(64, 56), (128, 28), (256, 14)]  # (channels, input h = w)
 MODELS_B1 = ("resnet18", "resnet50", "mobilenet_v2")
 
 
@@ -71,6 +74,17 @@ def _depthwise_cases(torch, PackedConv2dWeight):
         pw = PackedConv2dWeight(w, ws, b, (s, s), (1, 1), (1, 1), c, "native", x_shape=list(x.shape),
                                 x_qparams=(0.02, 128))
         yield {f"dw {c} @{hw} s{s}": lambda: pw.conv2d(x, 0.02, 128, 0.1, 0, torch.uint8, "relu")}
+
+
+def _resnet_3x3_cases(torch, PackedConv2dWeight):
+    """Per ResNet 3x3 stride-1 conv (batch 1, 8-bit weights, padding 1): {name: call}."""
+    for c, hw in RESNET_3X3:
+        w = torch.randint(-128, 128, (c, c, 3, 3), dtype=torch.int8)
+        ws, b = torch.rand(c) * 0.01 + 1e-3, torch.randn(c)
+        x = torch.randint(0, 256, (1, c, hw, hw), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+        pw = PackedConv2dWeight(w, ws, b, (1, 1), (1, 1), (1, 1), 1, "native", x_shape=list(x.shape),
+                                x_qparams=(0.02, 128))
+        yield {f"3x3 {c} @{hw}": lambda: pw.conv2d(x, 0.02, 128, 0.1, 128, torch.uint8, "relu")}
 
 
 def _model_cases(torch, qbackend):
@@ -102,7 +116,9 @@ def child(threads: int, layers: str) -> None:
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    if layers == "models_b1":
+    if layers == "resnet_3x3":
+        cases = _resnet_3x3_cases(torch, PackedConv2dWeight)
+    elif layers == "models_b1":
         cases = _model_cases(torch, qbackend)
     elif layers == "mobilenet_v2_depthwise":
         cases = _depthwise_cases(torch, PackedConv2dWeight)

@@ -69,7 +69,9 @@ def main(argv=None) -> int:
              "- us per call: the minimum over 10 blocks of about 30 ms, the three calls interleaved; uint8 in and "
              "out, relu, padding 1; GOPS: 2 x the direct conv's multiply-adds per second",
              "- gemm7: pair-product GEMM on 7-bit weights (the former route); gemm8: int16 GEMM on 8-bit weights; "
-             "wino8: the Winograd route on 8-bit weights (the same bytes as gemm8)", ""]
+             "wino8: the Winograd route on 8-bit weights (the same bytes as gemm8); under 12 x 12 outputs (the 7 x 7 "
+             "rows) the route keeps the GEMM, so wino8 is gemm8 there, and the rule table gives such layers 7-bit "
+             "weights (gemm7)", ""]
     try:
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)

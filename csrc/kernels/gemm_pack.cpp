@@ -40,7 +40,7 @@ namespace qbackend::kernels {
 void winograd_pack(const int8_t* w, int64_t N, int64_t C, int16_t* u) {
   // U = (2G) g (2G)^T per (output, input) channel (winograd_kernels.h), at its packed position.
   static constexpr int G2[4][3] = {{2, 0, 0}, {1, 1, 1}, {1, -1, 1}, {0, 0, 2}};
-  const int64_t Cp = winograd_cp(C), NV = gemm_np(N) / 16, pairs = Cp / 2;
+  const int64_t Cp = winograd_cp(C), pairs = Cp / 2;
   std::fill(u, u + winograd_packed_elems(N, C), int16_t(0));
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c) {
@@ -51,7 +51,7 @@ void winograd_pack(const int8_t* w, int64_t N, int64_t C, int16_t* u) {
       for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) {
           const int val = t[i][0] * G2[j][0] + t[i][1] * G2[j][1] + t[i][2] * G2[j][2];
-          u[(((4 * i + j) * NV + n / 16) * pairs + c / 2) * 32 + (n % 16) * 2 + c % 2] = static_cast<int16_t>(val);
+          u[((n / 16 * 16 + 4 * i + j) * pairs + c / 2) * 32 + (n % 16) * 2 + c % 2] = static_cast<int16_t>(val);
         }
     }
 }

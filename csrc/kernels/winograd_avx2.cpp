@@ -77,7 +77,9 @@ void transform_tile(const WinogradArgs& a, int64_t t, int16_t* V, int64_t TB, in
 // The sums of 6 rows of V (row stride ldv bytes) x one 16-column vector of the packed filter over
 // `pairs` channel pairs, stored to out (int32, 16 per row, rows 64 bytes apart). In assembly for the
 // same reason as the GEMM kernels' full tiles: 12 accumulators (ymm0-11), the pair's two filter
-// vectors (ymm12-13), a row's broadcast pair (ymm14) and a product (ymm15).
+// vectors (ymm12-13), a row's broadcast pair (ymm14) and a product (ymm15). Each pair also prefetches
+// the filter's line kFilterAhead bytes on (the filter is one stream, read from memory by a block's
+// first row tile: the deep layers' filters are megabytes).
 void dot_6x16(const int16_t* v, int64_t ldv, const int16_t* u, int64_t pairs, int32_t* out) {
   const char* r0 = reinterpret_cast<const char*>(v);
   const char* r3 = r0 + 3 * ldv;
@@ -94,6 +96,7 @@ void dot_6x16(const int16_t* v, int64_t ldv, const int16_t* u, int64_t pairs, in
       "1:\n\t"
       "vmovdqu (%[u]), %%ymm12\n\t"
       "vmovdqu 32(%[u]), %%ymm13\n\t"
+      "prefetcht0 2048(%[u])\n\t"
       "add $64, %[u]\n\t"
 #define QB_WINO_ROW(ADDR, A0, A1)                                                   \
       "vpbroadcastd " ADDR ", %%ymm14\n\t"                                          \
@@ -151,12 +154,20 @@ void output_tile(const WinogradArgs& a, int64_t t, const int32_t* M, int64_t TB,
     }
 }
 
+// L2 budgets: the transformed tiles of a block (32 x Cp bytes a tile) when one block covers a
+// thread's tiles or a block is all there is, else the smaller one beside the vectors of the filter a
+// group keeps in L2 (512 x Cp bytes a 16-column vector; see winograd_conv_avx2).
+constexpr int64_t kOneBlockBytes = int64_t(256) << 10;
+constexpr int64_t kBlockBytes = int64_t(128) << 10;
+constexpr int64_t kFilterGroupBytes = int64_t(192) << 10;
+
+int64_t block_tiles(int64_t C, int64_t bytes) {
+  return std::clamp<int64_t>(bytes / (32 * winograd_cp(C)) / kRows * kRows, kRows, 96);
+}
+
 }  // namespace
 
-int64_t winograd_block_tiles(int64_t C) {
-  // V of a block (32 x Cp bytes a tile) within about 192 KB of L2.
-  return std::clamp<int64_t>((int64_t(192) << 10) / (32 * winograd_cp(C)) / kRows * kRows, kRows, 96);
-}
+int64_t winograd_block_tiles(int64_t C) { return block_tiles(C, kOneBlockBytes); }
 
 int64_t winograd_scratch_bytes(int64_t C) {
   const int64_t TB = winograd_block_tiles(C);
@@ -164,22 +175,37 @@ int64_t winograd_scratch_bytes(int64_t C) {
 }
 
 void winograd_conv_avx2(const WinogradArgs& a, int64_t t_begin, int64_t t_end, uint8_t* scratch) {
-  const int64_t Cp = winograd_cp(a.C), TB = winograd_block_tiles(a.C), pairs = Cp / 2;
-  const int64_t NV = gemm_np(a.g.N) / 16;
+  const int64_t Cp = winograd_cp(a.C), pairs = Cp / 2, tiles = t_end - t_begin;
+  const int64_t NV = gemm_np(a.g.N) / 16, vector_bytes = 512 * Cp;
+  // Every block reads the filter's vectors it computes. Blocks of the larger budget where the tiles
+  // make at most two (the filter read once or twice: ResNet's 256-channel convs at 14 x 14, batch 1);
+  // else, where the whole filter fits the group budget, blocks of the smaller one (the filter stays
+  // in L2 beside them); else groups of the filter's vectors that fit it, each over every block of the
+  // smaller budget (the tiles transformed again per group, 1-10% of the products, where reading the
+  // filter from memory per block took longer than the products: ResNet's 128-channel convs).
+  const int64_t big = winograd_block_tiles(a.C);
+  const bool few = tiles <= 2 * big;
+  const int64_t TB = few ? big : block_tiles(a.C, kBlockBytes);
+  const int64_t group = few ? NV : std::max<int64_t>(1, kFilterGroupBytes / vector_bytes);
   int16_t* V = reinterpret_cast<int16_t*>(scratch);
   int32_t* M = reinterpret_cast<int32_t*>(scratch + 16 * TB * Cp * 2);
-  for (int64_t tb = t_begin; tb < t_end; tb += TB) {
-    const int64_t nt = std::min(TB, t_end - tb), rows = (nt + kRows - 1) / kRows * kRows;
-    for (int64_t r = 0; r < nt; ++r) transform_tile(a, tb + r, V, TB, Cp, r);
-    for (int xi = 0; xi < 16; ++xi)  // the rows that complete the last register tile: zero
-      std::memset(V + (xi * TB + nt) * Cp, 0, static_cast<size_t>((rows - nt) * Cp * 2));
-    for (int64_t v = 0; v < NV; ++v) {
-      for (int xi = 0; xi < 16; ++xi) {
-        const int16_t* u = a.u + (xi * NV + v) * pairs * 32;
-        for (int64_t r = 0; r < rows; r += kRows)
-          dot_6x16(V + (xi * TB + r) * Cp, Cp * 2, u, pairs, M + (xi * TB + r) * 16);
+  // Blocks of equal size (49 tiles in two blocks: 25 each, rather than 30 and 19).
+  const int64_t blocks = (tiles + TB - 1) / TB;
+  const int64_t per_block = blocks ? (tiles + blocks - 1) / blocks : 0;
+  for (int64_t v0 = 0; v0 < NV; v0 += group) {
+    for (int64_t tb = t_begin; tb < t_end; tb += per_block) {
+      const int64_t nt = std::min(per_block, t_end - tb), rows = (nt + kRows - 1) / kRows * kRows;
+      for (int64_t r = 0; r < nt; ++r) transform_tile(a, tb + r, V, TB, Cp, r);
+      for (int xi = 0; xi < 16; ++xi)  // the rows that complete the last register tile: zero
+        std::memset(V + (xi * TB + nt) * Cp, 0, static_cast<size_t>((rows - nt) * Cp * 2));
+      for (int64_t v = v0; v < std::min(NV, v0 + group); ++v) {
+        for (int xi = 0; xi < 16; ++xi) {
+          const int16_t* u = a.u + (v * 16 + xi) * pairs * 32;
+          for (int64_t r = 0; r < rows; r += kRows)
+            dot_6x16(V + (xi * TB + r) * Cp, Cp * 2, u, pairs, M + (xi * TB + r) * 16);
+        }
+        for (int64_t r = 0; r < nt; ++r) output_tile(a, tb + r, M, TB, r, v * 16);
       }
-      for (int64_t r = 0; r < nt; ++r) output_tile(a, tb + r, M, TB, r, v * 16);
     }
   }
 }

@@ -16,9 +16,10 @@
 //
 // Packed filter (int16), made by winograd_pack from w [N][C][3][3] (int8):
 //   Cp = C rounded up to 16, NV = ceil(N / 16) vectors of 16 output channels;
-//   u[((xi * NV + v) * (Cp / 2) + c2) * 32 + col * 2 + j] = U_xi[n = v * 16 + col][c = 2 * c2 + j]
-//   (xi = 4 * row + column of the 4 x 4 transform; 0 past N or C): for each position and vector,
-//   the channel pairs of 16 columns, 64 bytes each, the operand of two vpmaddwd.
+//   u[((v * 16 + xi) * (Cp / 2) + c2) * 32 + col * 2 + j] = U_xi[n = v * 16 + col][c = 2 * c2 + j]
+//   (xi = 4 * row + column of the 4 x 4 transform; 0 past N or C): for each vector and position,
+//   the channel pairs of 16 columns, 64 bytes each, the operand of two vpmaddwd; a block of tiles
+//   reads the whole filter in this order, one stream.
 #pragma once
 #include <cstdint>
 
@@ -48,8 +49,8 @@ struct WinogradArgs {
 
 // Tiles per image: ceil(OH / 2) x ceil(OW / 2), row by row; tile t of the batch is image t / that.
 inline int64_t winograd_tiles_per_image(const WinogradArgs& a) { return (a.OH + 1) / 2 * ((a.OW + 1) / 2); }
-// Tiles a block transforms at once (a multiple of 6, the kernel's rows), and the scratch bytes one
-// block needs (64-byte aligned by the caller).
+// The most tiles a block transforms at once (a multiple of 6, the kernel's rows), and the scratch
+// bytes a block needs (64-byte aligned by the caller).
 int64_t winograd_block_tiles(int64_t C);
 int64_t winograd_scratch_bytes(int64_t C);
 
