@@ -178,15 +178,17 @@ void winograd_conv_avx2(const WinogradArgs& a, int64_t t_begin, int64_t t_end, u
   const int64_t Cp = winograd_cp(a.C), pairs = Cp / 2, tiles = t_end - t_begin;
   const int64_t NV = gemm_np(a.g.N) / 16, vector_bytes = 512 * Cp;
   // Every block reads the filter's vectors it computes. Blocks of the larger budget where the tiles
-  // make at most two (the filter read once or twice: ResNet's 256-channel convs at 14 x 14, batch 1);
-  // else, where the whole filter fits the group budget, blocks of the smaller one (the filter stays
-  // in L2 beside them); else groups of the filter's vectors that fit it, each over every block of the
-  // smaller budget (the tiles transformed again per group, 1-10% of the products, where reading the
-  // filter from memory per block took longer than the products: ResNet's 128-channel convs).
-  const int64_t big = winograd_block_tiles(a.C);
-  const bool few = tiles <= 2 * big;
-  const int64_t TB = few ? big : block_tiles(a.C, kBlockBytes);
-  const int64_t group = few ? NV : std::max<int64_t>(1, kFilterGroupBytes / vector_bytes);
+  // make at most two (the filter read once or twice: ResNet's 256-channel convs at 14 x 14, batch 1)
+  // or where fewer than two of the filter's vectors fit the group budget (over 192 channels: the
+  // tiles would be transformed again for every vector); else blocks of the smaller budget, in groups
+  // of the filter's vectors that fit it (all of them from 64 channels down), each group over every
+  // block: the group stays in L2 beside the blocks, and the tiles are transformed once per group (a
+  // few percent of the products) where a filter read per block took longer than the products
+  // (ResNet's 128-channel convs: 0.5 MB, 13 blocks at 28 x 28).
+  const int64_t big = winograd_block_tiles(a.C), fit = kFilterGroupBytes / vector_bytes;
+  const bool large_blocks = tiles <= 2 * big || fit < 2;
+  const int64_t TB = large_blocks ? big : block_tiles(a.C, kBlockBytes);
+  const int64_t group = large_blocks ? NV : fit;
   int16_t* V = reinterpret_cast<int16_t*>(scratch);
   int32_t* M = reinterpret_cast<int32_t*>(scratch + 16 * TB * Cp * 2);
   // Blocks of equal size (49 tiles in two blocks: 25 each, rather than 30 and 19).

@@ -65,7 +65,8 @@ def _both_routes(fn):
 GEOMETRIES = [  # batch, in channels, out channels, h, w, padding (outputs from 12 x 12: the route's)
     (1, 64, 64, 14, 14, 1), (2, 19, 5, 13, 15, 1), (3, 17, 33, 14, 15, 0), (2, 40, 20, 11, 12, 2),
     (1, 16, 1, 13, 13, 1), (1, 16, 16, 12, 17, 1), (2, 31, 70, 12, 13, 1), (1, 130, 24, 16, 16, 1),
-    (2, 64, 48, 30, 30, 1), (1, 200, 40, 20, 20, 1)]  # the last two: several blocks; groups of the filter
+    (2, 64, 48, 30, 30, 1), (1, 130, 60, 24, 24, 1), (1, 200, 40, 20, 20, 1)]  # the last three: several blocks
+    # with the whole filter in one group; three groups of the filter's vectors; large blocks
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda t: "x".join(map(str, t)))
