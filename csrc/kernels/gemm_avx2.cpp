@@ -20,6 +20,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/asm_tile12.h"
 #include "kernels/gemm_kernels.h"
 #include "cpu/targets.h"
 
@@ -62,12 +63,7 @@ inline void dot_half_6rows(const int16_t* as, int64_t Kp, const int8_t* B, int64
   const char* r0 = reinterpret_cast<const char*>(as);
   const char* r3 = r0 + 3 * stride;
   __asm__ volatile(
-      "vpxor %%xmm0, %%xmm0, %%xmm0\n\t vpxor %%xmm1, %%xmm1, %%xmm1\n\t"
-      "vpxor %%xmm2, %%xmm2, %%xmm2\n\t vpxor %%xmm3, %%xmm3, %%xmm3\n\t"
-      "vpxor %%xmm4, %%xmm4, %%xmm4\n\t vpxor %%xmm5, %%xmm5, %%xmm5\n\t"
-      "vpxor %%xmm6, %%xmm6, %%xmm6\n\t vpxor %%xmm7, %%xmm7, %%xmm7\n\t"
-      "vpxor %%xmm8, %%xmm8, %%xmm8\n\t vpxor %%xmm9, %%xmm9, %%xmm9\n\t"
-      "vpxor %%xmm10, %%xmm10, %%xmm10\n\t vpxor %%xmm11, %%xmm11, %%xmm11\n\t"
+      QB_ASM_ZERO_ACC12
       "test %[n], %[n]\n\t"
       "jle 2f\n\t"
       ".p2align 4\n"
@@ -98,12 +94,7 @@ inline void dot_half_6rows(const int16_t* as, int64_t Kp, const int8_t* B, int64
       "dec %[n]\n\t"
       "jnz 1b\n"
       "2:\n\t"
-      "vmovdqu %%ymm0, 0(%[acc])\n\t vmovdqu %%ymm1, 32(%[acc])\n\t"
-      "vmovdqu %%ymm2, 64(%[acc])\n\t vmovdqu %%ymm3, 96(%[acc])\n\t"
-      "vmovdqu %%ymm4, 128(%[acc])\n\t vmovdqu %%ymm5, 160(%[acc])\n\t"
-      "vmovdqu %%ymm6, 192(%[acc])\n\t vmovdqu %%ymm7, 224(%[acc])\n\t"
-      "vmovdqu %%ymm8, 256(%[acc])\n\t vmovdqu %%ymm9, 288(%[acc])\n\t"
-      "vmovdqu %%ymm10, 320(%[acc])\n\t vmovdqu %%ymm11, 352(%[acc])\n\t"
+      QB_ASM_STORE_ACC12("%[acc]")
       : [b] "+r"(B), [r0] "+r"(r0), [r3] "+r"(r3), [n] "+r"(n)
       : [ldb] "r"(ldb), [s] "r"(stride), [acc] "r"(acc)
       : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "cpu/targets.h"
+#include "kernels/asm_tile12.h"
 #include "kernels/gemm_kernels.h"
 #include "kernels/winograd_kernels.h"
 
@@ -78,18 +79,13 @@ void transform_tile(const WinogradArgs& a, int64_t t, int16_t* V, int64_t TB, in
 // `pairs` channel pairs, stored to out (int32, 16 per row, rows 64 bytes apart). In assembly for the
 // same reason as the GEMM kernels' full tiles: 12 accumulators (ymm0-11), the pair's two filter
 // vectors (ymm12-13), a row's broadcast pair (ymm14) and a product (ymm15). Each pair also prefetches
-// the filter's line kFilterAhead bytes on (the filter is one stream, read from memory by a block's
+// the filter's line 2 KB on (the filter is one stream, read from memory by a block's
 // first row tile: the deep layers' filters are megabytes).
 void dot_6x16(const int16_t* v, int64_t ldv, const int16_t* u, int64_t pairs, int32_t* out) {
   const char* r0 = reinterpret_cast<const char*>(v);
   const char* r3 = r0 + 3 * ldv;
   __asm__ volatile(
-      "vpxor %%xmm0, %%xmm0, %%xmm0\n\t vpxor %%xmm1, %%xmm1, %%xmm1\n\t"
-      "vpxor %%xmm2, %%xmm2, %%xmm2\n\t vpxor %%xmm3, %%xmm3, %%xmm3\n\t"
-      "vpxor %%xmm4, %%xmm4, %%xmm4\n\t vpxor %%xmm5, %%xmm5, %%xmm5\n\t"
-      "vpxor %%xmm6, %%xmm6, %%xmm6\n\t vpxor %%xmm7, %%xmm7, %%xmm7\n\t"
-      "vpxor %%xmm8, %%xmm8, %%xmm8\n\t vpxor %%xmm9, %%xmm9, %%xmm9\n\t"
-      "vpxor %%xmm10, %%xmm10, %%xmm10\n\t vpxor %%xmm11, %%xmm11, %%xmm11\n\t"
+      QB_ASM_ZERO_ACC12
       "test %[n], %[n]\n\t"
       "jle 2f\n\t"
       ".p2align 4\n"
@@ -114,12 +110,7 @@ void dot_6x16(const int16_t* v, int64_t ldv, const int16_t* u, int64_t pairs, in
       "dec %[n]\n\t"
       "jnz 1b\n"
       "2:\n\t"
-      "vmovdqu %%ymm0, 0(%[out])\n\t vmovdqu %%ymm1, 32(%[out])\n\t"
-      "vmovdqu %%ymm2, 64(%[out])\n\t vmovdqu %%ymm3, 96(%[out])\n\t"
-      "vmovdqu %%ymm4, 128(%[out])\n\t vmovdqu %%ymm5, 160(%[out])\n\t"
-      "vmovdqu %%ymm6, 192(%[out])\n\t vmovdqu %%ymm7, 224(%[out])\n\t"
-      "vmovdqu %%ymm8, 256(%[out])\n\t vmovdqu %%ymm9, 288(%[out])\n\t"
-      "vmovdqu %%ymm10, 320(%[out])\n\t vmovdqu %%ymm11, 352(%[out])\n\t"
+      QB_ASM_STORE_ACC12("%[out]")
       : [u] "+r"(u), [r0] "+r"(r0), [r3] "+r"(r3), [n] "+r"(pairs)
       : [s] "r"(ldv), [out] "r"(out)
       : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
