@@ -1,18 +1,26 @@
 // Assembly text shared by the 256-bit kernels' 12-accumulator K loops (gemm_avx2.cpp's int16 tile,
 // winograd_avx2.cpp's): the accumulators are ymm0-11, row r's two 8-column halves in 2r and 2r + 1.
-// QB_ASM_ZERO_ACC12 clears them; QB_ASM_STORE_ACC12(OUT) stores them to the 384 bytes at the operand
-// OUT ("%[out]"), row r at 64 r. A plain header of string macros: no code, no target.
+// QB_ASM_LOOP_BEGIN_ACC12(N) clears them and opens the loop over the count operand N ("%[n]"; none
+// when it is 0) at label 1; QB_ASM_LOOP_END_ACC12(N, OUT) closes it and stores them to the 384 bytes
+// at the operand OUT ("%[out]"), row r at 64 r. A plain header of string macros: no code, no target.
 #pragma once
 
-#define QB_ASM_ZERO_ACC12                                                  \
+#define QB_ASM_LOOP_BEGIN_ACC12(N)                                         \
   "vpxor %%xmm0, %%xmm0, %%xmm0\n\t vpxor %%xmm1, %%xmm1, %%xmm1\n\t"       \
   "vpxor %%xmm2, %%xmm2, %%xmm2\n\t vpxor %%xmm3, %%xmm3, %%xmm3\n\t"       \
   "vpxor %%xmm4, %%xmm4, %%xmm4\n\t vpxor %%xmm5, %%xmm5, %%xmm5\n\t"       \
   "vpxor %%xmm6, %%xmm6, %%xmm6\n\t vpxor %%xmm7, %%xmm7, %%xmm7\n\t"       \
   "vpxor %%xmm8, %%xmm8, %%xmm8\n\t vpxor %%xmm9, %%xmm9, %%xmm9\n\t"       \
-  "vpxor %%xmm10, %%xmm10, %%xmm10\n\t vpxor %%xmm11, %%xmm11, %%xmm11\n\t"
+  "vpxor %%xmm10, %%xmm10, %%xmm10\n\t vpxor %%xmm11, %%xmm11, %%xmm11\n\t" \
+  "test " N ", " N "\n\t"                                                   \
+  "jle 2f\n\t"                                                              \
+  ".p2align 4\n"                                                            \
+  "1:\n\t"
 
-#define QB_ASM_STORE_ACC12(OUT)                                                          \
+#define QB_ASM_LOOP_END_ACC12(N, OUT)                                                    \
+  "dec " N "\n\t"                                                                         \
+  "jnz 1b\n"                                                                              \
+  "2:\n\t"                                                                                \
   "vmovdqu %%ymm0, 0(" OUT ")\n\t vmovdqu %%ymm1, 32(" OUT ")\n\t"                        \
   "vmovdqu %%ymm2, 64(" OUT ")\n\t vmovdqu %%ymm3, 96(" OUT ")\n\t"                       \
   "vmovdqu %%ymm4, 128(" OUT ")\n\t vmovdqu %%ymm5, 160(" OUT ")\n\t"                     \

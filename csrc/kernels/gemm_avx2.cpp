@@ -63,11 +63,7 @@ inline void dot_half_6rows(const int16_t* as, int64_t Kp, const int8_t* B, int64
   const char* r0 = reinterpret_cast<const char*>(as);
   const char* r3 = r0 + 3 * stride;
   __asm__ volatile(
-      QB_ASM_ZERO_ACC12
-      "test %[n], %[n]\n\t"
-      "jle 2f\n\t"
-      ".p2align 4\n"
-      "1:\n\t"
+      QB_ASM_LOOP_BEGIN_ACC12("%[n]")
       "vpmovsxbw (%[b]), %%ymm12\n\t"
       "vpmovsxbw 16(%[b]), %%ymm13\n\t"
       "add %[ldb], %[b]\n\t"
@@ -91,10 +87,7 @@ inline void dot_half_6rows(const int16_t* as, int64_t Kp, const int8_t* B, int64
       "vpmaddwd %%ymm13, %%ymm14, %%ymm15\n\t vpaddd %%ymm15, %%ymm11, %%ymm11\n\t"
       "add $8, %[r0]\n\t"
       "add $8, %[r3]\n\t"
-      "dec %[n]\n\t"
-      "jnz 1b\n"
-      "2:\n\t"
-      QB_ASM_STORE_ACC12("%[acc]")
+      QB_ASM_LOOP_END_ACC12("%[n]", "%[acc]")
       : [b] "+r"(B), [r0] "+r"(r0), [r3] "+r"(r3), [n] "+r"(n)
       : [ldb] "r"(ldb), [s] "r"(stride), [acc] "r"(acc)
       : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",

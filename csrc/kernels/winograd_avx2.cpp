@@ -85,11 +85,7 @@ void dot_6x16(const int16_t* v, int64_t ldv, const int16_t* u, int64_t pairs, in
   const char* r0 = reinterpret_cast<const char*>(v);
   const char* r3 = r0 + 3 * ldv;
   __asm__ volatile(
-      QB_ASM_ZERO_ACC12
-      "test %[n], %[n]\n\t"
-      "jle 2f\n\t"
-      ".p2align 4\n"
-      "1:\n\t"
+      QB_ASM_LOOP_BEGIN_ACC12("%[n]")
       "vmovdqu (%[u]), %%ymm12\n\t"
       "vmovdqu 32(%[u]), %%ymm13\n\t"
       "prefetcht0 2048(%[u])\n\t"
@@ -107,10 +103,7 @@ void dot_6x16(const int16_t* v, int64_t ldv, const int16_t* u, int64_t pairs, in
 #undef QB_WINO_ROW
       "add $4, %[r0]\n\t"
       "add $4, %[r3]\n\t"
-      "dec %[n]\n\t"
-      "jnz 1b\n"
-      "2:\n\t"
-      QB_ASM_STORE_ACC12("%[out]")
+      QB_ASM_LOOP_END_ACC12("%[n]", "%[out]")
       : [u] "+r"(u), [r0] "+r"(r0), [r3] "+r"(r3), [n] "+r"(pairs)
       : [s] "r"(ldv), [out] "r"(out)
       : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
