@@ -20,7 +20,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/asm_tile12.h"
+#include "kernels/asm_acc_tiles.h"
 #include "kernels/gemm_kernels.h"
 #include "cpu/targets.h"
 

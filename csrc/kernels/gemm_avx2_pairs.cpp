@@ -8,6 +8,7 @@
 // header says 7 bits (native_gemm.cpp); call only when qbackend::cpu::has(qbackend::cpu::Isa::Avx2).
 #include <cstdint>
 
+#include "kernels/asm_acc_tiles.h"
 #include "kernels/gemm_kernels.h"
 #include "cpu/targets.h"
 
@@ -49,16 +50,9 @@ struct PairDot {
         "vpaddd %%ymm13, %%" A0 ", %%" A0 "\n\t"                                  \
         "vpaddd %%ymm14, %%" A1 ", %%" A1 "\n\t"
 #define QB_PAIR_LOOP(PREFETCH)                                                                     \
-        "vpxor %%xmm0, %%xmm0, %%xmm0\n\t vpxor %%xmm1, %%xmm1, %%xmm1\n\t"                         \
-        "vpxor %%xmm2, %%xmm2, %%xmm2\n\t vpxor %%xmm3, %%xmm3, %%xmm3\n\t"                         \
-        "vpxor %%xmm4, %%xmm4, %%xmm4\n\t vpxor %%xmm5, %%xmm5, %%xmm5\n\t"                         \
-        "vpxor %%xmm6, %%xmm6, %%xmm6\n\t vpxor %%xmm7, %%xmm7, %%xmm7\n\t"                         \
-        "vpxor %%xmm8, %%xmm8, %%xmm8\n\t vpxor %%xmm9, %%xmm9, %%xmm9\n\t"                         \
+        QB_ASM_ZERO_ACC10                                                                          \
         "vpcmpeqw %%ymm15, %%ymm15, %%ymm15\n\t vpsrlw $15, %%ymm15, %%ymm15\n\t" /* int16 ones */    \
-        "test %[n], %[n]\n\t"                                                                       \
-        "jle 2f\n\t"                                                                                \
-        ".p2align 4\n"                                                                              \
-        "1:\n\t"                                                                                    \
+        QB_ASM_LOOP_OPEN("%[n]")                                                                   \
         "vmovdqu (%[b]), %%ymm10\n\t"                                                               \
         "vmovdqu 32(%[b]), %%ymm11\n\t"                                                             \
         "add %[ldb], %[b]\n\t"                                                                      \
@@ -70,14 +64,8 @@ struct PairDot {
         QB_PAIR_ROW("(%[r3],%[s],1)", "ymm8", "ymm9")                                              \
         "add $4, %[r0]\n\t"                                                                         \
         "add $4, %[r3]\n\t"                                                                         \
-        "dec %[n]\n\t"                                                                              \
-        "jnz 1b\n"                                                                                   \
-        "2:\n\t"                                                                                    \
-        "vmovdqu %%ymm0, 0(%[out])\n\t vmovdqu %%ymm1, 32(%[out])\n\t"                              \
-        "vmovdqu %%ymm2, 64(%[out])\n\t vmovdqu %%ymm3, 96(%[out])\n\t"                             \
-        "vmovdqu %%ymm4, 128(%[out])\n\t vmovdqu %%ymm5, 160(%[out])\n\t"                           \
-        "vmovdqu %%ymm6, 192(%[out])\n\t vmovdqu %%ymm7, 224(%[out])\n\t"                           \
-        "vmovdqu %%ymm8, 256(%[out])\n\t vmovdqu %%ymm9, 288(%[out])\n\t"
+        QB_ASM_LOOP_CLOSE("%[n]")                                                                  \
+        QB_ASM_STORE_ACC10("%[out]")
 #define QB_PAIR_CLOBBERS                                                                                       \
   "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", \
       "xmm12", "xmm13", "xmm14", "xmm15"

@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "cpu/targets.h"
-#include "kernels/asm_tile12.h"
+#include "kernels/asm_acc_tiles.h"
 #include "kernels/gemm_kernels.h"
 #include "kernels/winograd_kernels.h"
 
