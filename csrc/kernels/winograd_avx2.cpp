@@ -44,10 +44,18 @@ inline __m256i load_d(const uint8_t* px, int64_t c0, int64_t valid, bool i8, __m
   return _mm256_sub_epi16(i8 ? _mm256_cvtepi8_epi16(b) : _mm256_cvtepu8_epi16(b), zp);
 }
 
+// Tile t of the batch: its image and its row and column among the image's tiles.
+struct TileAt {
+  int64_t n, ty, tx;
+  TileAt(const WinogradArgs& a, int64_t t) {
+    const int64_t TW = (a.OW + 1) / 2, per_image = winograd_tiles_per_image(a);
+    n = t / per_image, ty = t % per_image / TW, tx = t % per_image % TW;
+  }
+};
+
 // V = B^T d B of tile t into row `row` of V[16][TB][Cp].
 void transform_tile(const WinogradArgs& a, int64_t t, int16_t* V, int64_t TB, int64_t Cp, int64_t row) {
-  const int64_t TW = (a.OW + 1) / 2, per_image = winograd_tiles_per_image(a);
-  const int64_t n = t / per_image, ty = t % per_image / TW, tx = t % per_image % TW;
+  const auto [n, ty, tx] = TileAt(a, t);
   const uint8_t* px[4][4];
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 4; ++j) {
@@ -112,8 +120,7 @@ void dot_6x16(const int16_t* v, int64_t ldv, const int16_t* u, int64_t pairs, in
 
 // Tile t's 2 x 2 outputs of the 16 columns at n16 from M[16][TB][16] row `row`, through the epilogue.
 void output_tile(const WinogradArgs& a, int64_t t, const int32_t* M, int64_t TB, int64_t row, int64_t n16) {
-  const int64_t TW = (a.OW + 1) / 2, per_image = winograd_tiles_per_image(a);
-  const int64_t n = t / per_image, ty = t % per_image / TW, tx = t % per_image % TW;
+  const auto [n, ty, tx] = TileAt(a, t);
   __m256i y[4][2];  // [pixel 2i + j][half]
   for (int h = 0; h < 2; ++h) {
     __m256i m[16];
@@ -138,9 +145,9 @@ void output_tile(const WinogradArgs& a, int64_t t, const int32_t* M, int64_t TB,
     }
 }
 
-// L2 budgets: the transformed tiles of a block (32 x Cp bytes a tile) when one block covers a
-// thread's tiles or a block is all there is, else the smaller one beside the vectors of the filter a
-// group keeps in L2 (512 x Cp bytes a 16-column vector; see winograd_conv_avx2).
+// L2 budgets (see winograd_conv_avx2): the transformed tiles of a large block (32 x Cp bytes a tile),
+// of a small one, and the vectors of the filter a group keeps in L2 beside the small blocks (512 x
+// Cp bytes a 16-column vector).
 constexpr int64_t kOneBlockBytes = int64_t(256) << 10;
 constexpr int64_t kBlockBytes = int64_t(128) << 10;
 constexpr int64_t kFilterGroupBytes = int64_t(192) << 10;

@@ -187,13 +187,8 @@ struct Taps {
   }
 };
 
-// A buffer per thread for gathered taps (and kTapSlack bytes), grown as needed and kept (no
-// allocation per call).
-uint8_t* tap_buffer(int64_t bytes) {
-  static thread_local std::vector<uint8_t> buffer;
-  if (static_cast<int64_t>(buffer.size()) < bytes + kTapSlack) buffer.resize(static_cast<size_t>(bytes + kTapSlack));
-  return buffer.data();
-}
+// The thread's buffer for gathered taps (and kTapSlack bytes).
+uint8_t* tap_buffer(int64_t bytes) { return native::conv_scratch(bytes + kTapSlack); }
 
 int64_t out_element_bytes(kernels::GemmOut t) {
   return t == kernels::GemmOut::f32 ? 4 : t == kernels::GemmOut::bf16 ? 2 : 1;
@@ -281,10 +276,9 @@ bool run_direct(const GemmArgs& g0, const Taps& t, int64_t N) {
   }
   g_direct_calls.fetch_add(1, std::memory_order_relaxed);
   const int64_t bands = (a.OH + band - 1) / band, units = N * bands;
-  const int64_t scratch = kernels::direct_conv_scratch_bytes(a, band) + 64;
+  const int64_t scratch = kernels::direct_conv_scratch_bytes(a, band);
   auto run_units = [&](int64_t u0, int64_t u1, int64_t p0, int64_t p1) {
-    uint8_t* s = tap_buffer(scratch);
-    s += (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
+    uint8_t* s = native::conv_scratch(scratch);
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t n = u / bands, oh0 = u % bands * band;
       k.direct_conv(a, n, oh0, std::min(a.OH, oh0 + band), p0, p1, s);

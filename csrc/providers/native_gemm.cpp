@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cpu/probe.h"
 #include "kernels/winograd_kernels.h"
@@ -35,10 +36,12 @@ int64_t packed_bytes(int64_t N, int64_t K) {
 
 namespace {
 
+// Where a packed weight's Winograd filter starts: the first multiple of 64 bytes past the panels.
+int64_t winograd_offset(int64_t N, int64_t Kg) { return (packed_bytes(N, Kg) + 63) / 64 * 64; }
+
 // Bytes of a packed weight with the Winograd filter of C input channels after it (winograd = true).
 int64_t conv_packed_bytes(int64_t N, int64_t Kg, int64_t C, bool winograd) {
-  const int64_t gemm = packed_bytes(N, Kg);
-  return winograd ? (gemm + 63) / 64 * 64 + 2 * kernels::winograd_packed_elems(N, C) : gemm;
+  return winograd ? winograd_offset(N, Kg) + 2 * kernels::winograd_packed_elems(N, C) : packed_bytes(N, Kg);
 }
 
 // Writes the header and packs w [N, Kg] into p (K: the weight's own K, Kg > K: zero columns past it).
@@ -95,7 +98,7 @@ PackedView read_header(const at::Tensor& packed, const char* name) {
   v.colsum = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
   v.panels = reinterpret_cast<const int8_t*>(p + kHeaderBytes + 4 * kernels::gemm_np(v.N));
   // (inside the tensor once unpack_conv has checked its size)
-  if (wino) v.winograd = reinterpret_cast<const int16_t*>(p + (packed_bytes(v.N, v.Kg) + 63) / 64 * 64);
+  if (wino) v.winograd = reinterpret_cast<const int16_t*>(p + winograd_offset(v.N, v.Kg));
   return v;
 }
 
@@ -136,9 +139,16 @@ at::Tensor pack_conv(const at::Tensor& weight, bool winograd) {
     std::memcpy(p + 56, &one, 8);
     const at::Tensor w = weight.contiguous();
     kernels::winograd_pack(w.const_data_ptr<int8_t>(), OC, C,
-                           reinterpret_cast<int16_t*>(p + (packed_bytes(OC, Kg) + 63) / 64 * 64));
+                           reinterpret_cast<int16_t*>(p + winograd_offset(OC, Kg)));
   }
   return out;
+}
+
+uint8_t* conv_scratch(int64_t bytes) {
+  static thread_local std::vector<uint8_t> buffer;
+  if (static_cast<int64_t>(buffer.size()) < bytes + 64) buffer.resize(static_cast<size_t>(bytes + 64));
+  const auto p = reinterpret_cast<uintptr_t>(buffer.data());
+  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
 }
 
 PackedView unpack(const at::Tensor& packed, const char* name) {

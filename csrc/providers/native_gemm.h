@@ -74,6 +74,10 @@ void set_kernel_override(const std::string& name);
 void set_direct_conv(bool enabled);
 // How many conv calls ran on the direct convolution in this process (tests check the route taken).
 int64_t direct_conv_calls();
+// A buffer of at least `bytes` on this thread, 64-byte aligned, grown as needed and kept (nothing
+// allocated per call): the conv routes' scratch (gathered taps, the direct conv's planes, the Winograd
+// blocks). One per thread, shared by those routes: each call uses it and is done before the next.
+uint8_t* conv_scratch(int64_t bytes);
 // Runs g over all rows and columns, on one thread below the size where a second one pays off.
 void run(const kernels::GemmArgs& g);
 

@@ -44,27 +44,21 @@ bool winograd_packs(int64_t C, int64_t KH, int64_t KW, const Conv2dParams& p) {
 bool run_winograd(const kernels::GemmArgs& g, const PackedView& w, const uint8_t* x, bool x_int8, int32_t x_zp,
                   int64_t N, int64_t C, int64_t H, int64_t W, int64_t OH, int64_t OW, const Conv2dParams& p) {
   if (!w.winograd || !g_winograd.load(std::memory_order_relaxed) || p.stride[0] != 1 || p.stride[1] != 1 ||
-      p.dilation[0] != 1 || p.dilation[1] != 1 || p.padding[0] > 2 || p.padding[1] > 2 || !cpu::has(cpu::Isa::Avx2))
+      p.dilation[0] != 1 || p.dilation[1] != 1 || p.padding[0] > 2 || p.padding[1] > 2 || OH < kMinOutput ||
+      OW < kMinOutput || !cpu::has(cpu::Isa::Avx2))
     return false;
   kernels::WinogradArgs a;
   a.x = x, a.x_int8 = x_int8, a.x_zp = x_zp;
   a.C = C, a.H = H, a.W = W, a.OH = OH, a.OW = OW, a.ph = p.padding[0], a.pw = p.padding[1];
   a.u = w.winograd;
-  if (OH < kMinOutput || OW < kMinOutput) return false;
   const int64_t tiles = N * kernels::winograd_tiles_per_image(a);
   std::vector<int32_t> zeros(static_cast<size_t>(kernels::gemm_np(g.N)), 0);
   a.g = g;
   a.g.a_zp = 0;
   a.g.colsum = zeros.data();
   g_calls.fetch_add(1, std::memory_order_relaxed);
-  const int64_t scratch = kernels::winograd_scratch_bytes(C) + 64;
-  auto run = [&](int64_t t0, int64_t t1) {
-    static thread_local std::vector<uint8_t> buffer;
-    if (static_cast<int64_t>(buffer.size()) < scratch) buffer.resize(static_cast<size_t>(scratch));
-    uint8_t* s = buffer.data();
-    s += (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
-    kernels::winograd_conv_avx2(a, t0, t1, s);
-  };
+  const int64_t scratch = kernels::winograd_scratch_bytes(C);
+  auto run = [&](int64_t t0, int64_t t1) { kernels::winograd_conv_avx2(a, t0, t1, conv_scratch(scratch)); };
   const int threads = N * OH * OW * g.N * 9 * C >= kParallelWork ? at::get_num_threads() : 1;
   if (threads <= 1) run(0, tiles);
   else
