@@ -283,6 +283,18 @@ void tile(const GemmArgs& g, int64_t m0, int64_t p, int64_t v, int64_t nvp, cons
   epilogue<MR>(g, sums, m0, p * kGemmPanel + v * 16);
 }
 
+// Asks for the residual's bytes of rows [m_begin, m_end) x columns [n_begin, n_end) into L1: a row
+// tile's epilogue reads them right after its K loop, where a miss stalls the tile (the tile's own
+// output stores do not wait).
+inline void prefetch_residual(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t n_begin, int64_t n_end) {
+  for (int64_t m = m_begin; m < m_end; ++m) {
+    const uint8_t* row = g.r + m * g.ldr;
+    const uintptr_t first = reinterpret_cast<uintptr_t>(row + n_begin) & ~uintptr_t(63);
+    for (uintptr_t line = first; line < reinterpret_cast<uintptr_t>(row + n_end); line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+  }
+}
+
 using TileFn = void (*)(const GemmArgs&, int64_t, int64_t, int64_t, int64_t, const int8_t*, int64_t);
 
 template <class Dot, bool I8, int... R>
@@ -307,7 +319,8 @@ void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin
   // sweep reads from memory or L3) and at least two row tiles, the first tiles prefetch what runs
   // next a line per k-group: rows outer, tile i its i-th slice of the next panel; vectors outer,
   // the first row tile of a vector the next vector (of this panel, or the next panel's first). With
-  // one row tile (a GEMV streaming the weight) the hardware prefetcher keeps up, as on AVX512.
+  // one row tile (a GEMV streaming the weight) the hardware prefetcher keeps up, as on AVX512. With a
+  // residual, each row tile asks for the next one's residual bytes (prefetch_residual).
   static const int64_t l2 = cpu::probe().l2_bytes > 0 ? cpu::probe().l2_bytes : int64_t(1) << 20;
   const int64_t kp = gemm_kp(g.K), kgroups = kp / 4;
   sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows, [&](int64_t p, int64_t mb, int64_t me, NextPanel next) {
@@ -319,15 +332,21 @@ void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin
       for (int64_t v = 0; v < nvp; ++v) {
         const int8_t* pf = v + 1 < nvp ? panel + (v + 1) * 64 : next.p;
         const int64_t step = v + 1 < nvp ? nvp * 64 : next.bytes / kgroups;
-        for (int64_t m = mb; m < me; m += kMaxRows)
+        const int64_t n0 = p * kGemmPanel + v * 16, n1 = std::min<int64_t>(g.N, n0 + 16);
+        for (int64_t m = mb; m < me; m += kMaxRows) {
+          if (g.r) prefetch_residual(g, m == mb ? m : m + kMaxRows, std::min(me, m + 2 * kMaxRows), n0, n1);
           table[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p, v, nvp, m == mb ? pf : nullptr, step);
+        }
       }
       return;
     }
     const int64_t pf_bytes = prefetch ? next.bytes : 0, slice = kgroups * 64;
+    const int64_t n_begin = p * kGemmPanel, n_end = std::min<int64_t>(g.N, n_begin + kGemmPanel);
     int64_t i = 0;
     for (int64_t m = mb; m < me; m += kMaxRows) {
       const TileFn f = table[std::min<int64_t>(kMaxRows, me - m) - 1];
+      // the next row tile's residual, while this one runs (the first tile's asked for just before)
+      if (g.r) prefetch_residual(g, m == mb ? m : m + kMaxRows, std::min(me, m + 2 * kMaxRows), n_begin, n_end);
       for (int64_t v = 0; v < nvp; ++v, ++i)
         f(g, m, p, v, nvp, i * slice < pf_bytes ? next.p + i * slice : nullptr, 64);
     }
