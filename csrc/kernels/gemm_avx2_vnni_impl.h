@@ -172,10 +172,87 @@ inline void store_bf16(uint16_t* dst, __m256 v, int64_t valid) {
   }
 }
 
+// The folded epilogue (requantizes_without_gelu) of whole 16-column vectors: the call's constants
+// and one vector's per-column terms, which callers with many tiles of a vector work out once
+// (gemm's row tiles per panel, the Winograd route per vector).
+struct FoldedConsts {
+  __m256 q_lo, q_hi;  // bounds of round(y / out_scale) relative to out_zp (relu: >= 0)
+  __m256 r2;          // r_scale / out_scale
+  __m256i zp16;       // out_zp in int16 lanes
+  bool u8;
+};
+
+struct FoldedTerms {
+  __m256i zc[2];      // colsum * a_zp, per 8-column half
+  __m256 s2[2], b2[2];  // w_scale * x_scale / out_scale, bias / out_scale
+};
+
+inline FoldedConsts folded_consts(const GemmArgs& g) {
+  FoldedConsts c;
+  c.u8 = g.out_type == GemmOut::u8;
+  const float q_min = c.u8 ? 0.0f : -128.0f, q_max = c.u8 ? 255.0f : 127.0f;
+  const float lo = q_min - static_cast<float>(g.out_zp);
+  c.q_lo = _mm256_set1_ps(g.post == GemmPost::relu ? std::max(lo, 0.0f) : lo);
+  c.q_hi = _mm256_set1_ps(q_max - static_cast<float>(g.out_zp));
+  c.r2 = _mm256_set1_ps(g.r_scale * g.out_inv_scale);
+  c.zp16 = _mm256_set1_epi16(static_cast<int16_t>(g.out_zp));
+  return c;
+}
+
+// The terms of the full vector at columns n16.. (n16 + 16 <= N).
+inline FoldedTerms folded_terms(const GemmArgs& g, int64_t n16) {
+  FoldedTerms t;
+  const __m256 inv = _mm256_set1_ps(g.out_inv_scale), xs = _mm256_set1_ps(g.x_scale);
+  const __m256i a_zp = _mm256_set1_epi32(g.a_zp);
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n0 = n16 + h * 8;
+    t.zc[h] = _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.colsum + n0)), a_zp);
+    t.s2[h] = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(g.w_scales + n0), xs), inv);
+    t.b2[h] = _mm256_mul_ps(g.bias ? _mm256_loadu_ps(g.bias + n0) : _mm256_setzero_ps(), inv);
+  }
+  return t;
+}
+
+// Folded requantization of MR rows x the full vector at n16 from sums[r * 2 + h]: both halves of a
+// row clamped, then packed to 16 bytes with the zero point added in int16 (exact: the clamped values
+// plus out_zp lie in the output's range), one store per row.
+template <int MR>
+__attribute__((always_inline)) inline void epilogue_folded(const GemmArgs& g, const FoldedConsts& c,
+                                                           const FoldedTerms& t, const __m256i* sums, int64_t m0,
+                                                           int64_t n16) {
+  // Everything read once into locals: the stores below may alias g, c and t for the compiler.
+  uint8_t* const out = static_cast<uint8_t*>(g.out) + m0 * g.ldc + n16;
+  const int64_t ldc = g.ldc;
+  const bool has_r = g.r != nullptr, u8 = c.u8;
+  const __m256 q_lo = c.q_lo, q_hi = c.q_hi, r2 = c.r2;
+  const __m256i zp16 = c.zp16;
+  const __m256i zc[2] = {t.zc[0], t.zc[1]};
+  const __m256 s2[2] = {t.s2[0], t.s2[1]}, b2[2] = {t.b2[0], t.b2[1]};
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    __m256i q[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r * 2 + h], zc[h])), s2[h], b2[h]);
+      if (has_r) y = _mm256_fmadd_ps(residual(g, m0 + r, n16 + h * 8, 8), r2, y);
+      q[h] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(y, q_lo), q_hi));
+    }
+    const __m256i w16 = _mm256_add_epi16(_mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8), zp16);
+    const __m128i lo16 = _mm256_castsi256_si128(w16), hi16 = _mm256_extracti128_si256(w16, 1);
+    const __m128i bytes = u8 ? _mm_packus_epi16(lo16, hi16) : _mm_packs_epi16(lo16, hi16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + r * ldc), bytes);
+  }
+}
+
 // The epilogue of MR rows x one 16-column vector (columns n16..) from sums[r * 2 + h].
 template <int MR>
 __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m256i* sums, int64_t m0, int64_t n16) {
   const bool folded = requantizes_without_gelu(g);
+  if (folded && n16 + 16 <= g.N) {
+    epilogue_folded<MR>(g, folded_consts(g), folded_terms(g, n16), sums, m0, n16);
+    return;
+  }
   const float q_min = g.out_type == GemmOut::u8 ? 0.0f : -128.0f, q_max = g.out_type == GemmOut::u8 ? 255.0f : 127.0f;
   const float lo = q_min - static_cast<float>(g.out_zp);
   // Bounds of round(y / out_scale) relative to out_zp (relu: >= 0 where it folds).
@@ -183,43 +260,6 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m
   const __m256 q_lo_plain = _mm256_set1_ps(lo);
   const __m256 q_hi = _mm256_set1_ps(q_max - static_cast<float>(g.out_zp));
   const __m256i out_zp = _mm256_set1_epi32(g.out_zp);
-  if (folded && n16 + 16 <= g.N) {
-    // Folded requantization of a whole 16-column vector: both halves of a row clamped, then packed
-    // to 16 bytes with the zero point added in int16 (exact: the clamped values plus out_zp lie in
-    // the output's range), one store per row.
-    const __m256 inv = _mm256_set1_ps(g.out_inv_scale), xs = _mm256_set1_ps(g.x_scale);
-    const __m256i a_zp = _mm256_set1_epi32(g.a_zp);
-    __m256i zc[2];
-    __m256 s2[2], b2[2];
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n0 = n16 + h * 8;
-      zc[h] = _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.colsum + n0)), a_zp);
-      s2[h] = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(g.w_scales + n0), xs), inv);
-      b2[h] = _mm256_mul_ps(g.bias ? _mm256_loadu_ps(g.bias + n0) : _mm256_setzero_ps(), inv);
-    }
-    const __m256 r2 = _mm256_set1_ps(g.r_scale * g.out_inv_scale);
-    const __m256i zp16 = _mm256_set1_epi16(static_cast<int16_t>(g.out_zp));
-    const bool u8 = g.out_type == GemmOut::u8, has_r = g.r != nullptr;
-    // the output's address and row step read once (the stores below may alias g for the compiler)
-    uint8_t* const out = static_cast<uint8_t*>(g.out) + m0 * g.ldc + n16;
-    const int64_t ldc = g.ldc;
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      __m256i q[2];
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r * 2 + h], zc[h])), s2[h], b2[h]);
-        if (has_r) t = _mm256_fmadd_ps(residual(g, m0 + r, n16 + h * 8, 8), r2, t);
-        q[h] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, q_lo), q_hi));
-      }
-      const __m256i w16 = _mm256_add_epi16(_mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8), zp16);
-      const __m128i lo16 = _mm256_castsi256_si128(w16), hi16 = _mm256_extracti128_si256(w16, 1);
-      const __m128i bytes = u8 ? _mm_packus_epi16(lo16, hi16) : _mm_packs_epi16(lo16, hi16);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + r * ldc), bytes);
-    }
-    return;
-  }
   for (int h = 0; h < 2; ++h) {
     const int64_t n0 = n16 + h * 8;
     const int64_t valid = std::min<int64_t>(8, g.N - n0);
@@ -295,22 +335,65 @@ inline void prefetch_residual(const GemmArgs& g, int64_t m_begin, int64_t m_end,
   }
 }
 
+// The folded epilogue's terms of a panel's full vectors, worked out once per panel and block of rows.
+struct PanelTerms {
+  const FoldedConsts* c = nullptr;  // null where the epilogue does not fold
+  int64_t full = 0;                 // vectors 0 .. full - 1 have their terms in t
+  FoldedTerms t[kGemmPanel / 16];
+};
+
+// One row tile across a panel: MR rows (m0..) x the nvp vectors of panel p, the sweep's tiles
+// i0 .. i0 + nvp - 1; tile i prefetches the i-th slice of the next panel (pf) where that lies within
+// pf_bytes.
+template <class Dot, int MR, bool I8>
+void row_tile(const GemmArgs& g, const PanelTerms& e, int64_t m0, int64_t p, int64_t nvp, const int8_t* pf,
+              int64_t pf_bytes, int64_t i0) {
+  const int64_t kp = gemm_kp(g.K), slice = kp / 4 * 64;
+  const int8_t* panel = g.b + p * kGemmPanel * kp;
+  const uint8_t* a = g.a + m0 * g.lda;
+  for (int64_t v = 0; v < nvp; ++v) {
+    __m256i sums[MR * 2];
+    const int64_t i = i0 + v;
+    dot_tile<Dot, MR, I8>(a, g.lda, panel + v * 64, nvp * 64, g.K, sums, i * slice < pf_bytes ? pf + i * slice : nullptr,
+                          64);
+    const int64_t n16 = p * kGemmPanel + v * 16;
+    if (v < e.full) epilogue_folded<MR>(g, *e.c, e.t[v], sums, m0, n16);
+    else epilogue<MR>(g, sums, m0, n16);
+  }
+}
+
 using TileFn = void (*)(const GemmArgs&, int64_t, int64_t, int64_t, int64_t, const int8_t*, int64_t);
+using RowTileFn = void (*)(const GemmArgs&, const PanelTerms&, int64_t, int64_t, int64_t, const int8_t*, int64_t,
+                           int64_t);
 
 template <class Dot, bool I8, int... R>
-constexpr auto row_table(std::integer_sequence<int, R...>) {
+constexpr auto tile_table(std::integer_sequence<int, R...>) {
   return std::array<TileFn, sizeof...(R)>{&tile<Dot, R + 1, I8>...};
+}
+
+template <class Dot, bool I8, int... R>
+constexpr auto row_tile_table(std::integer_sequence<int, R...>) {
+  return std::array<RowTileFn, sizeof...(R)>{&row_tile<Dot, R + 1, I8>...};
 }
 
 template <class Dot, bool I8>
 struct Tiles {
   static constexpr std::array<TileFn, Dot::kMaxRows> table =
-      row_table<Dot, I8>(std::make_integer_sequence<int, Dot::kMaxRows>{});
+      tile_table<Dot, I8>(std::make_integer_sequence<int, Dot::kMaxRows>{});
+  static constexpr std::array<RowTileFn, Dot::kMaxRows> rows =
+      row_tile_table<Dot, I8>(std::make_integer_sequence<int, Dot::kMaxRows>{});
 };
 
 template <class Dot>
 void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
+  static const int64_t l2 = cpu::probe().l2_bytes > 0 ? cpu::probe().l2_bytes : int64_t(1) << 20;
   const auto& table = g.a_int8 ? Tiles<Dot, true>::table : Tiles<Dot, false>::table;
+  const auto& rows_table = g.a_int8 ? Tiles<Dot, true>::rows : Tiles<Dot, false>::rows;
+  const bool folded = requantizes_without_gelu(g);
+  const FoldedConsts consts = folded ? folded_consts(g) : FoldedConsts{};
+  // A residual of a quarter of the L2 or more is read from L3 or memory (written layers before):
+  // asked for ahead. A smaller one is usually still in L2, where the requests cost more than they save.
+  const bool prefetch_r = g.r && g.M * g.N >= l2 / 4;
   constexpr int kMaxRows = Dot::kMaxRows;
   // Two orders of a panel's tiles. Row tiles outer (each tile's rows stay in L1 across the panel's
   // vectors), unless the panel and the rows overflow L2 together where one 16-column vector and the
@@ -320,8 +403,7 @@ void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin
   // next a line per k-group: rows outer, tile i its i-th slice of the next panel; vectors outer,
   // the first row tile of a vector the next vector (of this panel, or the next panel's first). With
   // one row tile (a GEMV streaming the weight) the hardware prefetcher keeps up, as on AVX512. With a
-  // residual, each row tile asks for the next one's residual bytes (prefetch_residual).
-  static const int64_t l2 = cpu::probe().l2_bytes > 0 ? cpu::probe().l2_bytes : int64_t(1) << 20;
+  // large residual (prefetch_r), each row tile asks for the next one's residual bytes (prefetch_residual).
   const int64_t kp = gemm_kp(g.K), kgroups = kp / 4;
   sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows, [&](int64_t p, int64_t mb, int64_t me, NextPanel next) {
     const int64_t nvp = (std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel) + 15) / 16;
@@ -334,21 +416,25 @@ void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin
         const int64_t step = v + 1 < nvp ? nvp * 64 : next.bytes / kgroups;
         const int64_t n0 = p * kGemmPanel + v * 16, n1 = std::min<int64_t>(g.N, n0 + 16);
         for (int64_t m = mb; m < me; m += kMaxRows) {
-          if (g.r) prefetch_residual(g, m == mb ? m : m + kMaxRows, std::min(me, m + 2 * kMaxRows), n0, n1);
+          if (prefetch_r) prefetch_residual(g, m == mb ? m : m + kMaxRows, std::min(me, m + 2 * kMaxRows), n0, n1);
           table[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p, v, nvp, m == mb ? pf : nullptr, step);
         }
       }
       return;
     }
-    const int64_t pf_bytes = prefetch ? next.bytes : 0, slice = kgroups * 64;
+    const int64_t pf_bytes = prefetch ? next.bytes : 0;
     const int64_t n_begin = p * kGemmPanel, n_end = std::min<int64_t>(g.N, n_begin + kGemmPanel);
+    PanelTerms terms;
+    if (folded) {
+      terms.c = &consts;
+      terms.full = std::min<int64_t>(nvp, (g.N - n_begin) / 16);
+      for (int64_t v = 0; v < terms.full; ++v) terms.t[v] = folded_terms(g, n_begin + v * 16);
+    }
     int64_t i = 0;
-    for (int64_t m = mb; m < me; m += kMaxRows) {
-      const TileFn f = table[std::min<int64_t>(kMaxRows, me - m) - 1];
+    for (int64_t m = mb; m < me; m += kMaxRows, i += nvp) {
       // the next row tile's residual, while this one runs (the first tile's asked for just before)
-      if (g.r) prefetch_residual(g, m == mb ? m : m + kMaxRows, std::min(me, m + 2 * kMaxRows), n_begin, n_end);
-      for (int64_t v = 0; v < nvp; ++v, ++i)
-        f(g, m, p, v, nvp, i * slice < pf_bytes ? next.p + i * slice : nullptr, 64);
+      if (prefetch_r) prefetch_residual(g, m == mb ? m : m + kMaxRows, std::min(me, m + 2 * kMaxRows), n_begin, n_end);
+      rows_table[std::min<int64_t>(kMaxRows, me - m) - 1](g, terms, m, p, nvp, next.p, pf_bytes, i);
     }
   });
 }

@@ -118,8 +118,10 @@ void dot_6x16(const int16_t* v, int64_t ldv, const int16_t* u, int64_t pairs, in
         "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
 }
 
-// Tile t's 2 x 2 outputs of the 16 columns at n16 from M[16][TB][16] row `row`, through the epilogue.
-void output_tile(const WinogradArgs& a, int64_t t, const int32_t* M, int64_t TB, int64_t row, int64_t n16) {
+// Tile t's 2 x 2 outputs of the 16 columns at n16 from M[16][TB][16] row `row`, through the epilogue
+// (its folded form with the vector's terms where `terms` is not null).
+void output_tile(const WinogradArgs& a, int64_t t, const int32_t* M, int64_t TB, int64_t row, int64_t n16,
+                 const FoldedConsts& consts, const FoldedTerms* terms) {
   const auto [n, ty, tx] = TileAt(a, t);
   __m256i y[4][2];  // [pixel 2i + j][half]
   for (int h = 0; h < 2; ++h) {
@@ -141,7 +143,10 @@ void output_tile(const WinogradArgs& a, int64_t t, const int32_t* M, int64_t TB,
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) {
       const int64_t oh = 2 * ty + i, ow = 2 * tx + j;
-      if (oh < a.OH && ow < a.OW) epilogue<1>(a.g, y[2 * i + j], (n * a.OH + oh) * a.OW + ow, n16);
+      if (oh >= a.OH || ow >= a.OW) continue;
+      const int64_t m = (n * a.OH + oh) * a.OW + ow;
+      if (terms) epilogue_folded<1>(a.g, consts, *terms, y[2 * i + j], m, n16);
+      else epilogue<1>(a.g, y[2 * i + j], m, n16);
     }
 }
 
@@ -180,6 +185,8 @@ void winograd_conv_avx2(const WinogradArgs& a, int64_t t_begin, int64_t t_end, u
   const bool large_blocks = tiles <= 2 * big || fit < 2;
   const int64_t TB = large_blocks ? big : block_tiles(a.C, kBlockBytes);
   const int64_t group = large_blocks ? NV : fit;
+  const bool folded = requantizes_without_gelu(a.g);
+  const FoldedConsts consts = folded ? folded_consts(a.g) : FoldedConsts{};
   int16_t* V = reinterpret_cast<int16_t*>(scratch);
   int32_t* M = reinterpret_cast<int32_t*>(scratch + 16 * TB * Cp * 2);
   // Blocks of equal size (49 tiles in two blocks: 25 each, rather than 30 and 19).
@@ -197,7 +204,9 @@ void winograd_conv_avx2(const WinogradArgs& a, int64_t t_begin, int64_t t_end, u
           for (int64_t r = 0; r < rows; r += kRows)
             dot_6x16(V + (xi * TB + r) * Cp, Cp * 2, u, pairs, M + (xi * TB + r) * 16);
         }
-        for (int64_t r = 0; r < nt; ++r) output_tile(a, tb + r, M, TB, r, v * 16);
+        const FoldedTerms terms = folded && v * 16 + 16 <= a.g.N ? folded_terms(a.g, v * 16) : FoldedTerms{};
+        const FoldedTerms* t = folded && v * 16 + 16 <= a.g.N ? &terms : nullptr;
+        for (int64_t r = 0; r < nt; ++r) output_tile(a, tb + r, M, TB, r, v * 16, consts, t);
       }
     }
   }

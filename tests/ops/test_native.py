@@ -138,10 +138,12 @@ def test_rows_with_a_stride_are_read_in_place():
 
 
 @pytest.mark.parametrize("stride", [1, 2, 3, (2, 1), (1, 3)])
-@pytest.mark.parametrize("n,c,hw,oc", [(1, 64, 9, 70), (4, 24, 14, 130), (2, 512, 7, 64), (1, 1024, 14, 300)])
+@pytest.mark.parametrize("n,c,hw,oc", [(1, 64, 9, 70), (4, 24, 14, 130), (2, 512, 7, 64), (1, 1024, 14, 300),
+                                       (8, 64, 28, 130)])
 def test_conv1x1_strided_and_in_place(stride, n, c, hw, oc):
     """The 1x1 conv: one GEMM over the pixels (stride 1; strided: over the pixels gathered first),
-    with the residual fused, multi-threaded; native_conv2d_add_ writes the same bytes into accum."""
+    with the residual fused, multi-threaded; native_conv2d_add_ writes the same bytes into accum.
+    8 x 28 x 28 pixels: a residual large enough that the 256-bit kernels read it ahead."""
     sh, sw = (stride, stride) if isinstance(stride, int) else stride
     g = torch.Generator().manual_seed(sh * 100 + sw * 10 + c)
     w = torch.randint(-128, 128, (oc, c, 1, 1), dtype=torch.int8, generator=g)
@@ -162,6 +164,39 @@ def test_conv1x1_strided_and_in_place(stride, n, c, hw, oc):
         out = pw.conv2d_add_(x, 0.02, 131, out_scale, 5, torch.int8, "relu", donated, 0.05, -3)
     assert out is donated and torch.equal(donated, y)
     assert y.is_contiguous(memory_format=torch.channels_last)
+    diff = (y.int() - ref.int()).abs()
+    assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 0.01
+
+
+def test_residual_read_ahead_with_vectors_outer():
+    """One thread, a 1x1 conv whose panel and rows overflow the 256-bit kernels' L2 budget where one
+    vector and the rows fit (vectors outer, gemm_avx2_vnni_impl.h) with a residual large enough to be
+    read ahead: the same bytes as the fp64 reference (within 1 at ties) and in place."""
+    from qbackend.dispatch.cpu import cpu_features
+
+    budget = (cpu_features().l2_bytes or 1 << 20) // 4 * 3
+    c, oc = 1024, 520  # a weight over 512 KiB: one panel at a time over all the rows
+    pixels = budget // c - 32  # rows = budget - 32 K: over it with a 64-column panel, under it with 16
+    g = torch.Generator().manual_seed(pixels)
+    w = torch.randint(-64, 65, (oc, c, 1, 1), dtype=torch.int8, generator=g)
+    ws, b = torch.rand(oc, generator=g) * 0.01 + 1e-3, torch.randn(oc, generator=g)
+    x = torch.randint(0, 256, (1, c, 1, pixels), dtype=torch.uint8, generator=g).contiguous(
+        memory_format=torch.channels_last)
+    acc = torch.randint(0, 256, (1, oc, 1, pixels), dtype=torch.uint8, generator=g).contiguous(
+        memory_format=torch.channels_last)
+    pw = PackedConv2dWeight(w, ws, b, (1, 1), (0, 0), (1, 1), 1, "native")
+    y64 = R.conv2d_fp64(x, 0.02, 128, w, ws, b, (1, 1), (0, 0), (1, 1), 1, acc, 0.05, 120, "relu")
+    out_scale = float(y64.abs().max()) / 200
+    ref = R.quantize(y64, out_scale, 3, torch.uint8)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        y = pw.conv2d(x, 0.02, 128, out_scale, 3, torch.uint8, "relu", acc, 0.05, 120)
+        donated = acc.clone()
+        pw.conv2d_add_(x, 0.02, 128, out_scale, 3, torch.uint8, "relu", donated, 0.05, 120)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(donated, y)
     diff = (y.int() - ref.int()).abs()
     assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 0.01
 
