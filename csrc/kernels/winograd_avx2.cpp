@@ -204,9 +204,9 @@ void winograd_conv_avx2(const WinogradArgs& a, int64_t t_begin, int64_t t_end, u
           for (int64_t r = 0; r < rows; r += kRows)
             dot_6x16(V + (xi * TB + r) * Cp, Cp * 2, u, pairs, M + (xi * TB + r) * 16);
         }
-        const FoldedTerms terms = folded && v * 16 + 16 <= a.g.N ? folded_terms(a.g, v * 16) : FoldedTerms{};
-        const FoldedTerms* t = folded && v * 16 + 16 <= a.g.N ? &terms : nullptr;
-        for (int64_t r = 0; r < nt; ++r) output_tile(a, tb + r, M, TB, r, v * 16, consts, t);
+        const bool full = folded && v * 16 + 16 <= a.g.N;  // a whole vector: its folded terms once
+        const FoldedTerms terms = full ? folded_terms(a.g, v * 16) : FoldedTerms{};
+        for (int64_t r = 0; r < nt; ++r) output_tile(a, tb + r, M, TB, r, v * 16, consts, full ? &terms : nullptr);
       }
     }
   }
