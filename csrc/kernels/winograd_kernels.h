@@ -42,8 +42,9 @@ struct WinogradArgs {
   int64_t C = 0, H = 0, W = 0, OH = 0, OW = 0, ph = 0, pw = 0;
   const int16_t* u = nullptr;  // winograd_pack's filter
   // The epilogue (gemm_kernels.h): N, w_scales, bias, x_scale, residual, post-op and output
-  // ([batch, OH, OW, N] channels-last, ldc = ldr = N); colsum gemm_np(N) zeros and a_zp 0 (the zero
-  // point is subtracted before the products); M, K, a and b are not read.
+  // ([batch, OH, OW, N] channels-last, ldc = ldr = N); a_zp 0 (the zero point is subtracted before
+  // the products, so the epilogue's colsum * a_zp is 0; colsum: any gemm_np(N) int32s, the packed
+  // weight's); M, K, a and b are not read.
   GemmArgs g;
 };
 

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include "cpu/probe.h"
 #include "kernels/winograd_kernels.h"
@@ -52,10 +51,8 @@ bool run_winograd(const kernels::GemmArgs& g, const PackedView& w, const uint8_t
   a.C = C, a.H = H, a.W = W, a.OH = OH, a.OW = OW, a.ph = p.padding[0], a.pw = p.padding[1];
   a.u = w.winograd;
   const int64_t tiles = N * kernels::winograd_tiles_per_image(a);
-  std::vector<int32_t> zeros(static_cast<size_t>(kernels::gemm_np(g.N)), 0);
   a.g = g;
-  a.g.a_zp = 0;
-  a.g.colsum = zeros.data();
+  a.g.a_zp = 0;  // the transforms subtract x's zero point: the epilogue's colsum * a_zp term is 0
   g_calls.fetch_add(1, std::memory_order_relaxed);
   const int64_t scratch = kernels::winograd_scratch_bytes(C);
   auto run = [&](int64_t t0, int64_t t1) { kernels::winograd_conv_avx2(a, t0, t1, conv_scratch(scratch)); };
