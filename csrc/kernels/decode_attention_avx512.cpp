@@ -15,10 +15,6 @@ QB_TARGET(QB_ISA_AVX512)
 
 namespace qbackend::kernels {
 
-size_t decode_attention_scratch_floats(const DecodeAttention& p) {
-  return static_cast<size_t>(p.H / std::max<int64_t>(p.KV, 1)) * static_cast<size_t>(p.S);
-}
-
 namespace {
 
 // Lanes d .. d + 15 of a row (the lanes under m; 0 elsewhere): fp32, or int8 widened exactly.

@@ -5,8 +5,8 @@
 //   out[b, h, :] = sum_s p_s v[b, h / R, s, :],   p = softmax_s(scale * q[b, h, :] . k[b, h / R, s, :])
 //
 // with R = H / KV query heads per key head, every cached position attended (no mask: the caller
-// sends masked steps to SDPA). fp32 throughout: each score a 16-lane fp32 dot product summed across
-// lanes, exp(score - max) by avx512::exp_nonpositive, the weighted sum of v rows in position order,
+// sends masked steps to SDPA). fp32 throughout: each score a 16-lane (AVX2: 8-lane) fp32 dot product summed
+// across lanes, exp(score - max) by a degree-7 polynomial, the weighted sum of v rows in position order,
 // divided by the sum of the exponentials at the end. torch's SDPA rounds differently (its own exp
 // and blocking): outputs agree to fp32 rounding, not bit for bit.
 //
@@ -39,11 +39,16 @@ struct DecodeAttention {
   int64_t vs_sb = 0, vs_sh = 0;
 };
 
-// Floats of scratch one call of decode_attention_avx512 needs (per thread): the R x S scores.
-size_t decode_attention_scratch_floats(const DecodeAttention& p);
+// Floats of scratch one call of a decoding kernel needs (per thread): the R x S scores.
+inline size_t decode_attention_scratch_floats(const DecodeAttention& p) {
+  return static_cast<size_t>(p.H / (p.KV > 1 ? p.KV : 1)) * static_cast<size_t>(p.S);
+}
 
-// The R query heads of key head `kvh` of sequence `b`; S >= 1. Only call it when
-// qbackend::cpu::has(qbackend::cpu::Isa::Avx512).
+// The R query heads of key head `kvh` of sequence `b`; S >= 1, scratch of decode_attention_scratch_floats.
+// One kernel per ISA: call decode_attention_avx512 only when qbackend::cpu::has(Isa::Avx512) and
+// decode_attention_avx2 only when qbackend::cpu::has(Isa::Avx2).
+using DecodeAttentionFn = void (*)(const DecodeAttention& p, int64_t b, int64_t kvh, float* scratch);
 void decode_attention_avx512(const DecodeAttention& p, int64_t b, int64_t kvh, float* scratch);
+void decode_attention_avx2(const DecodeAttention& p, int64_t b, int64_t kvh, float* scratch);
 
 }  // namespace qbackend::kernels

@@ -17,7 +17,7 @@
 //       a = the attention of q over k, v; h = hidden + o(a);
 //       hidden' = h + down(silu(gate) * up), [gate | up] = gate_up(rms_norm(h, norm2, eps2)).
 //
-// The attention: one query position without a mask (a decoding step) on an AVX512 CPU, the decoding
+// The attention: one query position without a mask (a decoding step) on an AVX2 or AVX512 CPU, the decoding
 // kernel (kernels/decode_attention_kernels.h: equal to SDPA within fp32 rounding); otherwise SDPA as
 // transformers' sdpa_attention_forward calls it (GQA in SDPA without a mask, queries packed by key
 // head for one position with a mask, keys repeated otherwise; causal when there is no mask and more
@@ -131,11 +131,24 @@ void check_float3(const Tensor& t, const char* name) {
 // region costs more than the arithmetic of a small model's step (SmolLM2: 9 heads x 64 x ~100 positions).
 constexpr int64_t kSerialAttentionWork = int64_t(1) << 18;
 
+// The decoding attention kernel for this CPU (within the QBACKEND_ISA cap): AVX512, else AVX2 with FMA;
+// null where it has neither (those steps go to SDPA).
+kernels::DecodeAttentionFn decoding_kernel() {
+  if (cpu::has(cpu::Isa::Avx512)) return &kernels::decode_attention_avx512;
+  if (cpu::has(cpu::Isa::Avx2)) return &kernels::decode_attention_avx2;
+  return nullptr;
+}
+
+std::string decoding_kernel_name() {
+  const kernels::DecodeAttentionFn k = decoding_kernel();
+  return k == &kernels::decode_attention_avx512 ? "avx512" : k == &kernels::decode_attention_avx2 ? "avx2" : "";
+}
+
 // One step's attention for the decoding kernel (q [B, H, 1, D], k and v [B, KV, S, D] with their
 // last dimension contiguous, no mask): [B, 1, H * D]. With k_scale and v_scale defined, k and v are
 // int8 rows [B, KV, >= S, D] and those their row scales [B, KV, >= S] (positions contiguous).
-Tensor decode_attention(const Tensor& q_in, const Tensor& k, const Tensor& v, int64_t S, double scaling,
-                        const Tensor& k_scale = {}, const Tensor& v_scale = {}) {
+Tensor decode_attention(kernels::DecodeAttentionFn kernel, const Tensor& q_in, const Tensor& k, const Tensor& v,
+                        int64_t S, double scaling, const Tensor& k_scale = {}, const Tensor& v_scale = {}) {
   const Tensor q = q_in.contiguous();
   const int64_t B = q.size(0), H = q.size(1), D = q.size(3), KV = k.size(1);
   Tensor out = at::empty({B, 1, H * D}, q.options());
@@ -157,7 +170,7 @@ Tensor decode_attention(const Tensor& q_in, const Tensor& k, const Tensor& v, in
   const auto heads = [&](int64_t t0, int64_t t1) {
     thread_local std::vector<float> scratch;
     if (scratch.size() < scratch_floats) scratch.resize(scratch_floats);
-    for (int64_t t = t0; t < t1; ++t) kernels::decode_attention_avx512(p, t / KV, t % KV, scratch.data());
+    for (int64_t t = t0; t < t1; ++t) kernel(p, t / KV, t % KV, scratch.data());
   };
   if (B * H * S * D <= kSerialAttentionWork) heads(0, B * KV);
   else parallel::parallel_for(0, B * KV, 1, heads);
@@ -244,15 +257,15 @@ class DecoderLayer {
                           v.sizes() == k.sizes(),
                       "k and v must be [", B, ", ", KV, ", positions, ", D, "], got ", k.sizes(), " and ", v.sizes());
     const bool decoding = L == 1 && !mask && k.size(2) > 0 && k.stride(3) == 1 && v.stride(3) == 1;
-    const Tensor a = decoding && cpu::has(cpu::Isa::Avx512) ? decode_attention(q, k, v, k.size(2), scaling_)
-                                                            : sdpa(q, k, v, mask);
+    const kernels::DecodeAttentionFn kernel = decoding ? decoding_kernel() : nullptr;
+    const Tensor a = kernel ? decode_attention(kernel, q, k, v, k.size(2), scaling_) : sdpa(q, k, v, mask);
     return after_attention(hidden, a);
   }
 
   // finish() for one position against an int8 KV cache of `length` positions (qbackend.llm.kv_cache):
   // k8, v8 int8 [B, kv_heads, >= length, D] and their row scales float32 [B, kv_heads, >= length], each
-  // contiguous; no mask. The decoding kernel reads the int8 rows where the CPU has AVX512; elsewhere
-  // they are dequantized for SDPA.
+  // contiguous; no mask. The decoding kernel reads the int8 rows where the CPU has one (decoding_kernel);
+  // elsewhere they are dequantized for SDPA.
   Tensor finish_int8(const Tensor& hidden, const Tensor& q, const Tensor& k8, const Tensor& k_scale, const Tensor& v8,
                      const Tensor& v_scale, int64_t length) const {
     check_float3(hidden, "hidden");
@@ -273,10 +286,10 @@ class DecoderLayer {
                         " ", t.sizes());
     TORCH_CHECK_VALUE(v8.sizes() == k8.sizes(), "v8 must have k8's shape ", k8.sizes(), ", got ", v8.sizes());
     TORCH_CHECK_VALUE(length >= 1 && length <= k8.size(2), "length must be in [1, ", k8.size(2), "], got ", length);
-    const Tensor a = cpu::has(cpu::Isa::Avx512)
-                         ? decode_attention(q, k8, v8, length, scaling_, k_scale, v_scale)
-                         : sdpa(q, dequantized_rows(k8, k_scale, length), dequantized_rows(v8, v_scale, length),
-                                std::nullopt);
+    const kernels::DecodeAttentionFn kernel = decoding_kernel();
+    const Tensor a = kernel ? decode_attention(kernel, q, k8, v8, length, scaling_, k_scale, v_scale)
+                            : sdpa(q, dequantized_rows(k8, k_scale, length), dequantized_rows(v8, v_scale, length),
+                                   std::nullopt);
     return after_attention(hidden, a);
   }
 
@@ -371,6 +384,8 @@ void append_int8_rows(Tensor& rows, Tensor& scales, int64_t pos, const Tensor& x
 }  // namespace
 
 void register_decoder_layer(py::module_& m) {
+  m.def("decode_attention_isa", &decoding_kernel_name,
+        "the instruction set of the decoding steps' attention kernel here (avx512, avx2), or '' (SDPA)");
   m.def("append_int8_rows", &append_int8_rows, py::arg("rows"), py::arg("scales"), py::arg("pos"), py::arg("x"),
         "x's rows quantized to int8 (one scale per row) into rows and scales at positions pos.. "
         "(csrc/runtime/decoder_layer.cpp)", py::call_guard<py::gil_scoped_release>());

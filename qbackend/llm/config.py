@@ -43,7 +43,8 @@ class LLMConfig:
       found and checked on a probe forward of a few token ids.
     native_layers: run each Llama-style decoder layer (RMSNorm, rotary attention, SiLU-gated MLP, with
       its projections fused) as two native calls per step (qbackend.llm.decoder_layers; the same
-      outputs, but for decoding steps' attention on AVX512, which agrees with SDPA to fp32 rounding),
+      outputs, but for decoding steps' attention on AVX2 and AVX512 CPUs, which agrees with SDPA to
+      fp32 rounding),
       checked on the probe. Needs native_norms and fuse_projections.
     """
 

@@ -8,7 +8,7 @@ Found by its parts, not its class: a layer whose children are exactly `self_attn
 `post_attention_layernorm` (qbackend RMSNorms), with q, k, v (and gate, up) fused into one product
 (llm/shared_input.py). The swap is checked on a probe forward: the model's logits must stay the same
 bit for bit, or it is undone. Outputs equal the module path's bit for bit, except decoding steps on
-AVX512 CPUs, whose attention runs in qbackend's decoding kernel (equal to SDPA within fp32
+AVX2 and AVX512 CPUs, whose attention runs in qbackend's decoding kernel (equal to SDPA within fp32
 rounding). A Qwen3-style layer (norms on q and k), Gemma's (four norms), GPT-2's or Phi-3's (fused
 projections of their own) keep the model's code.
 

@@ -8,8 +8,8 @@ even), a quarter of the float32 cache's bytes plus 4 bytes a row.
 
 Rows are quantized once, when they enter the cache (qbackend._C.append_int8_rows), into storage that
 grows by doubling (no copy of the whole cache per token). The native decoder layers
-(llm/decoder_layers.py) attend a decoding step straight from the int8 rows (the AVX512 decoding
-kernel widens them in registers); every other caller (a prompt, a masked step, a model's own attention
+(llm/decoder_layers.py) attend a decoding step straight from the int8 rows (the AVX2 and AVX512
+decoding kernels widen them in registers); every other caller (a prompt, a masked step, a model's own attention
 code) gets the rows dequantized to float32 from `update`, as from transformers' DynamicCache. The
 accuracy cost is measured in benchmarks/kv_cache.py (perplexity with the cache).
 """

@@ -1,8 +1,10 @@
 """Runs a weight-only op on cases in child processes capped to each ISA this CPU has (scalar, AVX2,
 and uncapped), for the kernels' tests: {isa: the outputs}; each child says which kernel table it
-used (`isa_fn`, a qbackend._C function naming it)."""
+used (`isa_fn`, a qbackend._C function naming it). And, for kernels chosen per call, the caps in this
+process that select each of them (`decoding_attention_caps`, `isa_capped`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -58,3 +60,27 @@ def assert_equal_on_every_isa(outputs: dict) -> None:
     for isa, ys in outputs.items():
         for y, y0 in zip(ys, first):
             assert torch.equal(y.isnan(), y0.isnan()) and torch.equal(y.nan_to_num(), y0.nan_to_num()), isa
+
+
+def decoding_attention_caps() -> dict:
+    """{the decoding attention kernel's name: the ISA cap that selects it}: this CPU's kernel under the
+    process's own cap, and the AVX2 kernel too where the CPU has AVX512 ('' where it has neither: SDPA)."""
+    from qbackend.core.isa import Isa
+    from qbackend.dispatch.cpu import cpu_features
+
+    level = cpu_features().level
+    caps = {"avx512" if level >= Isa.AVX512 else "avx2" if level >= Isa.AVX2 else "": qbackend._C.isa_cap()}
+    if level >= Isa.AVX512:
+        caps["avx2"] = int(Isa.AVX2)
+    return caps
+
+
+@contextlib.contextmanager
+def isa_capped(cap: int):
+    """qbackend's own kernels capped at `cap` (an Isa value; -1: none) in this process, the cap restored after."""
+    before = qbackend._C.isa_cap()
+    qbackend._C.set_isa_cap(cap)
+    try:
+        yield
+    finally:
+        qbackend._C.set_isa_cap(before)

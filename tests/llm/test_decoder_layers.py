@@ -17,6 +17,8 @@ from qbackend.core.extension import _C
 from qbackend.llm.decoder_layers import NativeDecoderLayer
 from qbackend.nn import WeightOnlyLinear
 
+from .isa_children import decoding_attention_caps, isa_capped
+
 transformers = pytest.importorskip("transformers")
 
 _SCHEMES = [dict(), dict(activations="int8"), dict(weights="int4"), dict(weights="int4", activations="int8")]
@@ -92,11 +94,11 @@ def _dequantized(m) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("L,cached,head_dim,kv_heads", [(5, 0, 16, 2), (1, 7, 16, 2), (1, 40, 24, 1), (1, 1, 16, 4),
-                                                          (3, 6, 16, 2)])
+                                                          (1, 9, 20, 2), (3, 6, 16, 2)])
 def test_layer_matches_fp64_reference(L, cached, head_dim, kv_heads):
     """One native layer (int8 weights, float activations) against the layer computed in float64 from the
     dequantized weights: rotary embedding, GQA attention (causal over a prompt, or one new position over
-    `cached` earlier ones: the decoding kernel on AVX512 CPUs), SiLU-gated MLP, residuals."""
+    `cached` earlier ones: the decoding kernel), SiLU-gated MLP, residuals."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=head_dim)
@@ -112,9 +114,12 @@ def test_layer_matches_fp64_reference(L, cached, head_dim, kv_heads):
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     past_k, past_v = torch.randn(B, KV, cached, D, generator=gen), torch.randn(B, KV, cached, D, generator=gen)
     native = layer._current()
-    with torch.no_grad():
-        q, k, v = native.attention_inputs(hidden, cos, sin)
-        out = native.finish(hidden, q, torch.cat([past_k, k], 2), torch.cat([past_v, v], 2), None)
+    outs = []
+    # a decoding step on each decoding kernel (on AVX512 CPUs the AVX2 one too); a prompt on SDPA
+    for cap in decoding_attention_caps().values() if L == 1 and cached else [_C.isa_cap()]:
+        with torch.no_grad(), isa_capped(cap):
+            q, k, v = native.attention_inputs(hidden, cos, sin)
+            outs.append(native.finish(hidden, q, torch.cat([past_k, k], 2), torch.cat([past_v, v], 2), None))
 
     def norm(x, m):
         return m.weight.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)
@@ -139,24 +144,29 @@ def test_layer_matches_fp64_reference(L, cached, head_dim, kv_heads):
     h = h + a @ _dequantized(attn.o_proj).T
     g = norm(h, layer.post_attention_layernorm) @ _dequantized(gate_up).T
     ref = h + (torch.nn.functional.silu(g[..., :160]) * g[..., 160:]) @ _dequantized(mlp.down_proj).T
-    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
+    for out in outs:
+        torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_decoding_attention_matches_sdpa():
     """The decoding kernel (one position, no mask) against SDPA (the same step with an all-true mask),
-    over cache lengths that straddle its 16-lane blocks and key-head sharing from 1 to 4 queries."""
-    for kv_heads in (4, 2, 1):
-        _, native = _pair(kv_heads=kv_heads)
-        layer = native.model.layers[0]._current()
-        gen = torch.Generator().manual_seed(kv_heads)
-        for S in (1, 15, 16, 17, 100):
-            hidden = torch.randn(3, 1, 64, generator=gen)
-            q = torch.randn(3, 4, 1, 16, generator=gen)
-            k, v = (torch.randn(3, kv_heads, S, 16, generator=gen) * 3 for _ in range(2))
-            with torch.no_grad():
-                fast = layer.finish(hidden, q, k, v, None)
-                ref = layer.finish(hidden, q, k, v, torch.ones(3, 1, 1, S, dtype=torch.bool))
-            torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+    over cache lengths that straddle its 8- and 16-lane blocks and key-head sharing from 1 to 4 queries:
+    this CPU's kernel, and on AVX512 CPUs the AVX2 one too."""
+    for kernel, cap in decoding_attention_caps().items():
+        with isa_capped(cap):
+            assert _C.decode_attention_isa() == kernel
+            for kv_heads in (4, 2, 1):
+                _, native = _pair(kv_heads=kv_heads)
+                layer = native.model.layers[0]._current()
+                gen = torch.Generator().manual_seed(kv_heads)
+                for S in (1, 7, 8, 9, 15, 16, 17, 100):
+                    hidden = torch.randn(3, 1, 64, generator=gen)
+                    q = torch.randn(3, 4, 1, 16, generator=gen)
+                    k, v = (torch.randn(3, kv_heads, S, 16, generator=gen) * 3 for _ in range(2))
+                    with torch.no_grad():
+                        fast = layer.finish(hidden, q, k, v, None)
+                        ref = layer.finish(hidden, q, k, v, torch.ones(3, 1, 1, S, dtype=torch.bool))
+                    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_falls_back_to_the_model_code_where_native_does_not_apply():

@@ -14,6 +14,8 @@ from qbackend.core.extension import _C
 transformers = pytest.importorskip("transformers")
 from qbackend.llm.kv_cache import Int8KVCache, Int8KVLayer  # noqa: E402
 
+from .isa_children import decoding_attention_caps, isa_capped  # noqa: E402
+
 
 def _reference_rows(x: torch.Tensor):
     """Symmetric int8 per row of x [..., D]: (values, scales) as the contract defines them."""
@@ -75,23 +77,27 @@ def _llama(native=True, kv_heads=2, seed=0):
 
 
 def test_int8_decoding_attention_equals_dequantized_rows():
-    """finish_int8 (the decoding kernel on the int8 rows) against finish on the same rows dequantized."""
-    for kv_heads in (4, 2, 1):
-        layer = _llama(kv_heads=kv_heads).model.layers[0]._current()
-        gen = torch.Generator().manual_seed(kv_heads)
-        for S in (1, 16, 33):
-            rows = Int8KVLayer()
-            rows.update(torch.randn(3, kv_heads, S, 16, generator=gen) * 2,
-                        torch.randn(3, kv_heads, S, 16, generator=gen))
-            hidden, q = torch.randn(3, 1, 64, generator=gen), torch.randn(3, 4, 1, 16, generator=gen)
-            with torch.no_grad():
-                fast = layer.finish_int8(hidden, q, rows.k8, rows.k_scale, rows.v8, rows.v_scale, rows.length)
-                ref = layer.finish(hidden, q, *rows.dequantized(), torch.ones(3, 1, 1, S, dtype=torch.bool))
-            torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
-        with pytest.raises(ValueError, match="length must be in"):
-            layer.finish_int8(hidden, q, rows.k8, rows.k_scale, rows.v8, rows.v_scale, rows.k8.shape[2] + 1)
-        with pytest.raises(ValueError, match="k8 must be contiguous int8"):
-            layer.finish_int8(hidden, q, rows.k8.float(), rows.k_scale, rows.v8, rows.v_scale, 1)
+    """finish_int8 (the decoding kernel on the int8 rows) against finish on the same rows dequantized:
+    this CPU's kernel, and on AVX512 CPUs the AVX2 one too."""
+    for kernel, cap in decoding_attention_caps().items():
+        with isa_capped(cap):
+            assert _C.decode_attention_isa() == kernel
+            for kv_heads in (4, 2, 1):
+                layer = _llama(kv_heads=kv_heads).model.layers[0]._current()
+                gen = torch.Generator().manual_seed(kv_heads)
+                for S in (1, 9, 16, 33):
+                    rows = Int8KVLayer()
+                    rows.update(torch.randn(3, kv_heads, S, 16, generator=gen) * 2,
+                                torch.randn(3, kv_heads, S, 16, generator=gen))
+                    hidden, q = torch.randn(3, 1, 64, generator=gen), torch.randn(3, 4, 1, 16, generator=gen)
+                    with torch.no_grad():
+                        fast = layer.finish_int8(hidden, q, rows.k8, rows.k_scale, rows.v8, rows.v_scale, rows.length)
+                        ref = layer.finish(hidden, q, *rows.dequantized(), torch.ones(3, 1, 1, S, dtype=torch.bool))
+                    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="length must be in"):
+        layer.finish_int8(hidden, q, rows.k8, rows.k_scale, rows.v8, rows.v_scale, rows.k8.shape[2] + 1)
+    with pytest.raises(ValueError, match="k8 must be contiguous int8"):
+        layer.finish_int8(hidden, q, rows.k8.float(), rows.k_scale, rows.v8, rows.v_scale, 1)
 
 
 def _steps(model, ids, cache, steps=6):
