@@ -1,7 +1,7 @@
-// AVX2 W4A8 and W8A8 products (woq_a8_kernels.h). W4A8: 64 k of four weight rows a step; the nibbles (u <= 15) times
-// the int8 activations by vpmaddubsw, whose 16-bit pair sums cannot saturate here (2 x 15 x 128 for
-// each of the even and the odd k), then vpmaddwd into the exact int32 sum of each 8 k, scaled per lane
-// into float32. Only this file is compiled for AVX2 with FMA.
+// AVX2 W4A8 and W8A8 products (woq_a8_kernels.h). W4A8: the nibbles (u <= 15) times the int8 activations by
+// vpmaddubsw, whose 16-bit pair sums cannot saturate here (2 x 15 x 128 for each of the even and the odd
+// k), then vpmaddwd into the exact int32 sum of each 8 k, scaled per lane into float32. Only this file
+// is compiled for AVX2 with FMA.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -33,50 +33,86 @@ inline __m256i two_chunks(const T* tile, int j, int64_t b0, int64_t row_bytes) {
   return _mm256_inserti128_si256(_mm256_castsi128_si256(first), second, 1);
 }
 
+// W4A8: a line of the row tile a step (16 bytes = 32 k of each of its four rows, one activation block),
+// two rows' chunks to a register (rows 0, 1 and rows 2, 3) against the block's even and odd activations
+// in both halves: lanes 0-3 of a product hold the first row's exact sums of 8 k, lanes 4-7 the second's,
+// each scaled by its row's group scale (two groups per line when G = 16: lanes 0-1 and 2-3) times the
+// block's d into float32. The group scales are permuted once per group for all the pass's rows; each
+// group's offsets (the four rows' in one 128-bit vector) times the row's group sum go into a third
+// accumulator as the pass reaches the group, so the offset tile is read beside the weights.
+constexpr bool kPassA8Offsets = true;
+
 template <int MR>
-void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st, const float* ot, int64_t K,
-             int64_t G, float acc_out[MR][4]) {
-  const int64_t nbytes = (K + 1) / 2, ng = q.ng;
-  const int sh = __builtin_ctzll(uint64_t(G));
-  const __m128i shift = _mm_cvtsi32_si128(sh);
-  const __m256i lane_k = _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56);
+__attribute__((noinline)) void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st,
+                                       const float* ot, int64_t K, int64_t G, float acc_out[MR][4]) {
+  const int64_t chunks = WeightTiles::chunks((K + 1) / 2);
+  const int shift = __builtin_ctzll(uint64_t(G));
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[MR][4];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (int64_t b0 = 0; b0 < nbytes; b0 += 32) {
-    const int64_t k0 = 2 * b0;
-    // each lane's weight group g (lanes beyond the last group masked off) and row j's scale st[4 g + j]
-    const __m256i g = _mm256_srl_epi32(_mm256_add_epi32(_mm256_set1_epi32(int(k0)), lane_k), shift);
-    const __m256 gmask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(ng)), g));
-    __m256i lo[4], hi[4];
-    __m256 sv[4];
-    prefetch_weights(WeightTiles::at(tile, 0, b0));
-    prefetch_weights(WeightTiles::at(tile, 0, b0 + 16));
-    // the offset tile's line of this step's first group, into L1 for add_group_offsets after the
-    // pass (the weights' prefetch does not cover the offset tile)
-    _mm_prefetch(reinterpret_cast<const char*>(ot + 4 * (k0 >> sh)), _MM_HINT_T0);
-    for (int j = 0; j < 4; ++j) {
-      const __m256i v = two_chunks(tile, j, b0, nbytes);
-      lo[j] = _mm256_and_si256(v, low);
-      hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      const __m256i idx = _mm256_add_epi32(_mm256_slli_epi32(g, 2), _mm256_set1_epi32(j));
-      sv[j] = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), st, idx, gmask, 4);
-    }
-    for (int i = 0; i < MR; ++i) {
-      const int64_t row = m0 + i;
-      const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.even + row * q.ldq + b0));
-      const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.odd + row * q.ldq + b0));
-      const __m256 d = _mm256_loadu_ps(q.lane_scale + row * q.ldl + b0 / 4);
-      for (int j = 0; j < 4; ++j) {
-        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], xe), _mm256_maddubs_epi16(hi[j], xo));
-        const __m256i s = _mm256_madd_epi16(p, ones);
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sv[j], d), acc[i][j]);
+  // lane l of the rows-0-1 (2-3) register takes element idx[l] of the scales [group g | group g + 1]
+  const __m256i idx01 = G == 16 ? _mm256_setr_epi32(0, 0, 4, 4, 1, 1, 5, 5) : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i idx23 = G == 16 ? _mm256_setr_epi32(2, 2, 6, 6, 3, 3, 7, 7) : _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  const int8_t* xe[MR];
+  const int8_t* xo[MR];
+  const float* d[MR];
+  const float* gs[MR];
+  __m128 off[MR];
+  __m256 acc01[MR], acc23[MR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+    xe[i] = q.even + (m0 + i) * q.ldq;
+    xo[i] = q.odd + (m0 + i) * q.ldq;
+    d[i] = q.lane_scale + (m0 + i) * q.ldl;
+    gs[i] = q.group_sum + (m0 + i) * q.ng;
+    off[i] = _mm_setzero_ps();
+    acc01[i] = acc23[i] = _mm256_setzero_ps();
+  }
+  __m256 s01 = _mm256_setzero_ps(), s23 = _mm256_setzero_ps();
+  int64_t g_last = -1;
+  for (int64_t c = 0; c < chunks; ++c, tile += WeightTiles::kLine) {
+    const int64_t g = (32 * c) >> shift;
+    if (g != g_last) {
+      // the line's second half is the next group where G = 16 (and the line reaches it)
+      const bool two = G == 16 && 32 * c + 16 < K;
+      const __m256 s8 = two ? _mm256_loadu_ps(st + 4 * g) : _mm256_broadcast_ps(reinterpret_cast<const __m128*>(st + 4 * g));
+      s01 = _mm256_permutevar8x32_ps(s8, idx01);
+      s23 = _mm256_permutevar8x32_ps(s8, idx23);
+      const __m128 o = _mm_loadu_ps(ot + 4 * g);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) off[i] = _mm_fmadd_ps(o, _mm_set1_ps(gs[i][g]), off[i]);
+      if (two) {
+        const __m128 o1 = _mm_loadu_ps(ot + 4 * g + 4);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) off[i] = _mm_fmadd_ps(o1, _mm_set1_ps(gs[i][g + 1]), off[i]);
       }
+      g_last = g;
+    }
+    prefetch_weights(tile);
+    const __m256i w01 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile));
+    const __m256i w23 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32));
+    const __m256i lo01 = _mm256_and_si256(w01, low), hi01 = _mm256_and_si256(_mm256_srli_epi16(w01, 4), low);
+    const __m256i lo23 = _mm256_and_si256(w23, low), hi23 = _mm256_and_si256(_mm256_srli_epi16(w23, 4), low);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xe[i] + 16 * c)));
+      const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xo[i] + 16 * c)));
+      const __m256 dd = _mm256_broadcast_ss(d[i] + 4 * c);
+      const __m256i p01 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo01, a), _mm256_maddubs_epi16(hi01, b)), ones);
+      const __m256i p23 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo23, a), _mm256_maddubs_epi16(hi23, b)), ones);
+      acc01[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p01), _mm256_mul_ps(s01, dd), acc01[i]);
+      acc23[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p23), _mm256_mul_ps(s23, dd), acc23[i]);
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc_out[i][j] = hsum(acc[i][j]);
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+    // lanes 0-3 / 4-7 of acc01: rows 0 / 1; of acc23: rows 2 / 3
+    const __m256 h = _mm256_hadd_ps(acc01[i], acc23[i]);
+    const __m256 h2 = _mm256_hadd_ps(h, h);  // low half: rows 0, 2; high half: rows 1, 3
+    alignas(32) float v[8];
+    alignas(16) float o[4];
+    _mm256_store_ps(v, h2);
+    _mm_store_ps(o, off[i]);
+    acc_out[i][0] = v[0] + o[0], acc_out[i][1] = v[4] + o[1], acc_out[i][2] = v[1] + o[2], acc_out[i][3] = v[5] + o[3];
+  }
 }
 
 // One block of 32 k of four int8 weight rows a step: both operands sign-extended to 16 bits and
@@ -112,7 +148,6 @@ void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* tile, int
 }
 
 constexpr int kS8A8Tiles = 1;  // a tile a pass: AVX2's 16 registers hold no more
-constexpr bool kPassA8Offsets = false;  // add_group_offsets adds them (pass_a8 prefetches them)
 
 #include "kernels/woq_a8_rows_impl.h"
 
