@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "cpu/targets.h"
@@ -151,7 +152,101 @@ constexpr int kS8A8Tiles = 1;  // a tile a pass: AVX2's 16 registers hold no mor
 
 #include "kernels/woq_a8_rows_impl.h"
 
-constexpr WoqA8Kernels kTable{"avx2", &quantize_row4_scalar, &quantize_row8_scalar, &gemv_u4a8, &gemv_s8a8};
+// ---- Row quantizers (woq_a8_kernels.h: the scalar ones' bytes and floats): a block of 32 k as four
+// 8-lane vectors, lanes beyond K zero.
+
+struct Block32 {
+  __m256i q[4];  // xq of k0 + 8i .. k0 + 8i + 7 as int32 lanes (0 beyond K)
+  float d;       // the block's scale
+};
+
+inline __m256 lanes_of(const float* x, int64_t n) {
+  if (n >= 8) return _mm256_loadu_ps(x);
+  if (n <= 0) return _mm256_setzero_ps();
+  return _mm256_maskload_ps(x, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
+inline Block32 quantize_block(const float* x, int64_t n) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 largest = _mm256_set1_ps(3.40282347e38f);
+  __m256 v[4], amax = _mm256_setzero_ps();
+  bool finite = true;
+  for (int i = 0; i < 4; ++i) {
+    v[i] = lanes_of(x + 8 * i, n - 8 * i);
+    const __m256 a = _mm256_and_ps(v[i], abs_mask);
+    // |x| <= FLT_MAX is false for infinities and NaN (an ordered compare)
+    finite = finite && _mm256_movemask_ps(_mm256_cmp_ps(a, largest, _CMP_LE_OQ)) == 0xFF;
+    amax = _mm256_max_ps(amax, a);
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  Block32 b;
+  b.d = finite ? _mm_cvtss_f32(m) / 127.0f : NAN;
+  if (b.d > 0.0f) {  // every |x / d| rounds to at most 127: the scalar conversion's value, no clamp needed
+    const __m256 dv = _mm256_set1_ps(b.d);
+    for (int i = 0; i < 4; ++i) b.q[i] = _mm256_cvtps_epi32(_mm256_div_ps(v[i], dv));
+  } else {
+    for (int i = 0; i < 4; ++i) b.q[i] = _mm256_setzero_si256();
+  }
+  return b;
+}
+
+// The block's 32 int8 values in k order.
+inline __m256i block_bytes(const Block32& b) {
+  const __m256i w01 = _mm256_packs_epi32(b.q[0], b.q[1]), w23 = _mm256_packs_epi32(b.q[2], b.q[3]);
+  // packs work within 128-bit lanes: k 0-3, 8-11, 16-19, 24-27 | 4-7, 12-15, 20-23, 28-31 as 4-byte groups
+  const __m256i bytes = _mm256_packs_epi16(w01, w23);
+  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+inline int32_t lane_sum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
+
+// The buffers hold whole blocks (ldq >= K rounded up to 64 bytes of k), so every block stores 32 k.
+void quantize_row4(const float* x, int64_t K, int64_t G, int8_t* even, int8_t* odd, float* lane_scale,
+                   float* group_sum) {
+  const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                         0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    const int64_t n = std::min<int64_t>(32, K - k0);
+    const Block32 b = quantize_block(x + k0, n);
+    // per 128-bit lane: its 8 even k, then its 8 odd k; then the evens of both lanes, the odds of both
+    const __m256i eo = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(block_bytes(b), split), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(even + k0 / 2), _mm256_castsi256_si128(eo));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(odd + k0 / 2), _mm256_extracti128_si256(eo, 1));
+    for (int64_t l = 0; 8 * l < n; ++l) {
+      lane_scale[k0 / 8 + l] = b.d;
+      // a separate rounding of the product, as the scalar code (no fused multiply-add)
+      volatile float product = b.d * float(lane_sum(b.q[l]));
+      group_sum[(k0 + 8 * l) / G] += product;
+    }
+  }
+}
+
+void quantize_row8(const float* x, int64_t K, int8_t* xq, float* lane_scale, int32_t* block_offset) {
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    const int64_t n = std::min<int64_t>(32, K - k0);
+    const Block32 b = quantize_block(x + k0, n);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + k0), block_bytes(b));
+    // block_offset[4 b + l]: -128 x the sum over k = 4l .. 4l + 3 and 16 + 4l .. 16 + 4l + 3 of the block
+    alignas(32) int32_t s[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s), _mm256_add_epi32(b.q[0], b.q[2]));
+    alignas(32) int32_t t[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_add_epi32(b.q[1], b.q[3]));
+    int32_t* bo = block_offset + k0 / 32 * 4;
+    for (int l = 0; l < 2; ++l) {
+      bo[l] = -128 * (s[4 * l] + s[4 * l + 1] + s[4 * l + 2] + s[4 * l + 3]);
+      bo[l + 2] = -128 * (t[4 * l] + t[4 * l + 1] + t[4 * l + 2] + t[4 * l + 3]);
+    }
+    for (int64_t l = 0; 4 * l < n; ++l) lane_scale[k0 / 4 + l] = b.d;
+  }
+}
+
+constexpr WoqA8Kernels kTable{"avx2", &quantize_row4, &quantize_row8, &gemv_u4a8, &gemv_s8a8};
 
 }  // namespace
 

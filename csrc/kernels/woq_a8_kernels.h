@@ -65,7 +65,7 @@ using QuantizeRow4Fn = void (*)(const float* x, int64_t K, int64_t G, int8_t* ev
                                 float* group_sum);
 using QuantizeRow8Fn = void (*)(const float* x, int64_t K, int8_t* xq, float* lane_scale, int32_t* block_offset);
 
-// The reference row quantizers (woq_a8_scalar.cpp), also the AVX2 table's.
+// The reference row quantizers (woq_a8_scalar.cpp).
 void quantize_row4_scalar(const float* x, int64_t K, int64_t G, int8_t* even, int8_t* odd, float* lane_scale,
                           float* group_sum);
 void quantize_row8_scalar(const float* x, int64_t K, int8_t* xq, float* lane_scale, int32_t* block_offset);
