@@ -35,8 +35,6 @@ inline void row_sums(__m512 acc, float out[4]) {
 // one 128-bit vector) times the row's group sum go into a third accumulator as the pass reaches the
 // group, so the offset tile is read beside the weights (a separate pass over it misses the cache:
 // the weights' prefetch does not cover it).
-constexpr bool kPassA8Offsets = true;
-
 template <int MR>
 void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st, const float* ot, int64_t K,
              int64_t G, float acc_out[MR][4]) {

@@ -1,9 +1,8 @@
 // The row and channel loops of the W4A8 and W8A8 kernels (woq_a8_kernels.h), shared by the SIMD units:
-// each defines, in its anonymous namespace, `template <int MR> void pass_a8(q, m0, tile, st, K, G, out[MR][4])`
+// each defines, in its anonymous namespace, `template <int MR> void pass_a8(q, m0, tile, st, ot, K, G, out[MR][4])`
 // (the scaled sums of rows m0 .. m0 + MR - 1 of q against the four 4-bit weight rows of a row tile, st
 // its group tile of scales: st[4 g + j] row j's scale of group g; ot its group tile of offsets, whose
-// terms the pass adds where the unit sets `constexpr bool kPassA8Offsets` true, else left out for
-// add_group_offsets below) and
+// terms, each group's offsets times the row's group sum, the pass adds) and
 // `template <int MR> void pass_s8a8(q, m0, tile, K, out[MR][4])` (against the four int8 weight rows of a
 // row tile, the channel scales left out) and `constexpr int kS8A8Tiles` (1, or the tiles of a
 // pass_s8a8_tiles, see gemv_s8a8), then includes this header there, after its QB_TARGET, so the loops
@@ -12,25 +11,6 @@
 
 #include "kernels/row_passes_impl.h"
 
-// out[i][j] += sum_g ot[4 g + j] * q.group_sum[m0 + i][g]: the tile's group offsets times the activations'
-// group sums, in two interleaved partial sums (the four rows side by side, one short vector).
-template <int MR>
-void add_group_offsets(const BlockQuantizedRows& q, int64_t m0, const float* ot, float out[MR][4]) {
-  for (int i = 0; i < MR; ++i) {
-    const float* gs = q.group_sum + (m0 + i) * q.ng;
-    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f}, b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int64_t g = 0;
-    for (; g + 1 < q.ng; g += 2)
-      for (int j = 0; j < 4; ++j) {
-        a[j] += ot[4 * g + j] * gs[g];
-        b[j] += ot[4 * g + 4 + j] * gs[g + 1];
-      }
-    if (g < q.ng)
-      for (int j = 0; j < 4; ++j) a[j] += ot[4 * g + j] * gs[g];
-    for (int j = 0; j < 4; ++j) out[i][j] += a[j] + b[j];
-  }
-}
-
 void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
                const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
   const int64_t tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
@@ -38,7 +18,6 @@ void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t
     each_tile<MR>(n0, n1, nullptr, bias, y + m * ldy, ldy, [&](int64_t n, float out[MR][4]) {
       const int64_t gt = WeightTiles::group_tile(n, q.ng);
       pass_a8<MR>(q, m, w + n / 4 * tile_bytes, scale + gt, offset + gt, K, G, out);
-      if constexpr (!kPassA8Offsets) add_group_offsets<MR>(q, m, offset + gt, out);
     });
   });
 }
