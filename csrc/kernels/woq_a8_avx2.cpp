@@ -13,15 +13,10 @@
 #include "kernels/woq_a8_kernels.h"
 
 QB_TARGET(QB_ISA_AVX2)
+#include "kernels/avx2_common.h"
 
 namespace qbackend::kernels {
 namespace {
-
-inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
 
 // Bytes [b0, b0 + 32) of row j of a row tile (b0 a multiple of 32): two 16-byte chunks, the second
 // zero where the row's `row_bytes` end before it (the tile's padding is zero already).
@@ -41,8 +36,6 @@ inline __m256i two_chunks(const T* tile, int j, int64_t b0, int64_t row_bytes) {
 // block's d into float32. The group scales are permuted once per group for all the pass's rows; each
 // group's offsets (the four rows' in one 128-bit vector) times the row's group sum go into a third
 // accumulator as the pass reaches the group, so the offset tile is read beside the weights.
-constexpr bool kPassA8Offsets = true;
-
 template <int MR>
 __attribute__((noinline)) void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st,
                                        const float* ot, int64_t K, int64_t G, float acc_out[MR][4]) {
@@ -145,7 +138,7 @@ void pass_s8a8(const BlockQuantizedRows8& q, int64_t m0, const int8_t* tile, int
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc_out[i][j] = hsum(acc[i][j]);
+    for (int j = 0; j < 4; ++j) acc_out[i][j] = avx2::hsum(acc[i][j]);
 }
 
 constexpr int kS8A8Tiles = 1;  // a tile a pass: AVX2's 16 registers hold no more
@@ -163,7 +156,7 @@ struct Block32 {
 inline __m256 lanes_of(const float* x, int64_t n) {
   if (n >= 8) return _mm256_loadu_ps(x);
   if (n <= 0) return _mm256_setzero_ps();
-  return _mm256_maskload_ps(x, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+  return _mm256_maskload_ps(x, avx2::lane_mask(n));
 }
 
 inline Block32 quantize_block(const float* x, int64_t n) {

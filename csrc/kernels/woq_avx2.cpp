@@ -13,16 +13,10 @@
 #include "kernels/woq_kernels.h"
 
 QB_TARGET(QB_ISA_AVX2)
+#include "kernels/avx2_common.h"
 
 namespace qbackend::kernels {
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 inline __m256 load_w8(const int8_t* p) {
   int64_t bits;
@@ -53,7 +47,7 @@ void pass(const float* x, int64_t ldx, const int8_t* tile, int64_t K, float out[
   }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) {
-      float s = hsum(acc[i][j]);
+      float s = avx2::hsum(acc[i][j]);
       for (int64_t k = K8; k < K; ++k) s += x[i * ldx + k] * float(*WeightTiles::at(tile, j, k));
       out[i][j] = s;
     }
@@ -91,34 +85,35 @@ void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* st, co
                                 _mm256_set1_ps(ot[4 * g + j]));
       fma_rows<MR>(x, ldx, k, wv, acc);
     }
-  }
-  const __m128i low = _mm_set1_epi8(0x0F);
-  const uint8_t* line = tile;
-  for (int64_t k0 = 0; MR < 3 && k0 < K8; k0 += 32, line += WeightTiles::kLine) {
-    prefetch_weights(line);
-    for (int half = 0; half < 2; ++half) {
-      // row j's u at k0 + 16 half .. + 15, one byte each in k order (the even k in the low nibbles)
-      __m128i u[4];
-      for (int j = 0; j < 4; ++j) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(line + j * WeightTiles::kChunk));
-        const __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-        u[j] = half ? _mm_unpackhi_epi8(lo, hi) : _mm_unpacklo_epi8(lo, hi);
-      }
-      for (int q = 0; q < 2; ++q) {
-        const int64_t k = k0 + 16 * half + 8 * q;
-        if (k >= K8) break;
-        const int64_t g = k / G;
-        __m256 wv[4];
-        for (int j = 0; j < 4; ++j)
-          wv[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q ? _mm_srli_si128(u[j], 8) : u[j])),
-                                  _mm256_set1_ps(st[4 * g + j]), _mm256_set1_ps(ot[4 * g + j]));
-        fma_rows<MR>(x, ldx, k, wv, acc);
+  } else {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const uint8_t* line = tile;
+    for (int64_t k0 = 0; k0 < K8; k0 += 32, line += WeightTiles::kLine) {
+      prefetch_weights(line);
+      for (int half = 0; half < 2; ++half) {
+        // row j's u at k0 + 16 half .. + 15, one byte each in k order (the even k in the low nibbles)
+        __m128i u[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(line + j * WeightTiles::kChunk));
+          const __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+          u[j] = half ? _mm_unpackhi_epi8(lo, hi) : _mm_unpacklo_epi8(lo, hi);
+        }
+        for (int q = 0; q < 2; ++q) {
+          const int64_t k = k0 + 16 * half + 8 * q;
+          if (k >= K8) break;
+          const int64_t g = k / G;
+          __m256 wv[4];
+          for (int j = 0; j < 4; ++j)
+            wv[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q ? _mm_srli_si128(u[j], 8) : u[j])),
+                                    _mm256_set1_ps(st[4 * g + j]), _mm256_set1_ps(ot[4 * g + j]));
+          fma_rows<MR>(x, ldx, k, wv, acc);
+        }
       }
     }
   }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) {
-      float s = hsum(acc[i][j]);
+      float s = avx2::hsum(acc[i][j]);
       for (int64_t k = K8; k < K; ++k) {
         const uint8_t b = *WeightTiles::at(tile, j, k / 2);
         const int u = (k & 1) ? (b >> 4) : (b & 15);
