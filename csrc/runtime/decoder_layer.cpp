@@ -131,17 +131,17 @@ void check_float3(const Tensor& t, const char* name) {
 // region costs more than the arithmetic of a small model's step (SmolLM2: 9 heads x 64 x ~100 positions).
 constexpr int64_t kSerialAttentionWork = int64_t(1) << 18;
 
-// The decoding attention kernel for this CPU (within the QBACKEND_ISA cap): AVX512, else AVX2 with FMA;
-// null where it has neither (those steps go to SDPA).
-kernels::DecodeAttentionFn decoding_kernel() {
-  if (cpu::has(cpu::Isa::Avx512)) return &kernels::decode_attention_avx512;
-  if (cpu::has(cpu::Isa::Avx2)) return &kernels::decode_attention_avx2;
-  return nullptr;
-}
+// The decoding attention kernel for this CPU (within the QBACKEND_ISA cap) and its ISA's name: AVX512,
+// else AVX2 with FMA; {null, ""} where it has neither (those steps go to SDPA).
+struct DecodingKernel {
+  kernels::DecodeAttentionFn fn;
+  const char* isa;
+};
 
-std::string decoding_kernel_name() {
-  const kernels::DecodeAttentionFn k = decoding_kernel();
-  return k == &kernels::decode_attention_avx512 ? "avx512" : k == &kernels::decode_attention_avx2 ? "avx2" : "";
+DecodingKernel decoding_kernel() {
+  if (cpu::has(cpu::Isa::Avx512)) return {&kernels::decode_attention_avx512, "avx512"};
+  if (cpu::has(cpu::Isa::Avx2)) return {&kernels::decode_attention_avx2, "avx2"};
+  return {nullptr, ""};
 }
 
 // One step's attention for the decoding kernel (q [B, H, 1, D], k and v [B, KV, S, D] with their
@@ -257,7 +257,7 @@ class DecoderLayer {
                           v.sizes() == k.sizes(),
                       "k and v must be [", B, ", ", KV, ", positions, ", D, "], got ", k.sizes(), " and ", v.sizes());
     const bool decoding = L == 1 && !mask && k.size(2) > 0 && k.stride(3) == 1 && v.stride(3) == 1;
-    const kernels::DecodeAttentionFn kernel = decoding ? decoding_kernel() : nullptr;
+    const kernels::DecodeAttentionFn kernel = decoding ? decoding_kernel().fn : nullptr;
     const Tensor a = kernel ? decode_attention(kernel, q, k, v, k.size(2), scaling_) : sdpa(q, k, v, mask);
     return after_attention(hidden, a);
   }
@@ -286,7 +286,7 @@ class DecoderLayer {
                         " ", t.sizes());
     TORCH_CHECK_VALUE(v8.sizes() == k8.sizes(), "v8 must have k8's shape ", k8.sizes(), ", got ", v8.sizes());
     TORCH_CHECK_VALUE(length >= 1 && length <= k8.size(2), "length must be in [1, ", k8.size(2), "], got ", length);
-    const kernels::DecodeAttentionFn kernel = decoding_kernel();
+    const kernels::DecodeAttentionFn kernel = decoding_kernel().fn;
     const Tensor a = kernel ? decode_attention(kernel, q, k8, v8, length, scaling_, k_scale, v_scale)
                             : sdpa(q, dequantized_rows(k8, k_scale, length), dequantized_rows(v8, v_scale, length),
                                    std::nullopt);
@@ -384,7 +384,7 @@ void append_int8_rows(Tensor& rows, Tensor& scales, int64_t pos, const Tensor& x
 }  // namespace
 
 void register_decoder_layer(py::module_& m) {
-  m.def("decode_attention_isa", &decoding_kernel_name,
+  m.def("decode_attention_isa", [] { return std::string(decoding_kernel().isa); },
         "the instruction set of the decoding steps' attention kernel here (avx512, avx2), or '' (SDPA)");
   m.def("append_int8_rows", &append_int8_rows, py::arg("rows"), py::arg("scales"), py::arg("pos"), py::arg("x"),
         "x's rows quantized to int8 (one scale per row) into rows and scales at positions pos.. "
