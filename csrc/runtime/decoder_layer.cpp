@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <tuple>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -381,6 +382,30 @@ void append_int8_rows(Tensor& rows, Tensor& scales, int64_t pos, const Tensor& x
   }
 }
 
+// keys and values [B, KV, n, D] (same dtype as the storages) copied into positions pos .. pos + n of
+// key_rows and value_rows (contiguous [B, KV, capacity, D]); returns the storages' first pos + n
+// positions as views.
+std::tuple<Tensor, Tensor> append_rows(Tensor& key_rows, Tensor& value_rows, int64_t pos, const Tensor& keys,
+                                       const Tensor& values) {
+  for (const Tensor* t : {&keys, &values})
+    TORCH_CHECK_VALUE(t->dim() == 4 && t->sizes() == keys.sizes() && t->scalar_type() == keys.scalar_type(),
+                      "keys and values must be [batch, heads, positions, head_dim] of one shape and dtype, got ",
+                      keys.toString(), " ", keys.sizes(), " and ", values.toString(), " ", values.sizes());
+  const int64_t n = keys.size(2);
+  for (const Tensor* t : {&key_rows, &value_rows})
+    TORCH_CHECK_VALUE(t->dim() == 4 && t->is_contiguous() && t->scalar_type() == keys.scalar_type() &&
+                          t->size(0) == keys.size(0) && t->size(1) == keys.size(1) && t->size(3) == keys.size(3) &&
+                          t->sizes() == key_rows.sizes(),
+                      "key_rows and value_rows must be contiguous ", keys.toString(), " [", keys.size(0), ", ",
+                      keys.size(1), ", capacity, ", keys.size(3), "] of one shape, got ", key_rows.sizes(), " and ",
+                      value_rows.sizes());
+  TORCH_CHECK_VALUE(pos >= 0 && pos + n <= key_rows.size(2), "positions ", pos, " .. ", pos + n,
+                    " do not fit a capacity of ", key_rows.size(2));
+  key_rows.narrow(2, pos, n).copy_(keys);
+  value_rows.narrow(2, pos, n).copy_(values);
+  return {key_rows.narrow(2, 0, pos + n), value_rows.narrow(2, 0, pos + n)};
+}
+
 }  // namespace
 
 void register_decoder_layer(py::module_& m) {
@@ -389,6 +414,9 @@ void register_decoder_layer(py::module_& m) {
   m.def("append_int8_rows", &append_int8_rows, py::arg("rows"), py::arg("scales"), py::arg("pos"), py::arg("x"),
         "x's rows quantized to int8 (one scale per row) into rows and scales at positions pos.. "
         "(csrc/runtime/decoder_layer.cpp)", py::call_guard<py::gil_scoped_release>());
+  m.def("append_rows", &append_rows, py::arg("key_rows"), py::arg("value_rows"), py::arg("pos"), py::arg("keys"),
+        py::arg("values"), "keys and values copied into the row storages at positions pos..; returns the storages' "
+        "first pos + n positions (csrc/runtime/decoder_layer.cpp)", py::call_guard<py::gil_scoped_release>());
   py::class_<DecoderLayer>(m, "DecoderLayer",
                            "A Llama-style decoder layer in two native calls (csrc/runtime/decoder_layer.cpp); "
                            "built and called by qbackend.llm.decoder_layers.NativeDecoderLayer.")

@@ -17,7 +17,7 @@ path) and runs the model's own code (the original layer, on these children) wher
 does not apply: inputs other than float32 on the CPU, training or gradients, an attention other than
 SDPA or with options the native path does not take (attention weights, position biases), tracing and
 torch.compile. With qbackend.llm.kv_cache.Int8KVCache a decoding step attends the cache's int8 rows
-directly. The native layer reads the children's tensors as they are when it is first called;
+directly; transformers' DynamicCache is appended to in place (llm/dynamic_rows.py). The native layer reads the children's tensors as they are when it is first called;
 replacing a child module, or a buffer of one, is seen on the next call and rebuilds it.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ..core.extension import _C
 from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from ..nn.rms_norm import RMSNorm
+from .dynamic_rows import append_rows
 from .shared_input import SharedInputLinear
 
 __all__ = ["NativeDecoderLayer", "swap_decoder_layers"]
@@ -214,8 +215,8 @@ class NativeDecoderLayer(nn.Module):
             k, v = rows.dequantized()
         elif cache is not None:
             # the arguments transformers' attention passes to the cache
-            k, v = cache.update(k, v, self.layer_idx,
-                                kwargs={"position_ids": position_ids, "use_cache": use_cache, **kwargs})
+            k, v = append_rows(cache, self.layer_idx, k, v,
+                               kwargs={"position_ids": position_ids, "use_cache": use_cache, **kwargs})
         return native.finish(hidden_states, q, k, v, attention_mask)
 
     def extra_repr(self) -> str:
