@@ -1,5 +1,5 @@
 // AVX2 (with FMA) building blocks shared by the kernel translation units (the weight-only products, the
-// decoding attention). Include it AFTER the translation unit's `QB_TARGET(QB_ISA_AVX2)` (cpu/targets.h):
+// decoding attention, the observers, the 256-bit GEMM). Include it AFTER the translation unit's `QB_TARGET(QB_ISA_AVX2)` (cpu/targets.h):
 // everything here is in an anonymous namespace, so each translation unit compiles its own copy for its
 // own target and no inline function is shared between units built for different ISAs.
 #pragma once
@@ -24,6 +24,12 @@ inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+inline float hmin(__m256 v) {
+  const __m128 s = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_min_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_min_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
 inline float hmax(__m256 v) {

@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "cpu/probe.h"
+#include "kernels/avx2_common.h"
 #include "kernels/gemm_common.h"
 #include "kernels/gemm_kernels.h"
 
@@ -109,11 +110,6 @@ __attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t ld
       for (int s = 1; s < KS; ++s) sum += acc[s][r][h];
       out[r * 2 + h] = (__m256i)sum;
     }
-}
-
-// Lanes [0, valid) set: the mask of the masked loads and stores.
-inline __m256i lane_mask(int64_t valid) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(valid)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 inline __m256 load_f32(const float* p, int64_t valid, __m256i mask) {
@@ -264,7 +260,7 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const __m
     const int64_t n0 = n16 + h * 8;
     const int64_t valid = std::min<int64_t>(8, g.N - n0);
     if (valid <= 0) break;
-    const __m256i mask = lane_mask(valid);
+    const __m256i mask = avx2::lane_mask(valid);
     const __m256i zp_colsum = _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.colsum + n0)),
                                                  _mm256_set1_epi32(g.a_zp));
     const __m256 scale = _mm256_mul_ps(load_f32(g.w_scales + n0, valid, mask), _mm256_set1_ps(g.x_scale));

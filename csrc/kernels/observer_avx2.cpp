@@ -12,6 +12,8 @@
 
 QB_TARGET(QB_ISA_AVX2 QB_ISA_POPCNT)
 
+#include "kernels/avx2_common.h"  // after the pragma: compiled for this target
+
 namespace qbackend::kernels {
 namespace {
 
@@ -40,21 +42,8 @@ inline __m256 finite_lanes(__m256 v) {
   return _mm256_cmp_ps(abs, _mm256_set1_ps(kFltMax), _CMP_LE_OQ);
 }
 
-inline float hmin(__m256 v) {
-  __m128 r = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  r = _mm_min_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_min_ss(r, _mm_shuffle_ps(r, r, 1));
-  return _mm_cvtss_f32(r);
-}
-inline float hmax(__m256 v) {
-  __m128 r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  r = _mm_max_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_max_ss(r, _mm_shuffle_ps(r, r, 1));
-  return _mm_cvtss_f32(r);
-}
-
 inline void fold(FiniteStats* s, __m256 vmin, __m256 vmax) {
-  const float lo = hmin(vmin), hi = hmax(vmax);
+  const float lo = avx2::hmin(vmin), hi = avx2::hmax(vmax);
   s->min = lo < s->min ? lo : s->min;
   s->max = hi > s->max ? hi : s->max;
 }

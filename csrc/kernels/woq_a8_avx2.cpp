@@ -12,8 +12,9 @@
 #include "kernels/weight_prefetch.h"
 #include "kernels/woq_a8_kernels.h"
 
-QB_TARGET(QB_ISA_AVX2)
+QB_TARGET(QB_ISA_AVX2 QB_ISA_F16C)
 #include "kernels/avx2_common.h"
+#include "kernels/f16_lanes.h"
 
 namespace qbackend::kernels {
 namespace {
@@ -37,8 +38,8 @@ inline __m256i two_chunks(const T* tile, int j, int64_t b0, int64_t row_bytes) {
 // group's offsets (the four rows' in one 128-bit vector) times the row's group sum go into a third
 // accumulator as the pass reaches the group, so the offset tile is read beside the weights.
 template <int MR>
-__attribute__((noinline)) void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st,
-                                       const float* ot, int64_t K, int64_t G, float acc_out[MR][4]) {
+__attribute__((noinline)) void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const F16* st,
+                                       const F16* ot, int64_t K, int64_t G, float acc_out[MR][4]) {
   const int64_t chunks = WeightTiles::chunks((K + 1) / 2);
   const int shift = __builtin_ctzll(uint64_t(G));
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -67,14 +68,14 @@ __attribute__((noinline)) void pass_a8(const BlockQuantizedRows& q, int64_t m0, 
     if (g != g_last) {
       // the line's second half is the next group where G = 16 (and the line reaches it)
       const bool two = G == 16 && 32 * c + 16 < K;
-      const __m256 s8 = two ? _mm256_loadu_ps(st + 4 * g) : _mm256_broadcast_ps(reinterpret_cast<const __m128*>(st + 4 * g));
+      const __m256 s8 = two ? f16x8(st + 4 * g) : _mm256_set_m128(f16x4(st + 4 * g), f16x4(st + 4 * g));
       s01 = _mm256_permutevar8x32_ps(s8, idx01);
       s23 = _mm256_permutevar8x32_ps(s8, idx23);
-      const __m128 o = _mm_loadu_ps(ot + 4 * g);
+      const __m128 o = f16x4(ot + 4 * g);
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) off[i] = _mm_fmadd_ps(o, _mm_set1_ps(gs[i][g]), off[i]);
       if (two) {
-        const __m128 o1 = _mm_loadu_ps(ot + 4 * g + 4);
+        const __m128 o1 = f16x4(ot + 4 * g + 4);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) off[i] = _mm_fmadd_ps(o1, _mm_set1_ps(gs[i][g + 1]), off[i]);
       }

@@ -10,9 +10,10 @@
 #include "kernels/weight_prefetch.h"
 #include "kernels/woq_a8_kernels.h"
 
-QB_TARGET(QB_ISA_AVX512_VNNI)
+QB_TARGET(QB_ISA_AVX512_VNNI QB_ISA_F16C)
 
 #include "kernels/avx512_common.h"  // after the pragma: compiled for this target
+#include "kernels/f16_lanes.h"
 
 namespace qbackend::kernels {
 namespace {
@@ -36,7 +37,7 @@ inline void row_sums(__m512 acc, float out[4]) {
 // group, so the offset tile is read beside the weights (a separate pass over it misses the cache:
 // the weights' prefetch does not cover it).
 template <int MR>
-void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const float* st, const float* ot, int64_t K,
+void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const F16* st, const F16* ot, int64_t K,
              int64_t G, float acc_out[MR][4]) {
   const int64_t nbytes = (K + 1) / 2;
   const int shift = __builtin_ctzll(uint64_t(G));
@@ -55,7 +56,7 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const
     off[i] = _mm_setzero_ps();
   }
   const auto add_offsets = [&](int64_t g) {
-    const __m128 o = _mm_loadu_ps(ot + 4 * g);
+    const __m128 o = f16x4(ot + 4 * g);
     for (int i = 0; i < MR; ++i) off[i] = _mm_fmadd_ps(o, _mm_set1_ps(gs[i][g]), off[i]);
   };
   // lane 4j + l's group scale of row j for the line at byte b0 (lanes l = 2, 3 hold k 16 .. 31 of the
@@ -65,11 +66,11 @@ void pass_a8(const BlockQuantizedRows& q, int64_t m0, const uint8_t* tile, const
   const auto group_scales = [&](int64_t b0) {
     const int64_t k0 = 2 * b0, g = k0 >> shift;
     if (g != g_last) {
-      sv = _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(_mm_loadu_ps(st + 4 * g)));
+      sv = _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(f16x4(st + 4 * g)));
       add_offsets(g);
       if (G == 16 && k0 + 16 < K) {
         sv = _mm512_mask_permutexvar_ps(sv, __mmask16(0xCCCC), row_of_lane,
-                                        _mm512_castps128_ps512(_mm_loadu_ps(st + 4 * g + 4)));
+                                        _mm512_castps128_ps512(f16x4(st + 4 * g + 4)));
         add_offsets(g + 1);
       }
       g_last = g;

@@ -10,7 +10,7 @@
 //                        + sum_g O(n, g) * q.group_sum[m][g]  (+ bias[n])
 //
 //   which is x @ W^T for W[n, k] = S * u + O (the int4 weights of woq_kernels.h: the same row tiles, and
-//   S, O from the group tiles scale and offset) with x replaced by its block-quantized values. u(n, k) in [0, 15] is the low (k even) or high
+//   S, O from the float16 group tiles scale and offset) with x replaced by its block-quantized values. u(n, k) in [0, 15] is the low (k even) or high
 //   (k odd) nibble of byte k / 2 of row n; G (the weight group) is a power of two >= 16.
 //
 // The products u * xq are summed exactly in int32 over each 8 k (u8 x s8 dot products: VNNI, or
@@ -75,7 +75,7 @@ struct WoqA8Kernels {
   QuantizeRow4Fn quantize_row4;
   QuantizeRow8Fn quantize_row8;
   void (*gemv_u4a8)(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0,
-                    int64_t n1, const float* scale, const float* offset, const float* bias, float* y, int64_t ldy);
+                    int64_t n1, const F16* scale, const F16* offset, const float* bias, float* y, int64_t ldy);
   void (*gemv_s8a8)(const BlockQuantizedRows8& q, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
                     const float* scale, const float* bias, float* y, int64_t ldy);
 };

@@ -1,7 +1,7 @@
 // The row and channel loops of the W4A8 and W8A8 kernels (woq_a8_kernels.h), shared by the SIMD units:
 // each defines, in its anonymous namespace, `template <int MR> void pass_a8(q, m0, tile, st, ot, K, G, out[MR][4])`
 // (the scaled sums of rows m0 .. m0 + MR - 1 of q against the four 4-bit weight rows of a row tile, st
-// its group tile of scales: st[4 g + j] row j's scale of group g; ot its group tile of offsets, whose
+// its float16 group tile of scales: st[4 g + j] row j's scale of group g; ot its group tile of offsets, whose
 // terms, each group's offsets times the row's group sum, the pass adds) and
 // `template <int MR> void pass_s8a8(q, m0, tile, K, out[MR][4])` (against the four int8 weight rows of a
 // row tile, the channel scales left out) and `constexpr int kS8A8Tiles` (1, or the tiles of a
@@ -12,7 +12,7 @@
 #include "kernels/row_passes_impl.h"
 
 void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
-               const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
+               const F16* scale, const F16* offset, const float* bias, float* y, int64_t ldy) {
   const int64_t tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
   row_passes(M, [&]<int MR>(int64_t m) {
     each_tile<MR>(n0, n1, nullptr, bias, y + m * ldy, ldy, [&](int64_t n, float out[MR][4]) {

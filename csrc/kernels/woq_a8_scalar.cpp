@@ -25,7 +25,7 @@ float block_scale(const float* x, int64_t k0, int64_t k1) {
 int8_t quantized(float x, float d) { return d > 0.0f ? int8_t(std::nearbyint(x / d)) : int8_t(0); }
 
 void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
-               const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
+               const F16* scale, const F16* offset, const float* bias, float* y, int64_t ldy) {
   const int64_t ldw = (K + 1) / 2, lanes = (K + 7) / 8, tile_bytes = WeightTiles::tile_bytes(ldw);
   for (int64_t m = 0; m < M; ++m) {
     const int8_t* xe = q.even + m * q.ldq;
@@ -41,9 +41,9 @@ void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t
           const uint8_t wb = *WeightTiles::at(tile, n % 4, b);
           sum += (wb & 15) * xe[b] + (wb >> 4) * xo[b];
         }
-        acc += float(sum) * (scale[WeightTiles::group_at(n, 8 * l / G, q.ng)] * d[l]);
+        acc += float(sum) * (f16_to_float(scale[WeightTiles::group_at(n, 8 * l / G, q.ng)]) * d[l]);
       }
-      for (int64_t g = 0; g < q.ng; ++g) acc += offset[WeightTiles::group_at(n, g, q.ng)] * gs[g];
+      for (int64_t g = 0; g < q.ng; ++g) acc += f16_to_float(offset[WeightTiles::group_at(n, g, q.ng)]) * gs[g];
       y[m * ldy + n] = acc + (bias ? bias[n] : 0.0f);
     }
   }

@@ -18,8 +18,8 @@
 //         y[m * ldy + n] = sum_k x[m * ldx + k] * (S(n, g) * u(n, k) + O(n, g)) (+ bias[n])
 //       where g = k / G, ng = ceil(K / G), u(n, k) in [0, 15] the low (k even) or high (k odd) nibble of
 //       byte k / 2 of row n (row tiles of ceil(K / 2) bytes a row), and the group values come in group
-//       tiles: S(n, g) = scale[group_at(n, g, ng)], O likewise from offset; each weight is dequantized in
-//       float32 by one fused multiply-add.
+//       tiles of float16 (F16 below): S(n, g) = float(scale[group_at(n, g, ng)]), O likewise from offset;
+//       each weight is dequantized in float32 by one fused multiply-add.
 //
 // n0 is a multiple of 4 (a tile's first channel); the rows a tile pads beyond N are computed and not
 // stored. The sum is accumulated in float32 in an order each ISA chooses (lanes of 16, 8 or 1 values,
@@ -32,6 +32,14 @@
 namespace qbackend::kernels {
 
 constexpr int64_t kRowsPerPass = 4;
+
+// The bits of an IEEE float16 (binary16): the 4-bit weights' group scales and offsets, 4 bytes a group
+// where two float32 took 8 (a third of an int4 weight's bytes in groups of 32).
+using F16 = uint16_t;
+
+// The float32 of a float16's bits (exact, subnormals, infinities and NaN included); the SIMD units convert
+// with F16C's vcvtph2ps, which gives the same floats. Defined in woq_scalar.cpp (no ISA target).
+float f16_to_float(F16 h);
 
 // The row-tile layout of a weight of N rows of `row_bytes` bytes: ceil(N / 4) tiles of
 // chunks(row_bytes) chunks; chunk c of a tile holds bytes [16c, 16c + 16) of its rows 0..3 in turn
@@ -59,7 +67,7 @@ struct WoqKernels {
   void (*gemv_s8)(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K, int64_t n0, int64_t n1,
                   const float* scale, const float* bias, float* y, int64_t ldy);
   void (*gemv_u4)(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0,
-                  int64_t n1, const float* scale, const float* offset, const float* bias, float* y, int64_t ldy);
+                  int64_t n1, const F16* scale, const F16* offset, const float* bias, float* y, int64_t ldy);
 };
 
 // Each is defined in its own translation unit (woq_<isa>.cpp). Only call the AVX ones when

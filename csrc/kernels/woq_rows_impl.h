@@ -17,10 +17,10 @@ void gemv_s8(const float* x, int64_t ldx, int64_t M, const int8_t* w, int64_t K,
 }
 
 // The int4 loops: each unit's `pass4<MR>(x, ldx, tile, st, ot, K, G, out[MR][4])` returns the sums of MR
-// rows of x against the four dequantized 4-bit weight rows of a row tile, st and ot its group tiles of
-// scales and offsets (st[4 g + j]: row j's scale of group g).
+// rows of x against the four dequantized 4-bit weight rows of a row tile, st and ot its float16 group
+// tiles of scales and offsets (st[4 g + j]: row j's scale of group g).
 void gemv_u4(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t K, int64_t G, int64_t n0, int64_t n1,
-             const float* scale, const float* offset, const float* bias, float* y, int64_t ldy) {
+             const F16* scale, const F16* offset, const float* bias, float* y, int64_t ldy) {
   const int64_t ng = (K + G - 1) / G, tile_bytes = WeightTiles::tile_bytes((K + 1) / 2);
   row_passes(M, [&]<int MR>(int64_t m) {
     each_tile<MR>(n0, n1, nullptr, bias, y + m * ldy, ldy, [&](int64_t n, float out[MR][4]) {

@@ -7,8 +7,9 @@
 //   woq4_linear(x, w, scales, offsets, group_size, in_features, out_features, bias=None) -> y
 //       y = x @ W^T + bias with W[n, k] = S[n, g] * u(n, k) + O[n, g], g = k / group_size: 4-bit weights
 //       u packed two to a byte (U uint8 [N, ceil(K / 2)], k even in the low nibble) given as its row
-//       tiles w, the group scales S and offsets O (float32 [N, ceil(K / group_size)]) as their group
-//       tiles scales and offsets; group_size a multiple of 16, K = in_features, N = out_features.
+//       tiles w, the group scales S and offsets O (float16 [N, ceil(K / group_size)], each converted to
+//       float32 exactly) as their group tiles scales and offsets; group_size a multiple of 16,
+//       K = in_features, N = out_features.
 //   woq_a8_linear(x, w, scales, bias=None) -> y
 //       woq_linear's int8 weights against x quantized to int8 by blocks of 32 k (as below): W8A8, the
 //       products u8 x s8 (VNNI) or 16-bit (AVX2) in int32.
@@ -198,8 +199,8 @@ Int4Shape check_int4(const Tensor& x, const Tensor& w_in, const Tensor& scales_i
                      int64_t K, int64_t N) {
   checks::dtype(x, at::kFloat, "x");
   checks::dtype(w_in, at::kByte, "w");
-  checks::dtype(scales_in, at::kFloat, "scales");
-  checks::dtype(offsets_in, at::kFloat, "offsets");
+  checks::dtype(scales_in, at::kHalf, "scales");
+  checks::dtype(offsets_in, at::kHalf, "offsets");
   TORCH_CHECK_VALUE(G >= 16 && G % 16 == 0, "group_size must be a positive multiple of 16, got ", G);
   TORCH_CHECK_VALUE(K >= 1, "in_features must be >= 1, got ", K);
   TORCH_CHECK_VALUE(N >= 0, "out_features must be >= 0, got ", N);
@@ -225,8 +226,8 @@ void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const 
                  const Tensor& bias, Tensor& y) {
   const int64_t ng = (K + G - 1) / G, nbytes = (K + 1) / 2;
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* op = offsets.data_ptr<float>();
+  const at::Half* sp = scales.data_ptr<at::Half>();
+  const at::Half* op = offsets.data_ptr<at::Half>();
   by_float_panels(x2, bias, y, [&](int64_t n0, int64_t nb) {
     Tensor panel = at::empty({nb, K}, at::kFloat);
     float* pp = panel.data_ptr<float>();
@@ -239,7 +240,7 @@ void int4_panels(const Tensor& x2, const Tensor& w, const Tensor& scales, const 
         for (int64_t k0 = 0; k0 < K; k0 += 16) {
           const uint8_t* src = row + k0 / 32 * WeightTiles::kLine + k0 % 32 / 2;
           const int64_t g = WeightTiles::group_at(n, k0 / G, ng);
-          const float sc = sp[g], of = op[g];
+          const float sc = static_cast<float>(sp[g]), of = static_cast<float>(op[g]);
           float* dst = out + k0;
           if (K - k0 >= 16) {
             for (int64_t b = 0; b < 8; ++b) {
@@ -394,8 +395,8 @@ Tensor int4_weight_linear(const Tensor& x, const Tensor& w_in, const Tensor& sca
   Tensor y = at::empty(rows.out_shape, x.options());
   if (M == 0 || N == 0) return y;
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* op = offsets.data_ptr<float>();
+  const auto* sp = reinterpret_cast<const kernels::F16*>(scales.data_ptr<at::Half>());
+  const auto* op = reinterpret_cast<const kernels::F16*>(offsets.data_ptr<at::Half>());
   const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   if (int8_activations) {

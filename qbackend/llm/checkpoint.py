@@ -10,6 +10,8 @@ Tensors of the module `<name>` (N output features, K input features, G = ceil(K 
                                                            nibble of byte k / 2 for even k, the high for odd k
                                       <name>.weight_scale  float32 [N, G]
                                       <name>.weight_offset float32 [N, G]  w = weight_scale * u + weight_offset
+                                                           (float16 values; a file's others are rounded to
+                                                           float16 on load, as the module holds them)
   either, when it has a bias          <name>.bias          float32 [N]
   embedding (QuantizedEmbedding)      <name>.table         uint8 [rows, 4 + values' bytes]: each row's
                                                            float16 scale and bias, then its 8- or 4-bit
@@ -64,7 +66,9 @@ def _row_major(module: nn.Module) -> dict[str, torch.Tensor]:
     if type(module) is WeightOnlyLinear:
         tensors = {"weight_int8": module.weight_int8, "weight_scale": module.w_scales.reshape(-1)}
     elif type(module) is Int4WeightOnlyLinear:
-        tensors = {"weight_int4": module.weight_packed, "weight_scale": module.scales, "weight_offset": module.offsets}
+        # float32 in the file (the float16 values exactly): the format files already written have
+        tensors = {"weight_int4": module.weight_packed, "weight_scale": module.scales.float(),
+                   "weight_offset": module.offsets.float()}
     else:
         raise TypeError(f"not a quantized Linear: {type(module).__name__}")
     if module.bias is not None:

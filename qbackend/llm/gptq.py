@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..algorithms.gptq import HessianStats, proxy_errors, upper_cholesky
-from ..nn.int4_linear import dequantize_int4, quantize_int4
+from ..nn.int4_linear import dequantize_int4, group_grid, quantize_int4
 
 __all__ = ["record_hessians", "hessians_of", "gptq_int4", "calibration_batches"]
 
@@ -81,14 +81,9 @@ def hessians_of(stats: dict) -> dict:
 
 
 def _grid(w: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, offset) [N] of a group of columns w [N, g]: quantize_int4's grid."""
-    if symmetric:
-        scale = w.abs().amax(dim=1) * 2 / 15
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        return scale, -8 * scale
-    lo, hi = w.amin(dim=1), w.amax(dim=1)
-    scale = (hi - lo) / 15
-    return torch.where(scale > 0, scale, torch.ones_like(scale)), lo
+    """(scale, offset) [N] of a group of columns w [N, g]: quantize_int4's grid (float16 values, as float32)."""
+    scale, offset = group_grid(w.amin(dim=1), w.amax(dim=1), symmetric)
+    return scale.float(), offset.float()
 
 
 def _levels(w: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -146,4 +141,4 @@ def gptq_int4(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symm
                                                   dequantize_int4(*nearest, group_size, k)], h_used)
     if not gptq_error < nearest_error:
         return nearest, False
-    return (packed, scales.contiguous(), offsets.contiguous()), True
+    return (packed, scales.to(torch.float16), offsets.to(torch.float16)), True

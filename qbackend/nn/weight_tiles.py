@@ -44,12 +44,13 @@ def untile_rows(tiles: torch.Tensor, n: int, b: int) -> torch.Tensor:
 
 
 def tile_groups(values: torch.Tensor) -> torch.Tensor:
-    """Per-group values [N, G] (the 4-bit weights' scales or offsets) as [ceil(N / 4), G, 4]."""
+    """Per-group values [N, G] (the 4-bit weights' scales or offsets) as float16 [ceil(N / 4), G, 4]
+    (rounded to float16 where they are another float dtype)."""
     if values.dim() != 2 or not values.is_floating_point():
         raise ValueError(f"values must be a 2-D float tensor [N, G], got {tuple(values.shape)} {values.dtype}")
     n, groups = values.shape
     tiles = -(-n // TILE_ROWS)
-    padded = torch.nn.functional.pad(values.detach().float(), (0, 0, 0, tiles * TILE_ROWS - n))
+    padded = torch.nn.functional.pad(values.detach().to(torch.float16), (0, 0, 0, tiles * TILE_ROWS - n))
     return padded.reshape(tiles, TILE_ROWS, groups).transpose(1, 2).contiguous()
 
 

@@ -79,9 +79,10 @@ def test_modules_hold_tiles_and_load_row_major_state():
 
 
 def test_group_tiles_round_trip_and_bad_arguments():
-    values = torch.randn(7, 5)
+    values = torch.randn(7, 5).half()
     tiles = tile_groups(values)
-    assert tuple(tiles.shape) == (2, 5, 4)
+    assert tuple(tiles.shape) == (2, 5, 4) and tiles.dtype == torch.float16
+    assert torch.equal(tile_groups(values.float()), tiles)  # float32 values of float16s: the same tiles
     for n in range(7):
         for g in range(5):
             assert float(tiles.reshape(-1)[n // 4 * 20 + g * 4 + n % 4]) == float(values[n, g])  # group_at

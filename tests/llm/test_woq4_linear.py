@@ -54,16 +54,54 @@ def test_quantizer_nearest_level_of_each_group(g, symmetric):
     assert packed.shape == (7, 150) and scales.shape == offsets.shape == (7, groups)
     u = torch.stack([packed & 15, packed >> 4], dim=2).reshape(7, -1)
     assert int(u.max()) <= 15
+    assert scales.dtype == offsets.dtype == torch.float16
     wd = dequantize_int4(packed, scales, offsets, g, 300)
-    s = scales.repeat_interleave(g, dim=1)[:, :300]
+    s = scales.float().repeat_interleave(g, dim=1)[:, :300]
     assert bool(((wd - w).abs() <= s / 2 * (1 + 1e-5)).all())  # nearest level (none clipped)
     if symmetric:
         torch.testing.assert_close(offsets, -8 * scales, rtol=0, atol=0)
         amax = nn.functional.pad(w.abs(), (0, groups * g - 300)).reshape(7, groups, g).amax(2)
-        torch.testing.assert_close(scales, amax * 2 / 15, rtol=1e-6, atol=0)
-    else:  # each group's minimum is its level 0, exactly
+        assert bool((scales.float() >= amax * 2 / 15).all())  # rounded up: [-amax, amax] inside the grid
+        assert bool((scales.float() <= amax * 2 / 15 * (1 + 2 ** -10)).all())
+    else:  # each group's minimum is its level 0 to float16's rounding (the nearest float16 here)
         lo = nn.functional.pad(w, (0, groups * g - 300), value=float("inf")).reshape(7, groups, g).amin(2)
-        assert torch.equal(offsets, lo)
+        assert torch.equal(offsets, lo.half())
+
+
+def test_q4_1_blocks_are_kept_exactly():
+    """Weights made of GGUF Q4_1 blocks (float16 d and m, w = d * q + m in float32, q = 0..15 with both
+    ends used): the grid is each block's own d and m, and the levels its q."""
+    gen = torch.Generator().manual_seed(3)
+    d = (torch.rand(6, 4, generator=gen) * 0.01 + 1e-4).half()
+    m = (torch.randn(6, 4, generator=gen) * 0.05).half()
+    q = torch.randint(0, 16, (6, 4, 32), generator=gen)
+    q[:, :, 0], q[:, :, 1] = 0, 15
+    w = (d.float()[..., None] * q + m.float()[..., None]).reshape(6, 128)
+    packed, scales, offsets = quantize_int4(w, 32)
+    assert torch.equal(scales, d) and torch.equal(offsets, m)
+    u = torch.stack([packed & 15, packed >> 4], dim=2).reshape(6, 4, 32)
+    assert torch.equal(u.long(), q)
+
+
+def test_grid_covers_groups_far_from_zero_and_rejects_float16_overflow():
+    """A group whose values sit far from 0 (its minimum's nearest float16 a whole step above it): the grid's
+    offset rounded down and its scale up, so no weight is more than half a step from a level."""
+    for lo in (100.04, 100.03, 100.0, 7e-6):  # 100.04's nearest float16 is 100.0625, a range above it
+        w = lo + torch.linspace(0, 0.01 if lo > 1 else 1e-6, 32).reshape(1, 32)
+        packed, scales, offsets = quantize_int4(w, 32)
+        lo, hi = float(w.min()), float(w.max())
+        assert float(offsets) <= lo + float(scales) / 2 and float(offsets) + 15.5 * float(scales) >= hi
+        if lo > 1:  # no coarser than it must be (a subnormal scale is as fine as float16 goes)
+            assert 15 * float(scales) <= (hi - float(offsets)) * (1 + 2 ** -9)
+        wd = dequantize_int4(packed, scales, offsets, 32, 32)
+        assert float((wd - w).abs().max()) <= float(scales) / 2 * (1 + 1e-5)
+        x = torch.randn(2, 32, generator=torch.Generator().manual_seed(0))  # float16 subnormals for lo = 7e-6
+        _check(OP(*tiled(x, packed, scales, offsets, 32, 32, None)), x, packed, scales, offsets, 32, 32, None)
+    for symmetric in (False, True):
+        with pytest.raises(ValueError, match="do not fit float16 group scales"):
+            quantize_int4(torch.tensor([[0.0, 1e6]]), 16, symmetric)
+    with pytest.raises(ValueError, match="scales must be finite"):
+        Int4WeightOnlyLinear(packed, torch.full((1, 1), 1e5), offsets, None, 32, 32, False)
 
 
 def test_packing_order_and_odd_k():

@@ -1,0 +1,30 @@
+// float16 group values (F16, woq_kernels.h) to float32 lanes with F16C's vcvtph2ps, the same floats as
+// f16_to_float. For the SIMD weight-only units: include it AFTER the translation unit's QB_TARGET, which
+// must name F16C (QB_ISA_F16C); in an anonymous namespace, so each unit compiles its own copy for its
+// own target.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/woq_kernels.h"
+
+namespace qbackend::kernels {
+namespace {
+
+// The four float16 values at p (8 bytes) as float32.
+inline __m128 f16x4(const F16* p) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The eight float16 values at p (16 bytes) as float32.
+inline __m256 f16x8(const F16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// One float16 value as float32.
+inline float f16_value(F16 h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+
+}  // namespace
+}  // namespace qbackend::kernels
