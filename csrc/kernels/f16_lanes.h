@@ -23,8 +23,12 @@ inline __m256 f16x8(const F16* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// One float16 value as float32.
-inline float f16_value(F16 h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+// The n (a multiple of 4) float16 values at p as float32 into out.
+inline void f16_to_float_n(const F16* p, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, f16x8(p + i));
+  if (i < n) _mm_storeu_ps(out + i, f16x4(p + i));
+}
 
 }  // namespace
 }  // namespace qbackend::kernels

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 #include <cstring>
 
 #include "cpu/targets.h"
@@ -70,30 +71,20 @@ inline __m256 nibbles(const uint8_t* p) {
 // accumulators leave no registers for that, so those passes take each step's nibbles from memory
 // (0.93-0.96x with the lines). Every way gives the same floats: the same steps in the same order.
 template <int MR>
-void pass4(const float* x, int64_t ldx, const uint8_t* tile, const F16* st, const F16* ot, int64_t K, int64_t G,
+void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* st, const float* ot, int64_t K, int64_t G,
            float out[MR][4]) {
   __m256 acc[MR][4];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
   const int64_t K8 = K & ~int64_t(7);
-  // the four rows' scale and offset of group g as float32, converted once per group
-  alignas(16) float sf[4], of[4];
-  int64_t g_last = -1;
-  const auto group = [&](int64_t g) {
-    if (g != g_last) {
-      _mm_store_ps(sf, f16x4(st + 4 * g));
-      _mm_store_ps(of, f16x4(ot + 4 * g));
-      g_last = g;
-    }
-  };
   if constexpr (MR >= 3) {
     for (int64_t k = 0; k < K8; k += 8) {
-      group(k / G);
+      const int64_t g = k / G;
       if (k % 32 == 0) prefetch_weights(WeightTiles::at(tile, 0, k / 2));
       __m256 wv[4];
       for (int j = 0; j < 4; ++j)
-        wv[j] = _mm256_fmadd_ps(nibbles(WeightTiles::at(tile, j, k / 2)), _mm256_set1_ps(sf[j]),
-                                _mm256_set1_ps(of[j]));
+        wv[j] = _mm256_fmadd_ps(nibbles(WeightTiles::at(tile, j, k / 2)), _mm256_set1_ps(st[4 * g + j]),
+                                _mm256_set1_ps(ot[4 * g + j]));
       fma_rows<MR>(x, ldx, k, wv, acc);
     }
   } else {
@@ -112,11 +103,11 @@ void pass4(const float* x, int64_t ldx, const uint8_t* tile, const F16* st, cons
         for (int q = 0; q < 2; ++q) {
           const int64_t k = k0 + 16 * half + 8 * q;
           if (k >= K8) break;
-          group(k / G);
+          const int64_t g = k / G;
           __m256 wv[4];
           for (int j = 0; j < 4; ++j)
             wv[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q ? _mm_srli_si128(u[j], 8) : u[j])),
-                                    _mm256_set1_ps(sf[j]), _mm256_set1_ps(of[j]));
+                                    _mm256_set1_ps(st[4 * g + j]), _mm256_set1_ps(ot[4 * g + j]));
           fma_rows<MR>(x, ldx, k, wv, acc);
         }
       }
@@ -128,7 +119,7 @@ void pass4(const float* x, int64_t ldx, const uint8_t* tile, const F16* st, cons
       for (int64_t k = K8; k < K; ++k) {
         const uint8_t b = *WeightTiles::at(tile, j, k / 2);
         const int u = (k & 1) ? (b >> 4) : (b & 15);
-        s += x[i * ldx + k] * std::fma(f16_value(st[4 * (k / G) + j]), float(u), f16_value(ot[4 * (k / G) + j]));
+        s += x[i * ldx + k] * std::fma(st[4 * (k / G) + j], float(u), ot[4 * (k / G) + j]);
       }
       out[i][j] = s;
     }

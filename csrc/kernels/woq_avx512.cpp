@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "cpu/targets.h"
 #include "kernels/weight_prefetch.h"
@@ -56,7 +57,7 @@ inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : _
 // chunk per row and step (8 bytes where G is 16), its even and odd k dequantized by one FMA per 16,
 // and each row of x split into the same even and odd k by two permutes (4 + 2 MR shuffles a step).
 template <int MR>
-void pass4(const float* x, int64_t ldx, const uint8_t* tile, const F16* st, const F16* ot, int64_t K, int64_t G,
+void pass4(const float* x, int64_t ldx, const uint8_t* tile, const float* st, const float* ot, int64_t K, int64_t G,
            float acc_out[MR][4]) {
   const __m512i even_k = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd_k = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
@@ -65,12 +66,9 @@ void pass4(const float* x, int64_t ldx, const uint8_t* tile, const F16* st, cons
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t k0 = 0, g = 0; k0 < K; k0 += G, ++g) {
     __m512 s[4], o[4];
-    alignas(16) float sf[4], of[4];
-    _mm_store_ps(sf, f16x4(st + 4 * g));
-    _mm_store_ps(of, f16x4(ot + 4 * g));
     for (int j = 0; j < 4; ++j) {
-      s[j] = _mm512_set1_ps(sf[j]);
-      o[j] = _mm512_set1_ps(of[j]);
+      s[j] = _mm512_set1_ps(st[4 * g + j]);
+      o[j] = _mm512_set1_ps(ot[4 * g + j]);
     }
     const int64_t k1 = std::min(K, k0 + G);
     for (int64_t k = k0; k < k1; k += 32) {
