@@ -49,9 +49,17 @@ def beyond_l2_cases(order: str):
     budget = (cpu_features().l2_bytes or 1 << 20) // 4 * 3
     if order == "rows":
         return [(m, 520, 1027) for m in (1, 6, 12, 25)]
-    k = budget // 80 | 1  # a panel 64 k = 0.8 budget; 25-31 rows 0.31-0.39 of it
-    assert 130 * k > 512 << 10
-    return [(m, 130, k) for m in (25, 31)]
+    # for m rows, k (odd, its k-groups kp = k rounded up to 4) with the weight beyond 512 KiB
+    # (130 kp > 512 KiB), the panel and the rows over the budget ((64 + m) kp) and one vector and the
+    # rows inside it ((16 + m) kp): from an L2 of about 256 KiB up
+    cases = []
+    for m in (25, 31):
+        k = max((512 << 10) // 130 + 1, budget // (64 + m) + 1) | 1
+        kp = (k + 3) // 4 * 4
+        if 130 * kp > 512 << 10 and (64 + m) * kp > budget and (16 + m) * kp <= budget:
+            cases.append((m, 130, k))
+    assert cases, f"no vectors-outer case fits an L2 budget of {budget} bytes"
+    return cases
 
 
 def native_sums(x, x_zp, w, threads=False):
