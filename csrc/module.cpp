@@ -65,13 +65,19 @@ std::string fbgemm_isa() {
 }
 
 // Caps our own kernels at `level` (see probe.h) and forces FBGEMM to the matching ISA, so that a
-// QBACKEND_ISA override keeps every kernel honest. level < 0 removes our cap (FBGEMM untouched).
+// QBACKEND_ISA override keeps every kernel honest. level < 0 removes our cap and gives FBGEMM back the
+// ISA it chose before any cap (a cap lifted in the process must not leave FBGEMM forced: weights it
+// packed for its own ISA would run on the capped one's kernels).
 void set_isa_cap(int level, bool allow_avx_vnni) {
   using qbackend::cpu::has;
   using qbackend::cpu::Isa;
+  static const fbgemm::inst_set_t fbgemm_own = fbgemm::fbgemmInstructionSet();  // first call: import, uncapped
   qbackend::cpu::set_isa_cap(level);
   qbackend::cpu::set_avx_vnni_allowed(allow_avx_vnni);
-  if (level < 0) return;
+  if (level < 0) {
+    fbgemm::fbgemmForceIsa(fbgemm_own);
+    return;
+  }
   if (has(Isa::Avx512Vnni)) fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx512_vnni);
   else if (has(Isa::Avx512)) fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx512);
   else fbgemm::fbgemmForceIsa(fbgemm::inst_set_t::avx2);

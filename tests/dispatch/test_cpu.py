@@ -125,3 +125,21 @@ def test_amx_self_check_first_thing_in_a_process(isa):
     out, level = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (out == "") == (level >= 4), out
     assert out == "" or "AMX" in out
+
+
+def test_lifting_a_cap_in_process_gives_fbgemm_its_own_isa_back():
+    """A cap set and lifted inside a process (as tests do) leaves FBGEMM on the ISA it chose itself:
+    weights it packed for that ISA must not run on the capped one's kernels."""
+    from qbackend.core.extension import _C
+    from qbackend.core.isa import requested
+
+    own, before = _C.fbgemm_isa(), _C.isa_cap()
+    vnni = requested() not in ("avx2", "avx512")
+    try:
+        _C.set_isa_cap(int(_C.Isa.AVX2), False)
+        assert _C.fbgemm_isa() == "avx2"
+        _C.set_isa_cap(-1, vnni)
+        assert _C.fbgemm_isa() == own or before >= 0
+    finally:
+        _C.set_isa_cap(before, vnni)
+    assert _C.fbgemm_isa() == own

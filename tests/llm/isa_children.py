@@ -11,6 +11,7 @@ import sys
 import torch
 
 import qbackend
+from qbackend.core.isa import requested as requested_isa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from subprocess_utils import run_py  # noqa: E402
@@ -79,8 +80,9 @@ def decoding_attention_caps() -> dict:
 def isa_capped(cap: int):
     """qbackend's own kernels capped at `cap` (an Isa value; -1: none) in this process, the cap restored after."""
     before = qbackend._C.isa_cap()
-    qbackend._C.set_isa_cap(cap)
+    vnni = requested_isa() not in ("avx2", "avx512")  # what apply_cap allowed at import
+    qbackend._C.set_isa_cap(cap, vnni)
     try:
         yield
     finally:
-        qbackend._C.set_isa_cap(before)
+        qbackend._C.set_isa_cap(before, vnni)
