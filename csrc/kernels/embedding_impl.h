@@ -13,37 +13,10 @@
 #include <cstring>
 
 #include "kernels/embedding_kernels.h"
+#include "kernels/half_float.h"
 
 namespace qbackend::kernels {
 namespace {
-
-inline float half_to_float(uint16_t h) {  // exact IEEE binary16 -> binary32 (vcvtph2ps with F16C)
-  _Float16 f;
-  std::memcpy(&f, &h, sizeof f);
-  return static_cast<float>(f);
-}
-
-[[maybe_unused]] inline float half_to_float_bits(uint16_t h) {  // the same, by hand (reference)
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    exp = 113;
-    while (!(man & 0x400u)) {
-      man <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
 
 template <bool Fp32QParams>
 inline void qparams(const uint8_t* p, float& scale, float& bias) {

@@ -1,5 +1,5 @@
 // float16 group values (F16, woq_kernels.h) to float32 lanes with F16C's vcvtph2ps, the same floats as
-// f16_to_float. For the SIMD weight-only units: include it AFTER the translation unit's QB_TARGET, which
+// half_to_float (half_float.h). For the SIMD weight-only units: include it AFTER the translation unit's QB_TARGET, which
 // must name F16C (QB_ISA_F16C); in an anonymous namespace, so each unit compiles its own copy for its
 // own target.
 #pragma once

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/half_float.h"
 #include "kernels/woq_a8_kernels.h"
 
 namespace qbackend::kernels {
@@ -41,9 +42,9 @@ void gemv_u4a8(const BlockQuantizedRows& q, int64_t M, const uint8_t* w, int64_t
           const uint8_t wb = *WeightTiles::at(tile, n % 4, b);
           sum += (wb & 15) * xe[b] + (wb >> 4) * xo[b];
         }
-        acc += float(sum) * (f16_to_float(scale[WeightTiles::group_at(n, 8 * l / G, q.ng)]) * d[l]);
+        acc += float(sum) * (half_to_float(scale[WeightTiles::group_at(n, 8 * l / G, q.ng)]) * d[l]);
       }
-      for (int64_t g = 0; g < q.ng; ++g) acc += f16_to_float(offset[WeightTiles::group_at(n, g, q.ng)]) * gs[g];
+      for (int64_t g = 0; g < q.ng; ++g) acc += half_to_float(offset[WeightTiles::group_at(n, g, q.ng)]) * gs[g];
       y[m * ldy + n] = acc + (bias ? bias[n] : 0.0f);
     }
   }

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <vector>
 #include <cstring>
+#include <vector>
 
 #include "cpu/targets.h"
 #include "kernels/weight_prefetch.h"

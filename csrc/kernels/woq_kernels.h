@@ -34,12 +34,9 @@ namespace qbackend::kernels {
 constexpr int64_t kRowsPerPass = 4;
 
 // The bits of an IEEE float16 (binary16): the 4-bit weights' group scales and offsets, 4 bytes a group
-// where two float32 took 8 (a third of an int4 weight's bytes in groups of 32).
+// where two float32 took 8 (a third of an int4 weight's bytes in groups of 32). The scalar units convert
+// them with half_to_float (half_float.h), the SIMD units with F16C (f16_lanes.h): the same floats.
 using F16 = uint16_t;
-
-// The float32 of a float16's bits (exact, subnormals, infinities and NaN included); the SIMD units convert
-// with F16C's vcvtph2ps, which gives the same floats. Defined in woq_scalar.cpp (no ISA target).
-float f16_to_float(F16 h);
 
 // The row-tile layout of a weight of N rows of `row_bytes` bytes: ceil(N / 4) tiles of
 // chunks(row_bytes) chunks; chunk c of a tile holds bytes [16c, 16c + 16) of its rows 0..3 in turn

@@ -1,8 +1,8 @@
 // Portable weight-only int8 and int4 products (woq_kernels.h): one float32 accumulator per output, in k
 // order (each int4 weight dequantized by std::fma, one rounding, as the SIMD kernels' FMA).
 #include <cmath>
-#include <cstring>
 
+#include "kernels/half_float.h"
 #include "kernels/woq_kernels.h"
 
 namespace qbackend::kernels {
@@ -33,7 +33,7 @@ void gemv_u4(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t K
         const uint8_t b = *WeightTiles::at(tile, n % 4, k / 2);
         const int u = (k & 1) ? (b >> 4) : (b & 15);
         const int64_t g = WeightTiles::group_at(n, k / G, ng);
-        acc += xr[k] * std::fma(f16_to_float(scale[g]), float(u), f16_to_float(offset[g]));
+        acc += xr[k] * std::fma(half_to_float(scale[g]), float(u), half_to_float(offset[g]));
       }
       y[m * ldy + n] = acc + (bias ? bias[n] : 0.0f);
     }
@@ -43,30 +43,6 @@ void gemv_u4(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t K
 constexpr WoqKernels kTable{"scalar", &gemv_s8, &gemv_u4};
 
 }  // namespace
-
-float f16_to_float(F16 h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
-  uint32_t bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (mant << 13);  // infinity, NaN (payload kept)
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);  // normal: the exponent rebased from 15 to 127
-  } else if (mant == 0) {
-    bits = sign;  // zero
-  } else {
-    // subnormal: mant x 2^-24, normalized (a float32 holds it exactly)
-    int shift = 0;
-    uint32_t m = mant;
-    while (!(m & 0x400u)) {
-      m <<= 1;
-      ++shift;
-    }
-    bits = sign | (uint32_t(113 - shift) << 23) | ((m & 0x3FFu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 const WoqKernels& woq_kernels_scalar() { return kTable; }
 

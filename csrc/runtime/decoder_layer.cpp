@@ -36,7 +36,6 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <tuple>
 #include <string>
 #include <tuple>
 #include <vector>
