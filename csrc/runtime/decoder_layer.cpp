@@ -1,8 +1,9 @@
 // qbackend._C.DecoderLayer: a Llama-style decoder layer (pre-norm RMSNorm, attention with rotary
 // embeddings, a SiLU-gated MLP: Llama, Mistral, Qwen2) whose Linears are qbackend's weight-only ops,
-// computed in two native calls per layer and step instead of the ~40 torch ops and ten module calls
-// of the model's Python. qbackend/llm/decoder_layers.py holds the module that calls it, decides when it
-// applies, and updates the model's KV cache between the two calls.
+// computed in one native call per layer and step (two where the KV cache is not one it appends to in
+// place) instead of the ~40 torch ops and ten module calls of the model's Python.
+// qbackend/llm/decoder_layers.py holds the module that calls it, decides when it applies, and updates
+// the model's KV cache between the two calls where step does not apply.
 //
 //   attention_inputs(hidden, cos, sin) -> (q, k, v)
 //       x = rms_norm(hidden, norm1, eps1); [q | k | v] = qkv(x), one fused product; q and k rotated as
@@ -11,6 +12,11 @@
 //         out[d+D/2] = t[d + D/2] * cos[d + D/2] + t[d] * sin[d + D/2]        (d < D/2)
 //       hidden float32 [B, L, hidden_size]; cos, sin float32 [B or 1, L, D]; returns q
 //       [B, heads, L, D], k and v [B, kv_heads, L, D], contiguous.
+//   step(hidden, cos, sin, key_rows, value_rows, pos, mask) -> (hidden', keys, values)
+//       the two calls and the KV cache's append between them in one: k and v written into positions
+//       pos .. pos + L of key_rows / value_rows (contiguous [B, kv_heads, capacity, D], a cache's storage),
+//       keys and values their first pos + L positions (views), hidden' finish's over them. An error
+//       leaves the storages' first pos positions as they were.
 //   finish(hidden, q, k, v, mask) -> hidden'
 //       k, v [B, kv_heads, S, D]: every position so far (the caller's cache update); mask None or
 //       the model's attention mask (bool, or float added to the scores) for SDPA;
@@ -211,39 +217,39 @@ class DecoderLayer {
 
   std::tuple<Tensor, Tensor, Tensor> attention_inputs(const Tensor& hidden, const Tensor& cos,
                                                       const Tensor& sin) const {
-    check_float3(hidden, "hidden");
-    TORCH_CHECK_VALUE(hidden.size(2) == hidden_, "hidden must have ", hidden_, " features, got ", hidden.size(2));
-    const int64_t B = hidden.size(0), L = hidden.size(1), H = heads_, KV = kv_heads_, D = D_;
-    for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{cos, "cos"}, {sin, "sin"}}) {
-      check_float3(t, name);
-      TORCH_CHECK_VALUE((t.size(0) == B || t.size(0) == 1) && t.size(1) == L && t.size(2) == D, name,
-                        " must be [", B, " or 1, ", L, ", ", D, "], got ", t.sizes());
-    }
-    TORCH_CHECK_VALUE(cos.size(0) == sin.size(0), "cos and sin must have one batch size, got ", cos.size(0),
-                      " and ", sin.size(0));
-    const Tensor qkv = qkv_(ops::rms_norm(hidden, norm1_, eps1_)).contiguous();
+    check_inputs(hidden, cos, sin);
+    const int64_t B = hidden.size(0), L = hidden.size(1);
     const auto opts = hidden.options();
-    Tensor q = at::empty({B, H, L, D}, opts), k = at::empty({B, KV, L, D}, opts), v = at::empty({B, KV, L, D}, opts);
-    if (B * L == 0) return {q, k, v};
-    const Tensor c = cos.contiguous(), s = sin.contiguous();
-    const float* src = qkv.data_ptr<float>();
-    const float *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
-    float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-    const int64_t width = (H + 2 * KV) * D, rope_batch = c.size(0);
-    at::parallel_for(0, B * L, std::max<int64_t>(1, 32768 / width), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t b = r / L, l = r % L;
-        const float* row = src + r * width;
-        const int64_t rope = ((rope_batch == 1 ? 0 : b) * L + l) * D;
-        for (int64_t h = 0; h < H; ++h) rotate(row + h * D, cp + rope, sp + rope, qp + ((b * H + h) * L + l) * D, D);
-        for (int64_t h = 0; h < KV; ++h) {
-          const int64_t at_kv = ((b * KV + h) * L + l) * D;
-          rotate(row + (H + h) * D, cp + rope, sp + rope, kp + at_kv, D);
-          std::copy(row + (H + KV + h) * D, row + (H + KV + h + 1) * D, vp + at_kv);
-        }
-      }
-    });
+    Tensor q = at::empty({B, heads_, L, D_}, opts), k = at::empty({B, kv_heads_, L, D_}, opts),
+           v = at::empty({B, kv_heads_, L, D_}, opts);
+    project(hidden, cos, sin, q, k.data_ptr<float>(), v.data_ptr<float>(), L, 0);
     return {q, k, v};
+  }
+
+  // attention_inputs, the rows' append and finish in one call: k and v written into positions pos ..
+  // pos + L of key_rows and value_rows (contiguous float32 [B, kv_heads, capacity, D]: a KV cache's
+  // storage), then the attention over their first pos + L positions. Returns (hidden', the storages'
+  // first pos + L positions as views). Every argument is checked before anything is written.
+  std::tuple<Tensor, Tensor, Tensor> step(const Tensor& hidden, const Tensor& cos, const Tensor& sin,
+                                          const Tensor& key_rows, const Tensor& value_rows, int64_t pos,
+                                          const std::optional<Tensor>& mask) const {
+    check_inputs(hidden, cos, sin);
+    const int64_t B = hidden.size(0), L = hidden.size(1);
+    for (const auto& [t, name] :
+         {std::pair<const Tensor&, const char*>{key_rows, "key_rows"}, {value_rows, "value_rows"}})
+      TORCH_CHECK_VALUE(t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 4 &&
+                            t.is_contiguous() && t.size(0) == B && t.size(1) == kv_heads_ && t.size(3) == D_ &&
+                            t.sizes() == key_rows.sizes(),
+                        name, " must be contiguous float32 [", B, ", ", kv_heads_, ", capacity, ", D_,
+                        "] of one shape, got ", t.defined() ? t.toString() : std::string("None"), " ",
+                        t.defined() ? t.sizes() : at::IntArrayRef{});
+    TORCH_CHECK_VALUE(key_rows.data_ptr() != value_rows.data_ptr(), "key_rows and value_rows must be two storages");
+    TORCH_CHECK_VALUE(pos >= 0 && pos + L <= key_rows.size(2), "positions ", pos, " .. ", pos + L,
+                      " do not fit a capacity of ", key_rows.size(2));
+    Tensor q = at::empty({B, heads_, L, D_}, hidden.options());
+    project(hidden, cos, sin, q, key_rows.data_ptr<float>(), value_rows.data_ptr<float>(), key_rows.size(2), pos);
+    Tensor keys = key_rows.narrow(2, 0, pos + L), values = value_rows.narrow(2, 0, pos + L);
+    return {finish(hidden, q, keys, values, mask), keys, values};
   }
 
   Tensor finish(const Tensor& hidden, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -294,6 +300,46 @@ class DecoderLayer {
   }
 
  private:
+  void check_inputs(const Tensor& hidden, const Tensor& cos, const Tensor& sin) const {
+    check_float3(hidden, "hidden");
+    TORCH_CHECK_VALUE(hidden.size(2) == hidden_, "hidden must have ", hidden_, " features, got ", hidden.size(2));
+    const int64_t B = hidden.size(0), L = hidden.size(1);
+    for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{cos, "cos"}, {sin, "sin"}}) {
+      check_float3(t, name);
+      TORCH_CHECK_VALUE((t.size(0) == B || t.size(0) == 1) && t.size(1) == L && t.size(2) == D_, name,
+                        " must be [", B, " or 1, ", L, ", ", D_, "], got ", t.sizes());
+    }
+    TORCH_CHECK_VALUE(cos.size(0) == sin.size(0), "cos and sin must have one batch size, got ", cos.size(0),
+                      " and ", sin.size(0));
+  }
+
+  // [q | k | v] = qkv(rms_norm(hidden)), q and k rotated: q into `q` [B, heads, L, D]; k and v into
+  // kp and vp, [B, kv_heads, cap, D] at positions pos .. pos + L (arguments checked by the caller).
+  void project(const Tensor& hidden, const Tensor& cos, const Tensor& sin, Tensor& q, float* kp, float* vp,
+               int64_t cap, int64_t pos) const {
+    const int64_t B = hidden.size(0), L = hidden.size(1), H = heads_, KV = kv_heads_, D = D_;
+    if (B * L == 0) return;
+    const Tensor qkv = qkv_(ops::rms_norm(hidden, norm1_, eps1_)).contiguous();
+    const Tensor c = cos.contiguous(), s = sin.contiguous();
+    const float* src = qkv.data_ptr<float>();
+    const float *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
+    float* qp = q.data_ptr<float>();
+    const int64_t width = (H + 2 * KV) * D, rope_batch = c.size(0);
+    at::parallel_for(0, B * L, std::max<int64_t>(1, 32768 / width), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / L, l = r % L;
+        const float* row = src + r * width;
+        const int64_t rope = ((rope_batch == 1 ? 0 : b) * L + l) * D;
+        for (int64_t h = 0; h < H; ++h) rotate(row + h * D, cp + rope, sp + rope, qp + ((b * H + h) * L + l) * D, D);
+        for (int64_t h = 0; h < KV; ++h) {
+          const int64_t at_kv = ((b * KV + h) * cap + pos + l) * D;
+          rotate(row + (H + h) * D, cp + rope, sp + rope, kp + at_kv, D);
+          std::copy(row + (H + KV + h) * D, row + (H + KV + h + 1) * D, vp + at_kv);
+        }
+      }
+    });
+  }
+
   // h + down(silu(gate) * up) with h = hidden + o(a) (the contract above).
   Tensor after_attention(const Tensor& hidden, const Tensor& a) const {
     Tensor h = o_(a);
@@ -426,6 +472,8 @@ void register_decoder_layer(py::module_& m) {
            py::arg("scaling"))
       .def("attention_inputs", &DecoderLayer::attention_inputs, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
            py::call_guard<py::gil_scoped_release>())
+      .def("step", &DecoderLayer::step, py::arg("hidden"), py::arg("cos"), py::arg("sin"), py::arg("key_rows"),
+           py::arg("value_rows"), py::arg("pos"), py::arg("mask"), py::call_guard<py::gil_scoped_release>())
       .def("finish", &DecoderLayer::finish, py::arg("hidden"), py::arg("q"), py::arg("k"), py::arg("v"),
            py::arg("mask"), py::call_guard<py::gil_scoped_release>())
       .def("finish_int8", &DecoderLayer::finish_int8, py::arg("hidden"), py::arg("q"), py::arg("k8"),

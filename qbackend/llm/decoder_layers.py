@@ -1,7 +1,9 @@
 """Native decoder layers for quantize_llm: a Llama-style layer (pre-norm RMSNorm attention with
 rotary embeddings, then a SiLU-gated MLP: Llama, Mistral, Qwen2, SmolLM) whose Linears are quantized
-runs as two calls of qbackend._C.DecoderLayer per step (csrc/runtime/decoder_layer.cpp) and one update
-of the model's own KV cache between them, instead of ~40 torch ops and ten module calls.
+runs as one call of qbackend._C.DecoderLayer per step where the KV cache is a DynamicCache with room in
+the storage llm/dynamic_rows.py keeps (the call writes the step's rows), else as two calls and one update
+of the model's own KV cache between them (csrc/runtime/decoder_layer.cpp), instead of ~40 torch ops and
+ten module calls.
 
 Found by its parts, not its class: a layer whose children are exactly `self_attn` (q/k/v/o_proj),
 `mlp` (gate/up/down_proj, and an `act_fn` that computes SiLU), `input_layernorm` and
@@ -31,7 +33,7 @@ from ..core.extension import _C
 from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from ..nn.rms_norm import RMSNorm
-from .dynamic_rows import append_rows
+from .dynamic_rows import append_rows, record_rows, reserved_rows
 from .shared_input import SharedInputLinear
 
 __all__ = ["NativeDecoderLayer", "swap_decoder_layers"]
@@ -206,6 +208,12 @@ class NativeDecoderLayer(nn.Module):
                          use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
         native = self._current()
         cos, sin = position_embeddings
+        if cache is not None and not getattr(cache, "int8_rows", False):
+            rows = reserved_rows(cache, self.layer_idx, hidden_states.shape[1])
+            if rows is not None:  # the cache's storage has room: the rows written by the same native call
+                out, keys, values = native.step(hidden_states, cos, sin, rows[1], rows[2], rows[3], attention_mask)
+                record_rows(rows[0], rows[1], rows[2], keys, values)
+                return out
         q, k, v = native.attention_inputs(hidden_states, cos, sin)
         if cache is not None and getattr(cache, "int8_rows", False):  # qbackend.llm.kv_cache.Int8KVCache
             rows = cache.layer(self.layer_idx)

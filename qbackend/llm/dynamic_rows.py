@@ -4,6 +4,11 @@ cache (DynamicLayer.update concatenates: every step copies every cached position
 
     keys, values = append_rows(cache, layer_idx, key_states, value_states)
 
+    rows = reserved_rows(cache, layer_idx, n)      # a native layer's step writes the rows itself:
+    if rows is not None:                           # (layer, key storage, value storage, length)
+        keys, values = <n rows written at length into the storages; their first length + n as views>
+        record_rows(rows[0], rows[1], rows[2], keys, values)
+
 The cache stays a plain DynamicCache: `keys` / `values` are [batch, kv_heads, length, head_dim] views
 (positions strided by the capacity), so transformers' own code (get_seq_length, crop, reorder_cache,
 batch_select_indices, to_legacy_cache) reads and replaces them as it would its own tensors. A layer
@@ -17,7 +22,7 @@ import torch
 
 from ..core.extension import _C
 
-__all__ = ["append_rows"]
+__all__ = ["append_rows", "record_rows", "reserved_rows"]
 
 _MIN_CAPACITY = 64
 _CLASSES = None
@@ -61,11 +66,36 @@ def _grow(layer, length: int, need: int, like: torch.Tensor):
     return store
 
 
+def record_rows(layer, ks, vs, keys, values):
+    """Sets the layer's keys and values to `keys` / `values`, views of the storages ks / vs from their
+    start; an unchanged layer's next append takes the fast path."""
+    layer.keys, layer.values = keys, values
+    layer.__dict__["_qbackend_rows"] = (ks, vs, keys, values)
+
+
 def _written(layer, ks, vs, length, key_states, value_states):
     keys, values = _C.append_rows(ks, vs, length, key_states, value_states)
-    layer.keys, layer.values = keys, values
-    layer.__dict__["_qbackend_rows"] = (ks, vs, keys, values)  # the views: unchanged layers take the fast path
+    record_rows(layer, ks, vs, keys, values)
     return keys, values
+
+
+def reserved_rows(cache, layer_idx: int, n: int):
+    """(layer, key storage, value storage, length) where layer `layer_idx` of `cache` is as append_rows
+    left it (its keys and values the views it set) and `n` more positions fit its storage: the caller
+    writes the rows at `length` and then calls record_rows. None otherwise (then append_rows)."""
+    if _CLASSES is None or type(cache) is not _CLASSES[0] or getattr(cache, "offloading", False):
+        return None
+    layers = cache.layers
+    if layer_idx >= len(layers):
+        return None
+    layer = layers[layer_idx]
+    store = layer.__dict__.get("_qbackend_rows")
+    if store is None or layer.keys is not store[2] or layer.values is not store[3]:
+        return None
+    length = store[2].shape[2]
+    if length + n > store[0].shape[2]:
+        return None
+    return layer, store[0], store[1], length
 
 
 def append_rows(cache, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor, **update_kwargs):

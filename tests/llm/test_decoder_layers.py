@@ -1,5 +1,6 @@
 """Native decoder layers (qbackend.llm.decoder_layers, csrc/runtime/decoder_layer.cpp): a quantized,
-fused Llama-style layer computed in two native calls gives the module path's outputs bit for bit
+fused Llama-style layer computed in native calls (one per step where it writes the DynamicCache's rows
+itself, two around the cache's update otherwise) gives the module path's outputs bit for bit
 (prefill, greedy and sampled decoding, beam search, padded batches, the static cache, GQA and
 multi-head attention, biases), matches an fp64 computation of the layer, falls back to the model's
 own code where it does not apply, sees replaced children, survives copies, leaves other layer forms
@@ -281,3 +282,42 @@ def test_bad_arguments_are_errors_naming_them():
         layer.finish(torch.randn(1, 3, 64), q, k[:, :1], v, None)
     with pytest.raises(ValueError, match="q must be"):
         layer.finish(torch.randn(1, 3, 64), k, k, v, None)
+
+
+@pytest.mark.parametrize("L,pos", [(1, 0), (1, 9), (4, 5)])
+def test_step_equals_the_two_calls_and_the_append(L, pos):
+    """step (one call: the rows written into the cache's storage) gives the bits of attention_inputs, the
+    rows' append and finish, with and without a mask; the storages' rows past pos + L are untouched; an
+    argument that does not fit is a ValueError naming it, raised before the storages are written."""
+    _, native = _pair(dict(weights="int4", activations="int8"))
+    layer = native.model.layers[0]._current()
+    gen = torch.Generator().manual_seed(L + pos)
+    B, KV, D, cap = 2, 2, 16, 16
+    hidden = torch.randn(B, L, 64, generator=gen)
+    angles = torch.randn(B, L, D // 2, generator=gen)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    masks = [None, torch.rand(B, 1, L, pos + L, generator=gen) > 0.3]
+    masks[1][..., -1] = True
+    for mask in masks:
+        key_rows, value_rows = torch.randn(B, KV, cap, D, generator=gen), torch.randn(B, KV, cap, D, generator=gen)
+        before_k, before_v = key_rows.clone(), value_rows.clone()
+        with torch.no_grad():
+            out, keys, values = layer.step(hidden, cos, sin, key_rows, value_rows, pos, mask)
+            q, k, v = layer.attention_inputs(hidden, cos, sin)
+            ref_k, ref_v = torch.cat([before_k[:, :, :pos], k], 2), torch.cat([before_v[:, :, :pos], v], 2)
+            ref = layer.finish(hidden, q, ref_k, ref_v, mask)
+        assert torch.equal(out, ref)
+        assert torch.equal(keys, ref_k) and torch.equal(values, ref_v)
+        assert keys.data_ptr() == key_rows.data_ptr() and values.data_ptr() == value_rows.data_ptr()
+        assert torch.equal(key_rows[:, :, pos + L:], before_k[:, :, pos + L:])
+    rows = torch.zeros(B, KV, cap, D)
+    for bad, match in (((rows, rows.clone(), cap - L + 1), "do not fit a capacity"),
+                       ((rows[:, :1], rows[:, :1].clone(), 0), "key_rows must be"),
+                       ((rows, rows.double(), 0), "value_rows must be"),
+                       ((rows, rows[:, :, ::2], 0), "value_rows must be"),
+                       ((rows, rows, 0), "two storages")):
+        with pytest.raises(ValueError, match=match):
+            layer.step(hidden, cos, sin, *bad, None)
+        assert not rows.any()
+    with pytest.raises(ValueError, match="cos must be"):
+        layer.step(hidden, cos[..., :8], sin, rows, rows.clone(), 0, None)
