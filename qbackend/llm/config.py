@@ -42,10 +42,12 @@ class LLMConfig:
       projections; gate and up) as one product each (qbackend.llm.shared_input; the same outputs),
       found and checked on a probe forward of a few token ids.
     native_layers: run each Llama-style decoder layer (RMSNorm, rotary attention, SiLU-gated MLP, with
-      its projections fused) as two native calls per step (qbackend.llm.decoder_layers; the same
-      outputs, but for decoding steps' attention on AVX2 and AVX512 CPUs, which agrees with SDPA to
-      fp32 rounding),
-      checked on the probe. Needs native_norms and fuse_projections.
+      its projections fused) as one native call per step (two around a cache other than a
+      DynamicCache; qbackend.llm.decoder_layers; the same outputs, but for decoding steps' attention on
+      AVX2 and AVX512 CPUs, which agrees with SDPA to fp32 rounding), checked on the probe; where every
+      layer of the model's decoder stack is native, a decoding step runs them from one Python call
+      (qbackend.llm.decoding_step: the model's own step's outputs, checked on a probe; recorded as
+      `model.qbackend_llm["decoding_step"]`). Needs native_norms and fuse_projections.
     """
 
     weights: str = "int8"

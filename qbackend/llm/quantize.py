@@ -34,6 +34,7 @@ from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from .config import LLMConfig
 from .decoder_layers import swap_decoder_layers
+from .decoding_step import swap_decoding_step
 from .gptq import calibration_batches, gptq_int4, hessians_of, record_hessians
 from .norms import swap_rms_norms
 from .shared_input import fuse_shared_inputs
@@ -179,9 +180,10 @@ def finish_llm(model: nn.Module, config: LLMConfig, quantized: list[str], kept: 
     probe = _probe(model) if config.fuse_projections else None
     fused = fuse_shared_inputs(model, probe) if probe is not None else []
     layers = swap_decoder_layers(model, probe) if config.native_layers and fused and norms else []
+    step = swap_decoding_step(model) if layers else None
     model.qbackend_llm = {"weights": config.weights, "activations": config.activations, "quantized": list(quantized),
                           "float": list(kept), "embedding": embedding, "native_norms": norms, "fused": fused,
-                          "native_layers": layers, "gptq": list(gptq)}
+                          "native_layers": layers, "decoding_step": step, "gptq": list(gptq)}
     for hook in _QUANTIZED_HOOKS:
         hook(model, config)
     return model

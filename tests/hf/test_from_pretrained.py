@@ -93,6 +93,7 @@ def test_causal_lm_quantized_on_load_saved_and_reloaded(folders, tmp_path, name,
     expected = Int4WeightOnlyLinear if settings.get("lm_head") == "int4" else WeightOnlyLinear
     assert type(model.lm_head) is expected
     assert model.qbackend_llm["native_layers"] == ["model.layers.0", "model.layers.1"]
+    assert model.qbackend_llm["decoding_step"] == "model" and isinstance(model.model, transformers.LlamaModel)
     out = _out(model)
     own = _own_api(folder, name, settings)
     assert torch.equal(out, _out(own)), "from_pretrained must equal qbackend.quantize_llm with the same settings"
