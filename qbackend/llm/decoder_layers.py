@@ -14,17 +14,21 @@ AVX2 and AVX512 CPUs, whose attention runs in qbackend's decoding kernel (equal 
 rounding). A Qwen3-style layer (norms on q and k), Gemma's (four norms), GPT-2's or Phi-3's (fused
 projections of their own) keep the model's code.
 
-NativeDecoderLayer holds the layer's children under their names (`layer.self_attn.q_proj` stays a
-path) and runs the model's own code (the original layer, on these children) wherever the native path
-does not apply: inputs other than float32 on the CPU, training or gradients, an attention other than
-SDPA or with options the native path does not take (attention weights, position biases), tracing and
-torch.compile. With qbackend.llm.kv_cache.Int8KVCache a decoding step attends the cache's int8 rows
-directly; transformers' DynamicCache is appended to in place (llm/dynamic_rows.py). The native layer reads the children's tensors as they are when it is first called;
-replacing a child module, or a buffer of one, is seen on the next call and rebuilds it.
+A layer made native keeps its identity: its class becomes native_layer_class(its class)
+(`Native<Class>`, a subclass of it), so isinstance, its children, attributes, hooks (transformers'
+output capturing records its output) and state_dict keys stay the model's; it runs its class's own
+forward wherever the native path does not apply: inputs other than float32 on the CPU, training or
+gradients, an attention other than SDPA or with options the native path does not take (attention
+weights, position biases), positional arguments, tracing and torch.compile. With
+qbackend.llm.kv_cache.Int8KVCache a decoding step attends the cache's int8 rows directly; transformers'
+DynamicCache is appended to in place (llm/dynamic_rows.py). The native layer reads the children's
+tensors as they are when it is first called; replacing a child module, or a buffer of one, is seen on
+the next call and rebuilds it. Copies and pickles name the model's class and rebuild it.
 """
 from __future__ import annotations
 
 from operator import is_
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -36,7 +40,7 @@ from ..nn.rms_norm import RMSNorm
 from .dynamic_rows import append_rows, record_rows, reserved_rows
 from .shared_input import SharedInputLinear
 
-__all__ = ["NativeDecoderLayer", "swap_decoder_layers"]
+__all__ = ["LayerShape", "NativeDecoderLayer", "native_layer_class", "swap_decoder_layers"]
 
 _LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
@@ -121,30 +125,49 @@ def _parts(layer: nn.Module) -> dict | None:
             "head_dim": head_dim, "scaling": float(scaling), "layer_idx": layer_idx}
 
 
+_LAYER_CLASSES: dict[type, type] = {}
+
+
+def native_layer_class(base: type) -> type:
+    """The subclass of the decoder layer class `base` that computes natively (one per class)."""
+    cls = _LAYER_CLASSES.get(base)
+    if cls is None:
+        cls = type(f"Native{base.__name__}", (NativeDecoderLayer, base),
+                   {"__module__": __name__, "_qbackend_base": base, "__doc__": base.__doc__})
+        _LAYER_CLASSES[base] = cls
+    return cls
+
+
+def _rebuilt(base: type) -> nn.Module:
+    """An empty instance of native_layer_class(base), for pickle and copy (their state is set on it after)."""
+    return object.__new__(native_layer_class(base))
+
+
+class LayerShape(NamedTuple):
+    """What the native layer needs beyond the children: the layer's index in the cache and its heads."""
+
+    layer_idx: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scaling: float
+
+
 class NativeDecoderLayer(nn.Module):
-    """A decoder layer of the native form (see the module docstring): the original layer's children,
-    the original layer (`model_layer`, sharing them) as the fallback, and a qbackend._C.DecoderLayer
-    built on first use."""
+    """A decoder layer of the native form (see the module docstring) whose class was made
+    native_layer_class(its class) by swap_decoder_layers: the layer object itself, with its children,
+    hooks and attributes, computing natively where it applies and by its class's forward elsewhere; a
+    qbackend._C.DecoderLayer built on first use. Never constructed directly."""
 
-    def __init__(self, layer: nn.Module, parts: dict):
-        super().__init__()
-        for name, child in layer.named_children():
-            self.add_module(name, child)
-        self.training = layer.training
-        object.__setattr__(self, "model_layer", layer)  # not a child: its children are this module's
-        self.layer_idx = parts["layer_idx"]
-        self.heads, self.kv_heads, self.head_dim = parts["heads"], parts["kv_heads"], parts["head_dim"]
-        self.scaling = parts["scaling"]
-        object.__setattr__(self, "_native", None)
-        object.__setattr__(self, "_watch", ())
+    _qbackend_base: type = nn.Module
 
-    def __getstate__(self):  # copies and pickles rebuild the native layer on first use
+    def __reduce_ex__(self, protocol):  # pickles and copies name the model's class; the native layer is rebuilt
         state = dict(self.__dict__)
         state["_native"], state["_watch"] = None, ()
-        return state
+        return _rebuilt, (self._qbackend_base,), state
 
     def _apply(self, fn, recurse=True):
-        object.__setattr__(self, "_native", None)
+        self.__dict__["_native"] = None
         return super()._apply(fn, recurse)
 
     def _build(self):
@@ -157,9 +180,10 @@ class NativeDecoderLayer(nn.Module):
             raise ValueError("the layer's children are no longer of the native form (a quantized, fused "
                              "Llama-style layer)")
         norm1, norm2 = self._modules["input_layernorm"], self._modules["post_attention_layernorm"]
+        shape = self.native_shape
         native = _C.DecoderLayer(norm1.weight, norm1.eps, _product(parts["qkv"]), _product(attn.o_proj), norm2.weight,
-                                 norm2.eps, _product(parts["gate_up"]), _product(mlp.down_proj), self.heads,
-                                 self.kv_heads, self.head_dim, self.scaling)
+                                 norm2.eps, _product(parts["gate_up"]), _product(mlp.down_proj), shape.heads,
+                                 shape.kv_heads, shape.head_dim, shape.scaling)
         watch = [(self._modules, n, m) for n, m in self._modules.items()]
         for module in (attn, mlp):
             watch += [(module._modules, n, m) for n, m in module._modules.items()]
@@ -171,18 +195,19 @@ class NativeDecoderLayer(nn.Module):
                       if n in module.__dict__]
         for norm in (norm1, norm2):
             watch += [(norm._parameters, "weight", norm._parameters["weight"]), (norm.__dict__, "eps", norm.eps)]
-        object.__setattr__(self, "_native", native)
-        object.__setattr__(self, "_watch", tuple(zip(*watch)))
+        self.__dict__["_native"] = native
+        self.__dict__["_watch"] = tuple(zip(*watch))
         return native
 
     def _current(self):
         """The native layer for the children as they are now (rebuilt if one was replaced)."""
-        native = self._native
+        native = self.__dict__.get("_native")
         if native is None or not all(map(is_, map(dict.get, *self._watch[:2]), self._watch[2])):
             native = self._build()
         return native
 
-    def _runs_natively(self, hidden, attention_mask, position_embeddings, kwargs) -> bool:
+    def _runs_natively(self, hidden, kwargs) -> bool:
+        attention_mask, position_embeddings = kwargs.get("attention_mask"), kwargs.get("position_embeddings")
         if (type(hidden) is not torch.Tensor or hidden.dtype != torch.float32 or not hidden.is_cpu
                 or hidden.ndim != 3 or self.training or (hidden.requires_grad and torch.is_grad_enabled())):
             return False
@@ -192,51 +217,64 @@ class NativeDecoderLayer(nn.Module):
             return False
         if _attention_implementation(self._modules["self_attn"]) != "sdpa":
             return False
-        if kwargs and any(kwargs.get(k) for k in _UNSUPPORTED_KWARGS):
+        if any(kwargs.get(k) for k in _UNSUPPORTED_KWARGS):
             return False
         return not (torch.compiler.is_compiling() or torch.jit.is_tracing())
 
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
-                position_embeddings=None, **kwargs):
-        past = kwargs.pop("past_key_values", None)
-        cache = cache if cache is not None else past
-        if not self._runs_natively(hidden_states, attention_mask, position_embeddings, kwargs):
-            layer = self.model_layer
-            layer._modules.update(self._modules)
-            layer.training = self.training
-            return layer(hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                         use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+    def forward(self, hidden_states, *args, **kwargs):
+        if args or not self._runs_natively(hidden_states, kwargs):
+            return super().forward(hidden_states, *args, **kwargs)
         native = self._current()
-        cos, sin = position_embeddings
+        cos, sin = kwargs["position_embeddings"]
+        attention_mask = kwargs.get("attention_mask")
+        cache = kwargs.get("cache")
+        cache = cache if cache is not None else kwargs.get("past_key_values")
+        layer_idx = self.native_shape.layer_idx
         if cache is not None and not getattr(cache, "int8_rows", False):
-            rows = reserved_rows(cache, self.layer_idx, hidden_states.shape[1])
+            rows = reserved_rows(cache, layer_idx, hidden_states.shape[1])
             if rows is not None:  # the cache's storage has room: the rows written by the same native call
                 out, keys, values = native.step(hidden_states, cos, sin, rows[1], rows[2], rows[3], attention_mask)
                 record_rows(rows[0], rows[1], rows[2], keys, values)
                 return out
         q, k, v = native.attention_inputs(hidden_states, cos, sin)
         if cache is not None and getattr(cache, "int8_rows", False):  # qbackend.llm.kv_cache.Int8KVCache
-            rows = cache.layer(self.layer_idx)
+            rows = cache.layer(layer_idx)
             rows.append(k, v)
             if hidden_states.shape[1] == 1 and attention_mask is None:  # a decoding step: attend the int8 rows
                 return native.finish_int8(hidden_states, q, rows.k8, rows.k_scale, rows.v8, rows.v_scale, rows.length)
             k, v = rows.dequantized()
         elif cache is not None:
             # the arguments transformers' attention passes to the cache
-            k, v = append_rows(cache, self.layer_idx, k, v,
-                               kwargs={"position_ids": position_ids, "use_cache": use_cache, **kwargs})
+            update = {key: value for key, value in kwargs.items()
+                      if key not in ("attention_mask", "position_embeddings", "cache", "past_key_values")}
+            k, v = append_rows(cache, layer_idx, k, v, kwargs=update)
         return native.finish(hidden_states, q, k, v, attention_mask)
 
     def extra_repr(self) -> str:
-        return (f"native {type(self.model_layer).__name__}: heads={self.heads}, kv_heads={self.kv_heads}, "
-                f"head_dim={self.head_dim}")
+        shape = self.native_shape
+        own = super().extra_repr()
+        return (own + ", " if own else "") + (f"native: heads={shape.heads}, kv_heads={shape.kv_heads}, "
+                                               f"head_dim={shape.head_dim}")
+
+
+def _make_native(layer: nn.Module, parts: dict) -> None:
+    layer.__class__ = native_layer_class(type(layer))
+    layer.__dict__.update(native_shape=LayerShape(parts["layer_idx"], parts["heads"], parts["kv_heads"],
+                                                  parts["head_dim"], parts["scaling"]), _native=None, _watch=())
+
+
+def _undo_native(layer: nn.Module) -> None:
+    layer.__class__ = layer._qbackend_base
+    for key in ("native_shape", "_native", "_watch"):
+        layer.__dict__.pop(key, None)
 
 
 def swap_decoder_layers(model: nn.Module, run) -> list[str]:
-    """Replace `model`'s decoder layers of the native form by NativeDecoderLayers in place, checked by
-    `run()` (a forward on a probe returning logits): the names replaced (none if the check failed)."""
+    """Make `model`'s decoder layers of the native form NativeDecoderLayers in place (their class becomes
+    native_layer_class(their class)), checked by `run()` (a forward on a probe returning logits): the
+    names made native (none if the check failed)."""
     found = [(name, m, parts) for name, m in model.named_modules()
-             if name and (parts := _parts(m)) is not None]
+             if name and not isinstance(m, NativeDecoderLayer) and (parts := _parts(m)) is not None]
     if not found:
         return []
     try:
@@ -244,8 +282,8 @@ def swap_decoder_layers(model: nn.Module, run) -> list[str]:
             before = run()
     except Exception:  # noqa: BLE001  (a model the probe does not fit: nothing swapped)
         return []
-    for name, m, parts in found:
-        model.set_submodule(name, NativeDecoderLayer(m, parts))
+    for _, m, parts in found:
+        _make_native(m, parts)
     try:
         with torch.no_grad():
             after = run()
@@ -253,7 +291,7 @@ def swap_decoder_layers(model: nn.Module, run) -> list[str]:
     except Exception:  # noqa: BLE001  (a model whose code does not fit the native layer: undone below)
         same = False
     if not same:
-        for name, m, _ in found:
-            model.set_submodule(name, m)
+        for _, m, _ in found:
+            _undo_native(m)
         return []
     return [name for name, _, _ in found]

@@ -13,7 +13,8 @@ those of the model's class (a pickle names the model's class and this module's r
 The step applies to a call with `input_ids` of one position and nothing else but an attention mask (None,
 or all ones over the cached positions and the new one), position ids and the cache (under either of
 its names); a DynamicCache whose every layer is as llm/dynamic_rows.py left it with room for the
-position; every layer of the stack a NativeDecoderLayer (not training, no hooks of its own); float32
+position; every layer of the stack a NativeDecoderLayer (not training, no hooks of its own but
+transformers' output-capturing ones, which record nothing unless asked); float32
 hidden states without gradients; SDPA attention; every attention full (no layer_types other than
 full_attention, no sliding window); not tracing or compiling. Its
 outputs equal the model's own decoding step bit for bit (the same native layer calls, the same cache),
@@ -35,13 +36,31 @@ _CACHE_NAMES = ("cache", "past_key_values")
 
 
 def step_class(base: type) -> type:
-    """The subclass of `base` with the decoding step (one per class)."""
+    """The subclass of `base` with the decoding step (one per class), sharing the outputs transformers
+    records for `base` (its output-capturing registry is keyed by the class's name)."""
     cls = _STEP_CLASSES.get(base)
     if cls is None:
         cls = type(f"NativeStep{base.__name__}", (NativeDecodingStep, base),
                    {"__module__": __name__, "_qbackend_base": base, "__doc__": base.__doc__})
         _STEP_CLASSES[base] = cls
+    _share_recorded_outputs(base, cls)
     return cls
+
+
+def _share_recorded_outputs(base: type, cls: type) -> None:
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # a transformers without the registry: nothing to share
+        return
+    flags = dict.get(_CAN_RECORD_REGISTRY, str(base))
+    if flags and not dict.get(_CAN_RECORD_REGISTRY, str(cls)):
+        dict.__setitem__(_CAN_RECORD_REGISTRY, str(cls), flags)
+
+
+def _capturing_only(hooks: dict) -> bool:
+    """Whether every forward hook is one of transformers' output-capturing hooks, which record nothing
+    unless outputs are asked for (the step then does not apply)."""
+    return all(getattr(h, "__module__", "") == "transformers.utils.output_capturing" for h in hooks.values())
 
 
 def _rebuilt(base: type) -> nn.Module:
@@ -96,10 +115,10 @@ class NativeDecodingStep(nn.Module):
             return None
         rows = []
         for layer in layers:
-            if (type(layer) is not NativeDecoderLayer or layer.training or layer._forward_hooks
-                    or layer._forward_pre_hooks):
+            if (not isinstance(layer, NativeDecoderLayer) or layer.training or layer._forward_pre_hooks
+                    or (layer._forward_hooks and not _capturing_only(layer._forward_hooks))):
                 return None
-            reserved = reserved_rows(cache, layer.layer_idx, 1)
+            reserved = reserved_rows(cache, layer.native_shape.layer_idx, 1)
             if reserved is None:
                 return None
             rows.append(reserved)
@@ -145,7 +164,7 @@ def _stack_of(model: nn.Module):
     for name, m in model.named_modules():
         if (_STACK_CHILDREN <= set(m._modules) and len(m._modules) == len(_STACK_CHILDREN)
                 and isinstance(m._modules["layers"], nn.ModuleList) and len(m._modules["layers"])
-                and all(type(layer) is NativeDecoderLayer for layer in m._modules["layers"])
+                and all(isinstance(layer, NativeDecoderLayer) for layer in m._modules["layers"])
                 and type(m).forward is not NativeDecodingStep.forward and hasattr(m, "config")):
             return name, m
     return None

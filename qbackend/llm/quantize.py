@@ -15,8 +15,9 @@ projections are not Linears and stay float). The RMSNorms become qbackend.nn.RMS
 each), found by what they compute (llm/norms.py), and the Linears that read the same input (q, k, v;
 gate, up) one fused product (llm/shared_input.py), found and checked on a probe of a few token ids.
 The input embedding's rows can be stored in int8 or int4 (LLMConfig.embedding; QuantizedEmbedding).
-Decoder layers of Llama's form then run as two native calls each (llm/decoder_layers.py), checked on
-the same probe. With calibration token ids, the 4-bit weights take GPTQ's rounding (llm/gptq.py)
+Decoder layers of Llama's form then run as one native call per step each (llm/decoder_layers.py),
+checked on the same probe, and a decoding step of a model whose layers are all native as one Python
+call (llm/decoding_step.py), checked on a probe of its own. With calibration token ids, the 4-bit weights take GPTQ's rounding (llm/gptq.py)
 instead of the nearest level; with `distributed=True` the ranks of a torch.distributed gloo group
 each pass their own shard of the token ids, and GPTQ's statistics are reduced across them
 (qbackend.distributed) before any weight is rounded, so every rank quantizes the same model.

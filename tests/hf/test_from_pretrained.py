@@ -188,7 +188,7 @@ def test_a_plain_import_of_qbackend_registers_the_method(folders, tmp_path, orde
         f"; m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path / 'q')!r})"
         "; print(type(m.lm_head).__name__, type(m.model.layers[0]).__name__)")
     out = run_py(code, check=True).stdout
-    assert out.split()[-2:] == ["WeightOnlyLinear", "NativeDecoderLayer"], out
+    assert out.split()[-2:] == ["WeightOnlyLinear", "NativeLlamaDecoderLayer"], out
 
 
 def test_import_qbackend_does_not_import_transformers():

@@ -61,6 +61,20 @@ def test_prefill_and_decoding_equal_the_module_path(config):
                        greedy)
 
 
+def test_layers_keep_their_class_and_record_hidden_states():
+    """A native layer is the model's own layer object, an instance of its class: transformers' output
+    capturing records its outputs (the module path's bits), and the stack's own class sees them too."""
+    plain, native = _pair(dict(weights="int4", activations="int8"))
+    layer = native.model.layers[0]
+    assert isinstance(layer, transformers.models.llama.modeling_llama.LlamaDecoderLayer)
+    assert type(layer).__name__ == "NativeLlamaDecoderLayer" and "native: heads=4" in repr(layer)
+    assert list(native.state_dict()) == list(plain.state_dict())
+    ids = _ids()
+    with torch.no_grad():
+        out, ref = native(ids, output_hidden_states=True), plain(ids, output_hidden_states=True)
+    assert len(out.hidden_states) == 3 and all(map(torch.equal, out.hidden_states, ref.hidden_states))
+
+
 @pytest.mark.parametrize("model_args", [dict(kv_heads=4), dict(kv_heads=1), dict(bias=True)])
 def test_attention_forms_and_biases(model_args):
     """Multi-head (no GQA), one key head (4 queries per key), and biases on every projection."""

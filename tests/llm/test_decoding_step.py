@@ -1,7 +1,7 @@
 """The decoding step in one Python call (qbackend.llm.decoding_step): a model whose decoder layers are all
 native gets it (its stack keeps its class as a base, its attributes and state_dict keys), its steps
 give the model's own step's logits and cache bit for bit (greedy, sampled, beam search, batches, every
-scheme), it steps aside wherever a condition fails (padding, a hook, a cache
+scheme), it steps aside wherever a condition fails (padding, a hook, hidden states asked for, a cache
 other than a DynamicCache, a replaced layer; a model with a sliding window keeps its own step), and copies,
 pickles and reloads keep it."""
 from __future__ import annotations
@@ -129,10 +129,22 @@ def test_steps_aside_where_a_condition_fails():
         kwargs = {k: (Int8KVCache() if k == "past_key_values" else v) for k, v in kwargs.items()}
         assert taken.count == 0 and torch.equal(a, own.generate(ids[:1], max_new_tokens=4, do_sample=False,
                                                                 **kwargs))
+    # hidden states asked for: the model's forward, which records them; later steps take the decoding step
+    cache, cache_own = transformers.DynamicCache(), transformers.DynamicCache()
+    with torch.no_grad(), _Taken(fast) as taken:
+        fast(ids, past_key_values=cache, use_cache=True)
+        own(ids, past_key_values=cache_own, use_cache=True)
+        out = fast(ids[:, :1], past_key_values=cache, use_cache=True, output_hidden_states=True)
+        ref = own(ids[:, :1], past_key_values=cache_own, use_cache=True, output_hidden_states=True)
+        assert taken.count == 0 and len(out.hidden_states) == 3
+        assert all(map(torch.equal, out.hidden_states, ref.hidden_states))
+        assert torch.equal(fast(ids[:, 1:2], past_key_values=cache, use_cache=True).logits,
+                           own(ids[:, 1:2], past_key_values=cache_own, use_cache=True).logits)
+        assert taken.count == 1
     # a layer replaced by one of another class: the model's forward, on the new layer
     layer = fast.model.layers[0]
-    fast.model.layers[0] = layer.model_layer
-    own.model.layers[0] = own.model.layers[0].model_layer
+    plain = transformers.models.llama.modeling_llama.LlamaDecoderLayer(fast.config, 0).eval()
+    fast.model.layers[0], own.model.layers[0] = copy.deepcopy(plain), copy.deepcopy(plain)
     with _Taken(fast) as taken:
         got = _steps(fast, ids)
     assert taken.count == 0 and all(map(torch.equal, got, _steps(own, ids)))
