@@ -29,6 +29,26 @@ inline __m256 row_lanes(const int8_t* row, int64_t d, int64_t n) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bytes)));
 }
 
+// Vectors of an output row one pass over the value rows computes: independent accumulators, so the
+// pass is not bound by one fused multiply-add's latency per position.
+constexpr int64_t kValueVectors = 4;
+
+// o[d0 .. d0 + NV * W) (lanes below D) = inv * sum_s w[s] v_s[d0 ..], each lane's sum in position order;
+// every one of the NV vectors has a lane below D.
+template <int NV, typename T>
+inline void weighted_rows(const float* w, const T* v, int64_t v_ss, int64_t S, int64_t d0, int64_t D, __m256 inv,
+                          float* o) {
+  __m256 acc[NV];
+  for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < S; ++s) {
+    const __m256 ws = _mm256_set1_ps(w[s]);
+    const T* row = v + s * v_ss;
+    for (int j = 0; j < NV; ++j) acc[j] = _mm256_fmadd_ps(ws, row_lanes(row, d0 + j * W, D - d0 - j * W), acc[j]);
+  }
+  for (int j = 0; j < NV; ++j)
+    _mm256_maskstore_ps(o + d0 + j * W, avx2::lane_mask(D - d0 - j * W), _mm256_mul_ps(acc[j], inv));
+}
+
 // The kernel over rows of type T (float, or int8 with per-row scales ksc / vsc; nullptr for float).
 template <typename T>
 void heads(const DecodeAttention& p, const T* k, const float* ksc, const T* v, const float* vsc, int64_t b,
@@ -66,12 +86,13 @@ void heads(const DecodeAttention& p, const T* k, const float* ksc, const T* v, c
       _mm256_maskstore_ps(sc + s, m, vsc ? _mm256_mul_ps(e, _mm256_maskload_ps(vsc + s, m)) : e);
     }
     const __m256 inv = _mm256_set1_ps(1.0f / avx2::hsum(vsum));
-    float* o = out + r * D;
-    for (int64_t d = 0; d < D; d += W) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t s = 0; s < S; ++s)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(sc[s]), row_lanes(v + s * p.v_ss, d, D - d), acc);
-      _mm256_maskstore_ps(o + d, avx2::lane_mask(D - d), _mm256_mul_ps(acc, inv));
+    for (int64_t d = 0; d < D; d += kValueVectors * W) {
+      switch (std::min<int64_t>(kValueVectors, (D - d + W - 1) / W)) {
+        case 4: weighted_rows<4>(sc, v, p.v_ss, S, d, D, inv, out + r * D); break;
+        case 3: weighted_rows<3>(sc, v, p.v_ss, S, d, D, inv, out + r * D); break;
+        case 2: weighted_rows<2>(sc, v, p.v_ss, S, d, D, inv, out + r * D); break;
+        default: weighted_rows<1>(sc, v, p.v_ss, S, d, D, inv, out + r * D); break;
+      }
     }
   }
 }

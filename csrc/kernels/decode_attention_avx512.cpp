@@ -23,6 +23,30 @@ inline __m512 row_lanes(const int8_t* row, int64_t d, __mmask16 m) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, row + d)));
 }
 
+// Vectors of an output row one pass over the value rows computes: independent accumulators, so the
+// pass is not bound by one fused multiply-add's latency per position.
+constexpr int64_t kValueVectors = 4;
+
+// o[d0 .. d0 + NV * W) (lanes below D) = inv * sum_s w[s] v_s[d0 ..], each lane's sum in position order;
+// every one of the NV vectors has a lane below D.
+template <int NV, typename T>
+inline void weighted_rows(const float* w, const T* v, int64_t v_ss, int64_t S, int64_t d0, int64_t D, __m512 inv,
+                          float* o) {
+  using avx512::W;
+  __m512 acc[NV];
+  __mmask16 m[NV];
+  for (int j = 0; j < NV; ++j) {
+    acc[j] = _mm512_setzero_ps();
+    m[j] = avx512::tail_mask(D - d0 - j * W);
+  }
+  for (int64_t s = 0; s < S; ++s) {
+    const __m512 ws = _mm512_set1_ps(w[s]);
+    const T* row = v + s * v_ss;
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_fmadd_ps(ws, row_lanes(row, d0 + j * W, m[j]), acc[j]);
+  }
+  for (int j = 0; j < NV; ++j) avx512::store(o + d0 + j * W, m[j], _mm512_mul_ps(acc[j], inv));
+}
+
 // The kernel over rows of type T (float, or int8 with per-row scales ksc / vsc; nullptr for float).
 template <typename T>
 void heads(const DecodeAttention& p, const T* k, const float* ksc, const T* v, const float* vsc, int64_t b,
@@ -60,12 +84,13 @@ void heads(const DecodeAttention& p, const T* k, const float* ksc, const T* v, c
       avx512::store(sc + s, m, vsc ? _mm512_mul_ps(e, _mm512_maskz_loadu_ps(m, vsc + s)) : e);
     }
     const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
-    float* o = out + r * D;
-    for (int64_t d = 0; d < D; d += W) {
-      const __mmask16 m = avx512::tail_mask(D - d);
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t s = 0; s < S; ++s) acc = _mm512_fmadd_ps(_mm512_set1_ps(sc[s]), row_lanes(v + s * p.v_ss, d, m), acc);
-      avx512::store(o + d, m, _mm512_mul_ps(acc, inv));
+    for (int64_t d = 0; d < D; d += kValueVectors * W) {
+      switch (std::min<int64_t>(kValueVectors, (D - d + W - 1) / W)) {
+        case 4: weighted_rows<4>(sc, v, p.v_ss, S, d, D, inv, out + r * D); break;
+        case 3: weighted_rows<3>(sc, v, p.v_ss, S, d, D, inv, out + r * D); break;
+        case 2: weighted_rows<2>(sc, v, p.v_ss, S, d, D, inv, out + r * D); break;
+        default: weighted_rows<1>(sc, v, p.v_ss, S, d, D, inv, out + r * D); break;
+      }
     }
   }
 }

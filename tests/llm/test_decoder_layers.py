@@ -25,11 +25,11 @@ transformers = pytest.importorskip("transformers")
 _SCHEMES = [dict(), dict(activations="int8"), dict(weights="int4"), dict(weights="int4", activations="int8")]
 
 
-def _llama(seed=0, kv_heads=2, bias=False, layers=2):
+def _llama(seed=0, kv_heads=2, bias=False, layers=2, head_dim=None):
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
                                    num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128,
-                                   attention_bias=bias, mlp_bias=bias)
+                                   attention_bias=bias, mlp_bias=bias, head_dim=head_dim)
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
@@ -165,19 +165,20 @@ def test_layer_matches_fp64_reference(L, cached, head_dim, kv_heads):
 
 def test_decoding_attention_matches_sdpa():
     """The decoding kernel (one position, no mask) against SDPA (the same step with an all-true mask),
-    over cache lengths that straddle its 8- and 16-lane blocks and key-head sharing from 1 to 4 queries:
-    this CPU's kernel, and on AVX512 CPUs the AVX2 one too."""
+    over cache lengths that straddle its 8- and 16-lane blocks, key-head sharing from 1 to 4 queries and
+    head sizes of one vector to more than one pass of its value vectors (136: 64 + 64 + 8 lanes): this
+    CPU's kernel, and on AVX512 CPUs the AVX2 one too."""
     for kernel, cap in decoding_attention_caps().items():
         with isa_capped(cap):
             assert _C.decode_attention_isa() == kernel
-            for kv_heads in (4, 2, 1):
-                _, native = _pair(kv_heads=kv_heads)
+            for kv_heads, D in ((4, 16), (2, 16), (1, 16), (2, 136), (1, 40)):
+                _, native = _pair(kv_heads=kv_heads, head_dim=None if D == 16 else D)
                 layer = native.model.layers[0]._current()
                 gen = torch.Generator().manual_seed(kv_heads)
                 for S in (1, 7, 8, 9, 15, 16, 17, 100):
                     hidden = torch.randn(3, 1, 64, generator=gen)
-                    q = torch.randn(3, 4, 1, 16, generator=gen)
-                    k, v = (torch.randn(3, kv_heads, S, 16, generator=gen) * 3 for _ in range(2))
+                    q = torch.randn(3, 4, 1, D, generator=gen)
+                    k, v = (torch.randn(3, kv_heads, S, D, generator=gen) * 3 for _ in range(2))
                     with torch.no_grad():
                         fast = layer.finish(hidden, q, k, v, None)
                         ref = layer.finish(hidden, q, k, v, torch.ones(3, 1, 1, S, dtype=torch.bool))
