@@ -119,10 +119,12 @@ class NativeDecodingStep(nn.Module):
                     or (layer._forward_hooks and not _capturing_only(layer._forward_hooks))):
                 return None
             reserved = reserved_rows(cache, layer.native_shape.layer_idx, 1)
-            if reserved is None:
+            if reserved is None or reserved[1].shape[0] != input_ids.shape[0]:
                 return None
             rows.append(reserved)
         length = rows[0][3]
+        if any(r[3] != length for r in rows):
+            return None
         if (not _full_attention(config) or _attention_implementation(layers[0].self_attn) != "sdpa"
                 or (mask is not None and not _all_ones(mask, input_ids.shape[0], length + 1))
                 or (position_ids is not None and type(position_ids) is not torch.Tensor)):

@@ -141,6 +141,15 @@ def test_steps_aside_where_a_condition_fails():
         assert torch.equal(fast(ids[:, 1:2], past_key_values=cache, use_cache=True).logits,
                            own(ids[:, 1:2], past_key_values=cache_own, use_cache=True).logits)
         assert taken.count == 1
+    # a step of another batch size than the cache's: the model's forward (and its error), no row written
+    cache = transformers.DynamicCache()
+    with torch.no_grad(), _Taken(fast) as taken:
+        fast(ids, past_key_values=cache, use_cache=True)
+        held = [(layer.keys.clone(), layer.keys.shape) for layer in cache.layers]
+        with pytest.raises(Exception):
+            fast(ids[:1, :1], past_key_values=cache, use_cache=True)
+    assert taken.count == 0
+    assert all(torch.equal(layer.keys[:, :, :shape[2]], k) for layer, (k, shape) in zip(cache.layers, held))
     # a layer replaced by one of another class: the model's forward, on the new layer
     layer = fast.model.layers[0]
     plain = transformers.models.llama.modeling_llama.LlamaDecoderLayer(fast.config, 0).eval()
