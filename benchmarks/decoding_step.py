@@ -26,33 +26,22 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import run_lines, write_report  # noqa: E402
-from llm import TEXT, llama_cpp_flows, load, parse_run_args  # noqa: E402
+from llm import TEXT, llama_cpp_flows, load, parse_run_args, step_clock  # noqa: E402
 
 import qbackend  # noqa: E402
 from qbackend.llm.decoding_step import remove_decoding_step  # noqa: E402
-from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
+from transformers import StoppingCriteriaList  # noqa: E402
 
 SCHEMES = {"int4 g32 asymmetric, int8 activations (W4A8)": dict(weights="int4", group_size=32, activations="int8"),
            "int8 weight-only": dict()}
 PATHS = ("module path (no native layers)", "native layers, the model's step", "native layers + decoding step")
 
 
-class _StepClock(StoppingCriteria):
-    """Stops nothing; records when generate finished each new token."""
-
-    def __init__(self):
-        self.times = []
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.times.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
-
-
 def step_times(model, ids: torch.Tensor, new_tokens: int) -> tuple[list[float], torch.Tensor]:
     """Seconds of each step after the first new token (greedy, no end-of-text stop), and the ids made."""
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None
-    clock = _StepClock()
+    clock = step_clock()
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, generation_config=config,
                              stopping_criteria=StoppingCriteriaList([clock]))

@@ -21,11 +21,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import run_lines, write_report  # noqa: E402
-from llm import load, parse_run_args, pydoc_ids  # noqa: E402
+from llm import load, parse_run_args, pydoc_ids, step_clock  # noqa: E402
 
 import qbackend  # noqa: E402
 from qbackend.llm.kv_cache import Int8KVCache, Int8KVLayer  # noqa: E402
-from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList  # noqa: E402
+from transformers import DynamicCache, StoppingCriteriaList  # noqa: E402
 
 PROMPTS = (32, 512, 1536)
 
@@ -45,24 +45,13 @@ def cache_bytes(cache) -> int:
     return total
 
 
-class _StepClock(StoppingCriteria):
-    """Stops nothing; records when generate finished each new token."""
-
-    def __init__(self):
-        self.times = []
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.times.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
-
-
 def decode(model, ids: torch.Tensor, new_tokens: int, make) -> tuple[float, int]:
     """Decode tokens/s between the first and the last new token (greedy, no end-of-text stop; the
     prompt's prefill, whose time varies far more than a step's, is outside the interval) and the
     cache's bytes."""
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None
-    clock, cache = _StepClock(), make()
+    clock, cache = step_clock(), make()
     with torch.no_grad():
         model.generate(ids, max_new_tokens=new_tokens, cache=cache, do_sample=False, generation_config=config,
                        stopping_criteria=StoppingCriteriaList([clock]))

@@ -171,6 +171,22 @@ def llama_cpp_flows(threads: int) -> dict:
             f"llama.cpp {llama_cpp.__version__} (llama-cpp-python), Q8_0 requantized from it": LlamaCpp(q8, threads)}
 
 
+def step_clock():
+    """A stopping criterion for generate that stops nothing and records (in `.times`) when each new token
+    was made."""
+    from transformers import StoppingCriteria
+
+    class StepClock(StoppingCriteria):
+        def __init__(self):
+            self.times = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    return StepClock()
+
+
 def pydoc_ids(tok, tokens: int, length: int = 256) -> torch.Tensor:
     """[tokens / length, length] token ids of English technical prose that ships with Python (the
     reference topics of `pydoc`, in order): the first 2048 are GPTQ's calibration text, the next 512
