@@ -18,7 +18,7 @@ def batch_routes(op, shape, eight_bit_input=True, upto=None):
 DEPTHWISE = {"n": 8, "c_in": 160, "c_out": 160, "h": 28, "w": 28, "kernel": (3, 3), "stride": (2, 2),
              "padding": (1, 1), "groups": 160, "int8_residual": 0}
 DENSE_3X3 = {"n": 8, "c_in": 64, "c_out": 64, "h": 56, "w": 56, "kernel": (3, 3), "stride": (1, 1),
-             "padding": (1, 1), "groups": 1, "int8_residual": 1}
+             "padding": (1, 1), "groups": 1, "int8_residual": 0}
 POINTWISE = {"n": 8, "c_in": 256, "c_out": 64, "h": 56, "w": 56, "kernel": (1, 1), "stride": (1, 1),
              "padding": (0, 0), "groups": 1, "int8_residual": 0}
 LINEARS = [{"m": 8, "k": 768, "n": 768, "gelu": 0}, {"m": 128, "k": 768, "n": 3072, "gelu": 1},
@@ -52,10 +52,12 @@ def test_native_conv_ranges_end_where_the_rules_say():
     routes = batch_routes("conv2d", DEPTHWISE)
     last_native = 4_000_000 // (28 * 28 * 160)
     assert routes.ranges == ((last_native, "native"), (None, "onednn")), routes.describe()
-    # dense 3x3 (groups 1, c_in >= 16): native while n*oh*ow*c_out <= 2M
+    # dense 3x3 (groups 1, c_in >= 16): native while n*oh*ow*c_out <= 2M; ending a residual block
+    # (the int8 residual fused) native at every size
     routes = batch_routes("conv2d", DENSE_3X3)
     assert routes.ranges[0] == (2_000_000 // (56 * 56 * 64), "native"), routes.describe()
     assert routes.provider_for(routes.ranges[0][0] + 1) == "onednn"
+    assert batch_routes("conv2d", {**DENSE_3X3, "int8_residual": 1}).ranges == ((None, "native"),)
     # 1x1: native at every size -> one range
     assert batch_routes("conv2d", POINTWISE).ranges == ((None, "native"),)
     # routed up to max(64, 8 x the example's batch): a 7x7 conv with 512 channels turns to oneDNN
