@@ -141,7 +141,7 @@ RULES: tuple[Rule, ...] = (
          "(ImageNet 3x3 and 7x7, CIFAR, digits; Zen 5)", "epyc_zen5/kxk_conv_stems.md#Reading",
          (groups == 1) & (c_in < 16)),
     Rule("conv2d", VNNI, "native", "KxK convs ending a residual block (the int8 residual fused) at any size: at batch "
-         "32 over 3.2M and 6.4M output values 1.15x and 1.09x oneDNN on Ice Lake, 1.00x on Zen 4 (kxk_conv.md)",
+         "32 over 3.2M and 6.4M output values 1.15x and 1.09x oneDNN on Ice Lake, 1.00x on an AMD EPYC (kxk_conv.md)",
          "xeon_icelake/kxk_conv.md", (groups == 1) & (c_in >= 16) & int8_residual),
     Rule("conv2d", VNNI, "native", "KxK convs as GEMMs over gathered taps: 1.04-1.16x the best library on ResNet's "
          "3x3 convs at batch 1, 1.00-1.03x at batch 32 up to 2M output values", "kxk_conv.md",
