@@ -15,7 +15,7 @@ rounding). A Qwen3-style layer (norms on q and k), Gemma's (four norms), GPT-2's
 projections of their own) keep the model's code.
 
 A layer made native keeps its identity: its class becomes native_layer_class(its class)
-(`Native<Class>`, a subclass of it), so isinstance, its children, attributes, hooks (transformers'
+(`Native<Class>`, a subclass of it; llm/own_subclass.py), so isinstance, its children, attributes, hooks (transformers'
 output capturing records its output) and state_dict keys stay the model's; it runs its class's own
 forward wherever the native path does not apply: inputs other than float32 on the CPU, training or
 gradients, an attention other than SDPA or with options the native path does not take (attention
@@ -38,6 +38,7 @@ from ..nn.int4_linear import Int4WeightOnlyLinear
 from ..nn.linear import WeightOnlyLinear
 from ..nn.rms_norm import RMSNorm
 from .dynamic_rows import append_rows, record_rows, reserved_rows
+from .own_subclass import OwnSubclass, give_subclass, restore_class, subclass_of
 from .shared_input import SharedInputLinear
 
 __all__ = ["LayerShape", "NativeDecoderLayer", "native_layer_class", "swap_decoder_layers"]
@@ -125,24 +126,6 @@ def _parts(layer: nn.Module) -> dict | None:
             "head_dim": head_dim, "scaling": float(scaling), "layer_idx": layer_idx}
 
 
-_LAYER_CLASSES: dict[type, type] = {}
-
-
-def native_layer_class(base: type) -> type:
-    """The subclass of the decoder layer class `base` that computes natively (one per class)."""
-    cls = _LAYER_CLASSES.get(base)
-    if cls is None:
-        cls = type(f"Native{base.__name__}", (NativeDecoderLayer, base),
-                   {"__module__": __name__, "_qbackend_base": base, "__doc__": base.__doc__})
-        _LAYER_CLASSES[base] = cls
-    return cls
-
-
-def _rebuilt(base: type) -> nn.Module:
-    """An empty instance of native_layer_class(base), for pickle and copy (their state is set on it after)."""
-    return object.__new__(native_layer_class(base))
-
-
 class LayerShape(NamedTuple):
     """What the native layer needs beyond the children: the layer's index in the cache and its heads."""
 
@@ -153,18 +136,15 @@ class LayerShape(NamedTuple):
     scaling: float
 
 
-class NativeDecoderLayer(nn.Module):
+class NativeDecoderLayer(OwnSubclass):
     """A decoder layer of the native form (see the module docstring) whose class was made
     native_layer_class(its class) by swap_decoder_layers: the layer object itself, with its children,
     hooks and attributes, computing natively where it applies and by its class's forward elsewhere; a
-    qbackend._C.DecoderLayer built on first use. Never constructed directly."""
+    qbackend._C.DecoderLayer built on first use (copies and pickles build it again). Never constructed
+    directly."""
 
-    _qbackend_base: type = nn.Module
-
-    def __reduce_ex__(self, protocol):  # pickles and copies name the model's class; the native layer is rebuilt
-        state = dict(self.__dict__)
-        state["_native"], state["_watch"] = None, ()
-        return _rebuilt, (self._qbackend_base,), state
+    _prefix = "Native"
+    _transient = {"_native": None, "_watch": ()}
 
     def _apply(self, fn, recurse=True):
         self.__dict__["_native"] = None
@@ -257,16 +237,9 @@ class NativeDecoderLayer(nn.Module):
                                                f"head_dim={shape.head_dim}")
 
 
-def _make_native(layer: nn.Module, parts: dict) -> None:
-    layer.__class__ = native_layer_class(type(layer))
-    layer.__dict__.update(native_shape=LayerShape(parts["layer_idx"], parts["heads"], parts["kv_heads"],
-                                                  parts["head_dim"], parts["scaling"]), _native=None, _watch=())
-
-
-def _undo_native(layer: nn.Module) -> None:
-    layer.__class__ = layer._qbackend_base
-    for key in ("native_shape", "_native", "_watch"):
-        layer.__dict__.pop(key, None)
+def native_layer_class(base: type) -> type:
+    """The subclass of the decoder layer class `base` that computes natively (one per class)."""
+    return subclass_of(NativeDecoderLayer, base)
 
 
 def swap_decoder_layers(model: nn.Module, run) -> list[str]:
@@ -283,7 +256,9 @@ def swap_decoder_layers(model: nn.Module, run) -> list[str]:
     except Exception:  # noqa: BLE001  (a model the probe does not fit: nothing swapped)
         return []
     for _, m, parts in found:
-        _make_native(m, parts)
+        give_subclass(m, NativeDecoderLayer, _native=None, _watch=(),
+                      native_shape=LayerShape(parts["layer_idx"], parts["heads"], parts["kv_heads"],
+                                              parts["head_dim"], parts["scaling"]))
     try:
         with torch.no_grad():
             after = run()
@@ -292,6 +267,6 @@ def swap_decoder_layers(model: nn.Module, run) -> list[str]:
         same = False
     if not same:
         for _, m, _ in found:
-            _undo_native(m)
+            restore_class(m, "native_shape", "_native", "_watch")
         return []
     return [name for name, _, _ in found]

@@ -5,10 +5,10 @@ rows into the DynamicCache's storage, llm/dynamic_rows.py) and the final norm, w
 per-step Python (its mask construction, output capturing, and per layer a module call, the cache's
 update and the native layer's own checks: ~1.5 ms a step on SmolLM2's 30 layers).
 
-The stack keeps its identity: its class becomes a subclass of its own class (`NativeStep<Class>`, made
-here once per class) whose forward takes the decoding step where every condition below holds, and is
+The stack keeps its identity: its class becomes a subclass of its own class (`NativeStep<Class>`,
+llm/own_subclass.py) whose forward takes the decoding step where every condition below holds, and is
 the class's own forward otherwise; isinstance, attributes, state_dict keys, copies and pickles are
-those of the model's class (a pickle names the model's class and this module's rebuilder).
+those of the model's class.
 
 The step applies to a call with `input_ids` of one position and nothing else but an attention mask (None,
 or all ones over the cached positions and the new one), position ids and the cache (under either of
@@ -27,45 +27,18 @@ from torch import nn
 
 from .decoder_layers import NativeDecoderLayer, _attention_implementation
 from .dynamic_rows import record_rows, reserved_rows
+from .own_subclass import OwnSubclass, give_subclass, restore_class
 
 __all__ = ["NativeDecodingStep", "remove_decoding_step", "swap_decoding_step"]
 
 _STACK_CHILDREN = {"embed_tokens", "layers", "norm", "rotary_emb"}
-_STEP_CLASSES: dict[type, type] = {}
 _CACHE_NAMES = ("cache", "past_key_values")
-
-
-def step_class(base: type) -> type:
-    """The subclass of `base` with the decoding step (one per class), sharing the outputs transformers
-    records for `base` (its output-capturing registry is keyed by the class's name)."""
-    cls = _STEP_CLASSES.get(base)
-    if cls is None:
-        cls = type(f"NativeStep{base.__name__}", (NativeDecodingStep, base),
-                   {"__module__": __name__, "_qbackend_base": base, "__doc__": base.__doc__})
-        _STEP_CLASSES[base] = cls
-    _share_recorded_outputs(base, cls)
-    return cls
-
-
-def _share_recorded_outputs(base: type, cls: type) -> None:
-    try:
-        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
-    except ImportError:  # a transformers without the registry: nothing to share
-        return
-    flags = dict.get(_CAN_RECORD_REGISTRY, str(base))
-    if flags and not dict.get(_CAN_RECORD_REGISTRY, str(cls)):
-        dict.__setitem__(_CAN_RECORD_REGISTRY, str(cls), flags)
 
 
 def _capturing_only(hooks: dict) -> bool:
     """Whether every forward hook is one of transformers' output-capturing hooks, which record nothing
     unless outputs are asked for (the step then does not apply)."""
     return all(getattr(h, "__module__", "") == "transformers.utils.output_capturing" for h in hooks.values())
-
-
-def _rebuilt(base: type) -> nn.Module:
-    """An empty instance of step_class(base), for pickle and copy (their state is set on it after)."""
-    return object.__new__(step_class(base))
 
 
 def _full_attention(config) -> bool:
@@ -77,14 +50,11 @@ def _full_attention(config) -> bool:
     return getattr(config, "sliding_window", None) is None
 
 
-class NativeDecodingStep(nn.Module):
+class NativeDecodingStep(OwnSubclass):
     """The decoding step (module docstring) over the class it is mixed into: instances are made by
     swap_decoding_step, never directly."""
 
-    _qbackend_base: type = nn.Module
-
-    def __reduce_ex__(self, protocol):
-        return _rebuilt, (self._qbackend_base,), self.__getstate__()
+    _prefix = "NativeStep"
 
     def forward(self, input_ids=None, *args, **kwargs):
         out = None if args else self._decoding_step(input_ids, kwargs)
@@ -191,7 +161,7 @@ def swap_decoding_step(model: nn.Module) -> str | None:
     try:
         with torch.no_grad():
             before = _probe(model)
-            stack.__class__ = step_class(base)
+            give_subclass(stack, NativeDecodingStep)
             stack.__dict__["_decoding_step"] = counted
             after = _probe(model)
         same = taken == [False, True, True] and len(before) == len(after) and all(map(torch.equal, before, after))
@@ -210,7 +180,7 @@ def remove_decoding_step(model: nn.Module) -> str | None:
     stack's name, or None where it had no decoding step."""
     for name, m in model.named_modules():
         if isinstance(m, NativeDecodingStep):
-            m.__class__ = m._qbackend_base
+            restore_class(m)
             if isinstance(getattr(model, "qbackend_llm", None), dict):
                 model.qbackend_llm["decoding_step"] = None
             return name

@@ -105,16 +105,13 @@ def append_rows(cache, layer_idx: int, key_states: torch.Tensor, value_states: t
     DynamicCache, DynamicLayer = _dynamic_classes()
     if type(cache) is not DynamicCache or getattr(cache, "offloading", False):
         return cache.update(key_states, value_states, layer_idx, **update_kwargs)
-    layers = cache.layers
-    if layer_idx < len(layers):
-        layer = layers[layer_idx]
-        store = layer.__dict__.get("_qbackend_rows")
-        if store is not None and layer.keys is store[2] and layer.values is store[3]:
-            # the views this function set last: the layer is as it left it
-            try:
-                return _written(layer, store[0], store[1], store[2].shape[2], key_states, value_states)
-            except ValueError:  # rows beyond the capacity, or of another shape or dtype: below
-                pass
+    rows = reserved_rows(cache, layer_idx, key_states.shape[2]) if type(key_states) is torch.Tensor \
+        and key_states.dim() == 4 else None
+    if rows is not None:  # the layer as this function left it, with room
+        try:
+            return _written(rows[0], rows[1], rows[2], rows[3], key_states, value_states)
+        except ValueError:  # rows of another shape or dtype: below
+            pass
     return _append(cache, layer_idx, key_states, value_states, update_kwargs)
 
 
