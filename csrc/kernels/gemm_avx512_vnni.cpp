@@ -1,6 +1,7 @@
 // The native int8 GEMM (contract and packed layout: gemm_kernels.h) for AVX512-VNNI: register
 // tiles of up to 6 rows x 64 columns (gemm_avx512_vnni_impl.h) accumulate with vpdpbusd over the
-// whole K, the epilogue runs on the tile while it is still in registers. Call only when
+// whole K, the epilogue runs on the tile while it is still in registers; its direct convolution is
+// conv_avx512_vnni.cpp's. Call only when
 // qbackend::cpu::has(qbackend::cpu::Isa::Avx512Vnni).
 #include <cstdint>
 
@@ -48,7 +49,11 @@ double peak_loop(int64_t iters) {
 }  // namespace
 
 const GemmKernels& gemm_kernels_avx512_vnni() {
-  static const GemmKernels k{"avx512_vnni", &gemm, kMaxRows, &peak_loop};
+  // The direct convolution where it measured faster than the gathered taps (Ice Lake, 2 threads:
+  // 3x3 stride 1 over 64 to 128 channels 1.04-1.14x at batch 1 and 32; stride 2, and weights beyond
+  // L2 at batch 32, slower: benchmarks/results/xeon_icelake/direct_conv_vnni.md).
+  static const GemmKernels k{"avx512_vnni", &gemm, kMaxRows, &peak_loop, direct_conv_avx512_vnni(), true,
+                             int64_t(512) << 10};
   return k;
 }
 

@@ -114,8 +114,12 @@ struct GemmKernels {
   // Runs `iters` iterations of a loop of independent u8 x s8 dot products on this thread and
   // returns the int8 operations it did (2 per multiply-add): the ISA's peak, for the benchmark.
   double (*peak_loop)(int64_t iters);
-  // The direct convolution (DirectConvArgs), or nullptr where this kernel has none.
+  // The direct convolution (DirectConvArgs), or nullptr where this kernel has none, and the convs it
+  // takes: with direct_conv_stride1, stride 1 only; with direct_conv_max_weight > 0, packed weights
+  // of at most that many bytes (K x N_out) only. Elsewhere the gathered taps run.
   DirectConvFn direct_conv = nullptr;
+  bool direct_conv_stride1 = false;
+  int64_t direct_conv_max_weight = 0;
 };
 
 // Defined in gemm_avx512_vnni.cpp; call only when qbackend::cpu::has(qbackend::cpu::Isa::Avx512Vnni).
@@ -137,6 +141,9 @@ const GemmKernels& gemm_kernels_avx2_vnni_evex();
 // any AVX512-VNNI CPU (has(Isa::Avx512Vnni)).
 const GemmKernels& gemm_kernels_amx();
 const GemmKernels& gemm_kernels_amx_emulated();
+// Defined in conv_avx512_vnni.cpp: the AVX512-VNNI kernel's direct convolution (register tiles);
+// call only when has(Isa::Avx512Vnni).
+DirectConvFn direct_conv_avx512_vnni();
 // Defined in conv_amx.cpp: the AMX kernels' direct convolution, on the hardware and the emulated tiles.
 DirectConvFn direct_conv_amx();
 DirectConvFn direct_conv_amx_emulated();

@@ -3,9 +3,10 @@
 // the residual add and relu fused in its epilogue.
 //   * Unpadded 1x1, stride 1: the pixels are the GEMM's rows, read in place.
 //   * Unpadded 1x1, strided: the pixels read are gathered into one block first.
-//   * Stride 1 or 2 over a multiple of 64 channels, on a kernel with a direct convolution (AMX):
-//     bands of output rows over a zero-point-padded copy of their input (split into phase planes
-//     at stride 2), no taps gathered (kernels::DirectConvArgs, csrc/kernels/conv_amx.cpp).
+//   * Stride 1 or 2 over a multiple of 64 channels, on a kernel with a direct convolution (AMX; on
+//     AVX512-VNNI stride 1 with a weight that stays in L2): bands of output rows over a
+//     zero-point-padded copy of their input (split into phase planes at stride 2), no taps gathered
+//     (kernels::DirectConvArgs, csrc/kernels/conv_amx.cpp, conv_avx512_vnni.cpp).
 //   * 3x3, stride 1, on AVX2 CPUs without VNNI, where the packing added the Winograd filter:
 //     Winograd's F(2x2, 3x3) transform (native_winograd.h), exact, the same bytes as the GEMM.
 //   * Otherwise: each output pixel's taps (KH x KW x C bytes; the activation's zero point where a
@@ -247,7 +248,8 @@ std::atomic<int64_t> g_direct_calls{0};
 constexpr int64_t kDirectBandBytes = int64_t(256) << 10;
 
 // The direct convolution (kernels::DirectConvArgs) where the kernel has one and the conv suits it
-// (stride 1 or 2, C a multiple of 64, at most kDirectConvMaxTaps taps), in bands of output rows:
+// (stride 1 or 2, C a multiple of 64, at most kDirectConvMaxTaps taps, and the kernel's own limits:
+// GemmKernels::direct_conv_stride1, direct_conv_max_weight), in bands of output rows:
 // each thread a range of (image, band) units, or, where there are fewer images than threads and the
 // weight outweighs an image's planes (the deep layers at batch 1), every unit over its share of the
 // weight's panels; false where it does not apply.
@@ -256,6 +258,8 @@ bool run_direct(const GemmArgs& g0, const Taps& t, int64_t N) {
   if (!k.direct_conv || !g_direct_conv.load(std::memory_order_relaxed) || t.p.stride[0] > 2 || t.p.stride[1] > 2 ||
       t.C % 64 != 0 || t.KH * t.KW > kernels::kDirectConvMaxTaps)
     return false;
+  if (k.direct_conv_stride1 && (t.p.stride[0] != 1 || t.p.stride[1] != 1)) return false;
+  if (k.direct_conv_max_weight > 0 && g0.K * g0.N > k.direct_conv_max_weight) return false;
   kernels::DirectConvArgs a;
   a.g = g0;
   a.x = t.x;

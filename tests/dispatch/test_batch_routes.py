@@ -52,12 +52,18 @@ def test_native_conv_ranges_end_where_the_rules_say():
     routes = batch_routes("conv2d", DEPTHWISE)
     last_native = 4_000_000 // (28 * 28 * 160)
     assert routes.ranges == ((last_native, "native"), (None, "onednn")), routes.describe()
-    # dense 3x3 (groups 1, c_in >= 16): native while n*oh*ow*c_out <= 2M; ending a residual block
-    # (the int8 residual fused) native at every size
-    routes = batch_routes("conv2d", DENSE_3X3)
-    assert routes.ranges[0] == (2_000_000 // (56 * 56 * 64), "native"), routes.describe()
-    assert routes.provider_for(routes.ranges[0][0] + 1) == "onednn"
-    assert batch_routes("conv2d", {**DENSE_3X3, "int8_residual": 1}).ranges == ((None, "native"),)
+    # dense 3x3 (groups 1, c_in >= 16) on the gathered taps (stride 2, or a weight over 512 KB): native
+    # while n*oh*ow*c_out <= 2M; ending a residual block (the int8 residual fused) native at every size;
+    # stride 1 over multiples of 64 channels with a weight up to 512 KB (the direct conv) native at every size
+    for shape in ({**DENSE_3X3, "stride": (2, 2)}, {**DENSE_3X3, "c_in": 256, "c_out": 256, "h": 14, "w": 14}):
+        routes = batch_routes("conv2d", shape)
+        oh = -(-shape["h"] // shape["stride"][0])
+        assert routes.ranges[0] == (2_000_000 // (oh * oh * shape["c_out"]), "native"), routes.describe()
+        assert routes.provider_for(routes.ranges[0][0] + 1) == "onednn"
+        assert batch_routes("conv2d", {**shape, "int8_residual": 1}).ranges == ((None, "native"),)
+    assert batch_routes("conv2d", DENSE_3X3).ranges == ((None, "native"),)
+    assert batch_routes("conv2d", {**DENSE_3X3, "c_in": 128, "c_out": 128, "h": 28, "w": 28}).ranges == \
+        ((None, "native"),)
     # 1x1: native at every size -> one range
     assert batch_routes("conv2d", POINTWISE).ranges == ((None, "native"),)
     # routed up to max(64, 8 x the example's batch): a 7x7 conv with 512 channels turns to oneDNN

@@ -85,7 +85,12 @@ def test_native_rows():
     assert rules.choose("conv2d", vnni, pointwise).provider == "native"  # 200k output values
     assert rules.choose("conv2d", vnni, dict(pointwise, n=32)).provider == "native"  # 6.4M: every size
     assert rules.choose("conv2d", vnni, CONV).provider == "native"  # 3x3 at batch 1: 200k output values
-    assert rules.choose("conv2d", vnni, dict(CONV, n=32)).provider == "onednn"  # 6.4M
+    assert rules.choose("conv2d", vnni, dict(CONV, n=32)).provider == "native"  # 6.4M: the direct conv, any size
+    assert rules.choose("conv2d", vnni, dict(CONV, n=32, stride=2)).provider == "native"  # gathered taps: 1.6M
+    assert rules.choose("conv2d", vnni, dict(CONV, n=64, stride=2)).provider == "onednn"  # 3.2M
+    big = dict(CONV, c_in=256, c_out=256, h=14, w=14)  # a 576 KB weight: the gathered taps, up to 2M values
+    assert rules.choose("conv2d", vnni, big).provider == "native"
+    assert rules.choose("conv2d", vnni, dict(big, n=64)).provider == "onednn"  # 3.2M
     assert rules.choose("conv2d", vnni, dict(CONV, groups=64)).provider == "native"  # depthwise, 64ch at 56x56
     wide_dw = dict(CONV, c_in=32, c_out=32, groups=32, h=112, w=112)  # 401k input values, 32 channels
     assert rules.choose("conv2d", vnni, wide_dw).provider == "native"  # stride 1: any size

@@ -1,12 +1,13 @@
-"""The native direct convolution (csrc/kernels/conv_amx.cpp): convs of stride 1 or 2 over a multiple of
-64 channels as a GEMM over the zero-point-padded input (split into phase planes at stride 2), A tiles
-read in place with the pixel stride.
+"""The native direct convolution (csrc/kernels/conv_amx.cpp, conv_avx512_vnni.cpp): convs of stride 1 or 2
+over a multiple of 64 channels as a GEMM over the zero-point-padded input (split into phase planes at
+stride 2), A tiles (AMX) or register-tile rows (AVX512-VNNI) read in place with the pixel stride.
 
-Run on the AMX kernel over emulated tiles (any AVX512-VNNI CPU) and, where the CPU has AMX, on the
-hardware tiles. Held to:
+Run on the AVX512-VNNI kernel, on the AMX kernel over emulated tiles (any AVX512-VNNI CPU) and, where
+the CPU has AMX, on the hardware tiles. Held to:
   * exact int32 sums: fp32 output with unit scales against an fp64 convolution of the same
     integers (x less its zero point; the padding adds nothing);
-  * the same output bytes as the gathered-taps GEMM on the AVX512-VNNI kernel for every epilogue
+  * the same output bytes as the gathered-taps GEMM on the AVX512-VNNI kernel (the direct route
+    switched off) for every epilogue
     (uint8 / int8 / fp32 / bf16 output, relu, gelu, a fused residual, int8 and uint8 input);
   * every split of the work: bands of rows over threads, several images, the weight's panels over
     threads (one image, a large weight), partial column vectors, padding and dilation of any size,
@@ -14,6 +15,8 @@ hardware tiles. Held to:
 The route itself is checked by the op's counter of direct convs.
 """
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -24,9 +27,25 @@ from qbackend.ops import PackedConv2dWeight
 from tests.ops.numerics import all_threads
 from tests.ops.test_native_kernels import native_kernel
 
-pytestmark = pytest.mark.skipif(int(_C.usable_isa()) < 3, reason="the AMX kernel (or its emulation) needs AVX512-VNNI")
+pytestmark = pytest.mark.skipif(int(_C.usable_isa()) < 3, reason="the direct convolutions need AVX512-VNNI")
 
-KERNELS = ["amx_emulated"] + (["amx"] if _C.native_amx_self_check(False) == "" else [])
+KERNELS = ["avx512_vnni", "amx_emulated"] + (["amx"] if _C.native_amx_self_check(False) == "" else [])
+
+
+def takes_direct(kernel, geometry) -> bool:
+    """Whether `kernel`'s direct convolution takes this geometry: AVX512-VNNI's takes stride 1 only
+    (and weights up to 512 KB, which every geometry here is)."""
+    return kernel != "avx512_vnni" or geometry[-1] == (1, 1)
+
+
+@contextlib.contextmanager
+def gathered_taps():
+    """The native convs on the gathered-taps GEMM (the direct route switched off)."""
+    _C.set_native_direct_conv(False)
+    try:
+        yield
+    finally:
+        _C.set_native_direct_conv(True)
 
 # (batch, C, OC, H, W, kernel, padding, dilation, stride): bands over threads (one image), several
 # images, the panels split (one image, weight larger than the image), 5x5 kernels, dilation, no
@@ -82,7 +101,7 @@ def test_sums_are_exact(kernel, geometry, x_dtype):
     before = _C.native_direct_conv_calls()
     with native_kernel(kernel), all_threads():
         got = pw.conv2d(x, 1.0, zp, 1.0, 0, torch.float32, "none")
-    assert _C.native_direct_conv_calls() == before + 1, "the conv did not take the direct route"
+    assert _C.native_direct_conv_calls() == before + takes_direct(kernel, geometry), "the conv did not take its route"
     ref = torch.nn.functional.conv2d(x.double() - zp, weight.double(), padding=pad, dilation=dil, stride=stride)
     assert got.shape == ref.shape
     assert torch.equal(got.double(), ref), float((got.double() - ref).abs().max())
@@ -116,12 +135,12 @@ def test_bytes_equal_the_gathered_taps(kernel, geometry, epilogue):
         acc = torch.randint(lo, hi, (n, oc, oh, ow), dtype=res_dtype, generator=g).contiguous(
             memory_format=torch.channels_last)
         args += [acc, 0.04, 2]
-    with native_kernel("avx512_vnni"), all_threads():
+    with native_kernel("avx512_vnni"), all_threads(), gathered_taps():
         ref = pw.conv2d(*args)
     before = _C.native_direct_conv_calls()
     with native_kernel(kernel), all_threads():
         got = pw.conv2d(*args)
-    assert _C.native_direct_conv_calls() == before + 1, "the conv did not take the direct route"
+    assert _C.native_direct_conv_calls() == before + takes_direct(kernel, geometry), "the conv did not take its route"
     assert got.dtype == ref.dtype and got.shape == ref.shape
     assert torch.equal(got, ref), float((got.float() - ref.float()).abs().max())
 
@@ -134,7 +153,7 @@ def test_residual_written_in_place(kernel):
     pw = _packed(weight, torch.rand(64, generator=g) * 0.01 + 1e-3, torch.randn(64, generator=g), 1, 1)
     acc = torch.randint(0, 256, (2, 64, 10, 10), dtype=torch.uint8, generator=g).contiguous(
         memory_format=torch.channels_last)
-    with native_kernel("avx512_vnni"):
+    with native_kernel("avx512_vnni"), gathered_taps():
         ref = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu", acc, 0.03, 6)
     out = acc.clone()
     before = _C.native_direct_conv_calls()
@@ -156,7 +175,7 @@ def test_switched_off_and_unsuited_convs_take_the_gathered_taps(kernel):
                                 stride, (1, 1), (1, 1), 1, "native")
         x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=g).contiguous(
             memory_format=torch.channels_last)
-        with native_kernel("avx512_vnni"):
+        with native_kernel("avx512_vnni"), gathered_taps():
             ref = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu")
         before = _C.native_direct_conv_calls()
         _C.set_native_direct_conv(switch)
@@ -165,5 +184,24 @@ def test_switched_off_and_unsuited_convs_take_the_gathered_taps(kernel):
                 got = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu")
         finally:
             _C.set_native_direct_conv(True)
+        assert _C.native_direct_conv_calls() == before
+        assert torch.equal(got, ref)
+
+
+def test_vnni_limits_take_the_gathered_taps():
+    """AVX512-VNNI's direct convolution takes stride 1 and weights up to 512 KB only: a 3x3 over 256
+    channels to 256 (576 KB) and a stride-2 conv run on the gathered taps, the same bytes."""
+    g = torch.Generator().manual_seed(11)
+    for c, oc, stride in ((256, 256, (1, 1)), (64, 32, (2, 2))):
+        weight = torch.randint(-128, 128, (oc, c, 3, 3), dtype=torch.int8, generator=g)
+        pw = PackedConv2dWeight(weight, torch.rand(oc, generator=g) * 0.01 + 1e-3, torch.randn(oc, generator=g),
+                                stride, (1, 1), (1, 1), 1, "native")
+        x = torch.randint(0, 256, (1, c, 6, 7), dtype=torch.uint8, generator=g).contiguous(
+            memory_format=torch.channels_last)
+        with native_kernel("avx512_vnni"), gathered_taps():
+            ref = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu")
+        before = _C.native_direct_conv_calls()
+        with native_kernel("avx512_vnni"):
+            got = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu")
         assert _C.native_direct_conv_calls() == before
         assert torch.equal(got, ref)
