@@ -144,8 +144,8 @@ RULES: tuple[Rule, ...] = (
          "32 over 3.2M and 6.4M output values 1.15x and 1.09x oneDNN on Ice Lake, 1.00x on an AMD EPYC (kxk_conv.md)",
          "xeon_icelake/kxk_conv.md", (groups == 1) & (c_in >= 16) & int8_residual),
     Rule("conv2d", VNNI, "native", "stride-1 KxK convs on the direct conv (taps read in place), any size: ResNet's "
-         "64 -> 64 @56 and 128 -> 128 @28 1.03x and 1.17x oneDNN at batch 32 (6.4M, 3.2M output values), 1.39-1.42x "
-         "at batch 1 (Ice Lake only)", "xeon_icelake/direct_conv_vnni.md",
+         "64 -> 64 @56 and 128 -> 128 @28 0.99-1.03x and 1.17-1.20x oneDNN at batch 32 (6.4M, 3.2M output values), "
+         "1.31-1.42x at batch 1 (Ice Lake only)", "xeon_icelake/direct_conv_vnni.md",
          (groups == 1) & (stride == 1) & (c_in % 64 == 0) & (kh * kw * c_in * c_out <= 524_288)),
     Rule("conv2d", VNNI, "native", "KxK convs as GEMMs over gathered taps: 1.04-1.16x the best library on ResNet's "
          "3x3 convs at batch 1, 1.00-1.03x at batch 32 up to 2M output values", "kxk_conv.md",
