@@ -14,7 +14,6 @@ the direct route switched off; ratios > 1: the direct route is faster.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import sys
@@ -24,9 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import qbackend  # noqa: E402
-from _machine import cpu_line, git_state, load_average  # noqa: E402
+from _machine import cpu_line, git_state, load_average, write_report  # noqa: E402
 from _timing import measure  # noqa: E402
 from kxk_conv import LAYERS  # noqa: E402
+from pointwise_conv import conv_bench_args  # noqa: E402
 from qbackend.core.extension import _C  # noqa: E402
 from qbackend.ops import PackedConv2dWeight  # noqa: E402
 
@@ -39,16 +39,9 @@ def _switched(direct: bool, call):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="batch 1, two layers, few blocks (smoke test)")
-    ap.add_argument("--out")
-    args = ap.parse_args(argv)
-    if not _C.native_isa():
-        print("the native provider needs AVX512-VNNI or AVX-VNNI: nothing to compare on this CPU")
+    args = conv_bench_args(__doc__, argv, "batch 1, two layers, few blocks (smoke test)", raw=True)
+    if args is None:
         return 0
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
     layers = [layer for layer in LAYERS if layer[1] % 64 == 0]
     layers = layers[:2] if args.quick else layers
     lines = ["# The native direct convolution against its gathered taps and oneDNN", "", cpu_line(),
@@ -97,9 +90,7 @@ def main(argv=None) -> int:
     finally:
         _C.set_native_direct_conv(True)
     lines += ["", f"Load average at the end: {load_average()}."]
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_report("\n".join(lines), args.out)
     return 0
 
 

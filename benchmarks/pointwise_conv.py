@@ -40,20 +40,30 @@ LAYERS = [("R50", 64, 64, 56, 1), ("R50", 64, 256, 56, 1), ("R50", 256, 64, 56, 
 PROVIDERS = ("native", "onednn", "fbgemm")
 
 
-def run_table(title: str, layers, argv=None) -> int:
-    """Times `layers` ((model, c_in, c_out, input h = w, kernel, stride, padding[, groups]) each) on every
-    provider, interleaved, at batch 1 and 32, with and without an int8 residual; prints the markdown
-    table (and writes it to --out)."""
-    ap = argparse.ArgumentParser(description=title)
+def conv_bench_args(description: str, argv, quick: str, raw: bool = False) -> argparse.Namespace | None:
+    """The conv benchmarks' command line (--threads, --quick, --out), the threads and seed set; None,
+    after saying so, where the CPU has no native provider to compare."""
+    ap = argparse.ArgumentParser(description=description,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="batch 1, three layers, few blocks (smoke test)")
+    ap.add_argument("--quick", action="store_true", help=quick)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if not _C.native_isa():
         print("the native provider needs AVX512-VNNI or AVX-VNNI: nothing to compare on this CPU")
-        return 0
+        return None
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    return args
+
+
+def run_table(title: str, layers, argv=None) -> int:
+    """Times `layers` ((model, c_in, c_out, input h = w, kernel, stride, padding[, groups]) each) on every
+    provider, interleaved, at batch 1 and 32, with and without an int8 residual; prints the markdown
+    table (and writes it to --out)."""
+    args = conv_bench_args(title, argv, "batch 1, three layers, few blocks (smoke test)")
+    if args is None:
+        return 0
     lines = [f"# {title}", "", cpu_line(),
              f"- threads: {args.threads}; torch {torch.__version__}, qbackend {qbackend.__version__} ({git_state()}); "
              f"native kernel `{_C.native_isa()}`",
