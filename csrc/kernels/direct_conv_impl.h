@@ -1,6 +1,7 @@
-// What every kernel's direct convolution (contract and layout: gemm_kernels.h, DirectConvArgs)
-// shares: the band's input copied into its phase planes, each tap's offset in them, and the GEMM's
-// epilogue (gemm_avx512_vnni_impl.h) with each row written to its own output pixel. Included, after
+// What the kernels' direct convolutions (contract and layout: gemm_kernels.h, DirectConvArgs) share:
+// the band's input copied into its phase planes and each tap's offset in them; and the GEMM's
+// epilogue (gemm_avx512_vnni_impl.h) with each row written to its own output pixel, for tiles whose
+// rows run over the planes' padded width (AMX's). Included, after
 // gemm_avx512_vnni_impl.h and the translation unit's `QB_TARGET` (cpu/targets.h), by conv_amx.cpp
 // (the AMX tiles) and conv_avx512_vnni.cpp (the VNNI register tiles): everything is in an anonymous
 // namespace, so each compiles its own copy for its own target.
