@@ -50,8 +50,10 @@ double peak_loop(int64_t iters) {
 
 const GemmKernels& gemm_kernels_avx512_vnni() {
   // The direct convolution where it measured faster than the gathered taps (Ice Lake, 2 threads:
-  // 3x3 stride 1 over 64 to 128 channels 1.04-1.14x at batch 1 and 32; stride 2, and weights beyond
-  // L2 at batch 32, slower: benchmarks/results/xeon_icelake/direct_conv_vnni.md).
+  // 3x3 stride 1 over 64 to 128 channels 1.06-1.32x at batch 1 and 32; stride 2, and weights beyond
+  // L2 at batch 32, 0.82-0.98x: benchmarks/results/xeon_icelake/direct_conv_vnni.md). The dispatch
+  // row of such convs (qbackend/dispatch/rules.py) restates these limits; test_direct_conv.py holds
+  // the two together.
   static const GemmKernels k{"avx512_vnni", &gemm, kMaxRows, &peak_loop, direct_conv_avx512_vnni(), true,
                              int64_t(512) << 10};
   return k;

@@ -39,13 +39,14 @@ def takes_direct(kernel, geometry) -> bool:
 
 
 @contextlib.contextmanager
-def gathered_taps():
-    """The native convs on the gathered-taps GEMM (the direct route switched off)."""
-    _C.set_native_direct_conv(False)
+def direct_route(enabled: bool):
+    """The native convs with the direct route switched on or off (off: the gathered-taps GEMM); on again after."""
+    _C.set_native_direct_conv(enabled)
     try:
         yield
     finally:
         _C.set_native_direct_conv(True)
+
 
 # (batch, C, OC, H, W, kernel, padding, dilation, stride): bands over threads (one image), several
 # images, the panels split (one image, weight larger than the image), 5x5 kernels, dilation, no
@@ -135,7 +136,7 @@ def test_bytes_equal_the_gathered_taps(kernel, geometry, epilogue):
         acc = torch.randint(lo, hi, (n, oc, oh, ow), dtype=res_dtype, generator=g).contiguous(
             memory_format=torch.channels_last)
         args += [acc, 0.04, 2]
-    with native_kernel("avx512_vnni"), all_threads(), gathered_taps():
+    with native_kernel("avx512_vnni"), all_threads(), direct_route(False):
         ref = pw.conv2d(*args)
     before = _C.native_direct_conv_calls()
     with native_kernel(kernel), all_threads():
@@ -153,7 +154,7 @@ def test_residual_written_in_place(kernel):
     pw = _packed(weight, torch.rand(64, generator=g) * 0.01 + 1e-3, torch.randn(64, generator=g), 1, 1)
     acc = torch.randint(0, 256, (2, 64, 10, 10), dtype=torch.uint8, generator=g).contiguous(
         memory_format=torch.channels_last)
-    with native_kernel("avx512_vnni"), gathered_taps():
+    with native_kernel("avx512_vnni"), direct_route(False):
         ref = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu", acc, 0.03, 6)
     out = acc.clone()
     before = _C.native_direct_conv_calls()
@@ -175,15 +176,11 @@ def test_switched_off_and_unsuited_convs_take_the_gathered_taps(kernel):
                                 stride, (1, 1), (1, 1), 1, "native")
         x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=g).contiguous(
             memory_format=torch.channels_last)
-        with native_kernel("avx512_vnni"), gathered_taps():
+        with native_kernel("avx512_vnni"), direct_route(False):
             ref = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu")
         before = _C.native_direct_conv_calls()
-        _C.set_native_direct_conv(switch)
-        try:
-            with native_kernel(kernel):
-                got = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu")
-        finally:
-            _C.set_native_direct_conv(True)
+        with native_kernel(kernel), direct_route(switch):
+            got = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu")
         assert _C.native_direct_conv_calls() == before
         assert torch.equal(got, ref)
 
@@ -198,10 +195,32 @@ def test_vnni_limits_take_the_gathered_taps():
                                 stride, (1, 1), (1, 1), 1, "native")
         x = torch.randint(0, 256, (1, c, 6, 7), dtype=torch.uint8, generator=g).contiguous(
             memory_format=torch.channels_last)
-        with native_kernel("avx512_vnni"), gathered_taps():
+        with native_kernel("avx512_vnni"), direct_route(False):
             ref = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu")
         before = _C.native_direct_conv_calls()
         with native_kernel("avx512_vnni"):
             got = pw.conv2d(x, 0.02, 128, 0.05, 4, torch.uint8, "relu")
         assert _C.native_direct_conv_calls() == before
         assert torch.equal(got, ref)
+
+
+def test_dispatch_row_matches_the_vnni_direct_route():
+    """The AVX512-VNNI dispatch row that sends KxK convs to the native provider at any size restates the
+    kernel's direct-conv limits (GemmKernels::direct_conv_stride1, direct_conv_max_weight): at a batch
+    past the gathered taps' 2M output values, a conv routes native exactly where the kernel takes the
+    direct route."""
+    from qbackend.dispatch import rules
+
+    g = torch.Generator().manual_seed(12)
+    # (C, OC, kernel, stride): 64 and 128 channels at stride 1, a 5x5 (400 KB), a 576 KB weight, stride 2
+    for c, oc, k, s in ((64, 64, 3, 1), (128, 128, 3, 1), (64, 128, 5, 1), (256, 256, 3, 1), (64, 128, 3, 2)):
+        weight = torch.randint(-128, 128, (oc, c, k, k), dtype=torch.int8, generator=g)
+        pw = PackedConv2dWeight(weight, torch.ones(oc), None, (s, s), (k // 2, k // 2), (1, 1), 1, "native")
+        x = torch.randint(0, 256, (1, c, 8, 8), dtype=torch.uint8, generator=g).contiguous(
+            memory_format=torch.channels_last)
+        before = _C.native_direct_conv_calls()
+        with native_kernel("avx512_vnni"):
+            pw.conv2d(x, 1.0, 0, 1.0, 0, torch.float32, "none")
+        direct = _C.native_direct_conv_calls() == before + 1
+        shape = {"n": 256, "c_in": c, "c_out": oc, "h": 56, "w": 56, "kernel": (k, k), "stride": s, "groups": 1}
+        assert (rules.choose("conv2d", "avx512_vnni", shape).provider == "native") == direct, (c, oc, k, s, direct)
