@@ -207,6 +207,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "tests: run the native GEMM on the named kernel (amx, amx_emulated: the AMX kernel over emulated tiles, "
         "avx512_vnni, avx2_vnni, avx2_vnni_evex: the AVX-VNNI kernel's code on EVEX, avx2: int16 products), '' = "
         "this CPU's choice");
+  m.def("set_native_rows_read_ahead", &qbackend::kernels::set_rows_read_ahead, py::arg("enabled"),
+        "tests and benchmarks: whether the AVX512-VNNI GEMM reads the next row tile's activations ahead where "
+        "they come from L3 or memory (the same output bytes either way); True by default");
   m.def("set_native_direct_conv", &qbackend::native::set_direct_conv, py::arg("enabled"),
         "tests and benchmarks: whether KxK convs of stride 1 or 2 over a multiple of 64 channels use the native kernel's "
         "direct convolution (AMX) instead of gathered taps; True by default");

@@ -17,7 +17,9 @@ namespace {
 
 void gemm(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end) {
   sweep(g, m_begin, m_end, panel_begin, panel_end, kMaxRows,
-        [&](int64_t p, int64_t mb, int64_t me, NextPanel next) { vnni_panel_rows(g, p, mb, me, next); });
+        [&](int64_t p, int64_t mb, int64_t me, NextPanel next, bool rows_cold) {
+          vnni_panel_rows(g, p, mb, me, next, rows_cold);
+        });
 }
 
 double peak_loop(int64_t iters) {

@@ -6,7 +6,10 @@
 // namespace, so each translation unit compiles its own copy for its own target.
 //
 // Tiles: MR rows x NV vectors of 16 columns. Rows of the activation are read in place (4 bytes
-// broadcast per row and k-group: no packing of A, nothing allocated); the weight panel streams
+// broadcast per row and k-group: no packing of A, nothing allocated); where the sweep reads them from
+// L3 or memory, each tile reads the next tile's rows ahead into L1 (software prefetch: a 1x1 conv
+// reducing 1024 channels at batch 32 took 0.83-0.98x the time with it, Ice Lake:
+// benchmarks/results/xeon_icelake/rows_read_ahead.md). The weight panel streams
 // from L1/L2. Small MR hides the dot product's latency with KS independent accumulator sets over
 // alternating k-groups (1 row: 4 sets of 4 vectors), summed before the epilogue.
 #pragma once
@@ -86,10 +89,12 @@ inline void store(const GemmArgs& g, __m512 y, int64_t m, int64_t n0, __mmask16 
 // B points at the tile's first 16-column vector; ldb is the byte step from one k-group to the next
 // (64 x the panel's vectors).
 // With PFL > 0, it also prefetches PFL cache lines of `pf` into L2 per k-group (the next panel's
-// share of this tile: NextPanel in gemm_common.h).
+// share of this tile: NextPanel in gemm_common.h). With `pa`, it prefetches into L1 one line of pa
+// every other k-group: K * 8 bytes, the next row tile's rows where they follow this tile's
+// (lda <= K * 4 / 3, contiguous_rows below).
 template <int MR, int NV, bool I8, int PFL = 0>
 __attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t lda, const int8_t* B, int64_t ldb, int64_t K, __m512i* out,
-                                                    const int8_t* pf = nullptr) {
+                                                    const int8_t* pf = nullptr, const uint8_t* pa = nullptr) {
   constexpr int KS = MR == 1 ? 4 : (MR <= 3 ? 2 : 1);
   const int64_t kfull = K / 4, krem = K % 4;
   const int32_t flip = I8 ? static_cast<int32_t>(0x80808080u) : 0;
@@ -128,6 +133,7 @@ __attribute__((always_inline)) inline void dot_tile(const uint8_t* a, int64_t ld
     for (int s = 0; s < KS; ++s) {
       QB_STEP(s, k4 + s, load_a4(a + r * lda + (k4 + s) * 4))
       QB_PREFETCH(k4 + s)
+      if (pa && ((k4 + s) & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(pa + (k4 + s) * 32), _MM_HINT_T0);
     }
   }
   for (; k4 < kfull; ++k4) {
@@ -290,20 +296,31 @@ __attribute__((always_inline)) inline void epilogue(const GemmArgs& g, const Sum
   }
 }
 
+// Whether the rows of a row tile follow each other closely enough (lda <= K * 4 / 3) for dot_tile's
+// read ahead of the next tile's rows (K * 8 bytes from the next tile's first row).
+inline bool contiguous_rows(const GemmArgs& g) { return g.lda * 3 <= g.K * 4; }
+
+// The next row tile's rows for dot_tile's read ahead where the sweep reads rows [.., me) from L3 or
+// memory (rows_cold) and they follow each other; nullptr otherwise.
+inline const uint8_t* rows_ahead(const GemmArgs& g, const uint8_t* a, bool rows_cold) {
+  return rows_cold && contiguous_rows(g) ? a + kMaxRows * g.lda : nullptr;
+}
+
 // One MR x (NV * 16) tile of rows m0.. and panel p (NV: the panel's vectors), prefetching
-// pf_lines (0, 1 or 2) lines of pf per k-group.
+// pf_lines (0, 1 or 2) lines of pf per k-group, and the next tile's rows where rows_cold.
 template <int MR, int NV, bool I8>
-void tile(const GemmArgs& g, int64_t m0, int64_t p, const int8_t* pf, int pf_lines) {
+void tile(const GemmArgs& g, int64_t m0, int64_t p, const int8_t* pf, int pf_lines, bool rows_cold) {
   __m512i sums[MR * NV];
   const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K);
   const uint8_t* a = g.a + m0 * g.lda;
-  if (pf_lines == 1) dot_tile<MR, NV, I8, 1>(a, g.lda, B, NV * 64, g.K, sums, pf);
-  else if (pf_lines == 2) dot_tile<MR, NV, I8, 2>(a, g.lda, B, NV * 64, g.K, sums, pf);
-  else dot_tile<MR, NV, I8>(a, g.lda, B, NV * 64, g.K, sums);
+  const uint8_t* pa = rows_ahead(g, a, rows_cold);
+  if (pf_lines == 1) dot_tile<MR, NV, I8, 1>(a, g.lda, B, NV * 64, g.K, sums, pf, pa);
+  else if (pf_lines == 2) dot_tile<MR, NV, I8, 2>(a, g.lda, B, NV * 64, g.K, sums, pf, pa);
+  else dot_tile<MR, NV, I8>(a, g.lda, B, NV * 64, g.K, sums, nullptr, pa);
   epilogue<MR, NV>(g, sums, m0, p * kGemmPanel, g.a_zp);
 }
 
-using TileFn = void (*)(const GemmArgs&, int64_t, int64_t, const int8_t*, int);
+using TileFn = void (*)(const GemmArgs&, int64_t, int64_t, const int8_t*, int, bool);
 
 template <bool I8, int NV, int... R>
 constexpr auto row_table(std::integer_sequence<int, R...>) {
@@ -337,7 +354,7 @@ struct RequantTerms {
 // worked out once; returns the first row not done (the caller runs the last, partial tile).
 template <int NV, bool I8>
 int64_t requant_full_tiles(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, const int8_t* pf_base,
-                           int64_t slice, int64_t pf_bytes, int lines) {
+                           int64_t slice, int64_t pf_bytes, int lines, bool rows_cold) {
   const RequantTerms<NV> terms(g, p * kGemmPanel);
   const int8_t* B = g.b + p * kGemmPanel * gemm_kp(g.K);
   int64_t m = mb, i = 0;
@@ -345,9 +362,10 @@ int64_t requant_full_tiles(const GemmArgs& g, int64_t p, int64_t mb, int64_t me,
     __m512i sums[kMaxRows * NV];
     const uint8_t* a = g.a + m * g.lda;
     const int8_t* pf = lines && i * slice < pf_bytes ? pf_base + i * slice : nullptr;
-    if (pf && lines == 1) dot_tile<kMaxRows, NV, I8, 1>(a, g.lda, B, NV * 64, g.K, sums, pf);
-    else if (pf && lines == 2) dot_tile<kMaxRows, NV, I8, 2>(a, g.lda, B, NV * 64, g.K, sums, pf);
-    else dot_tile<kMaxRows, NV, I8>(a, g.lda, B, NV * 64, g.K, sums);
+    const uint8_t* pa = rows_ahead(g, a, rows_cold);
+    if (pf && lines == 1) dot_tile<kMaxRows, NV, I8, 1>(a, g.lda, B, NV * 64, g.K, sums, pf, pa);
+    else if (pf && lines == 2) dot_tile<kMaxRows, NV, I8, 2>(a, g.lda, B, NV * 64, g.K, sums, pf, pa);
+    else dot_tile<kMaxRows, NV, I8>(a, g.lda, B, NV * 64, g.K, sums, nullptr, pa);
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v)
       requant_rows<kMaxRows, NV>(g, sums, v, m, p * kGemmPanel + v * 16, terms.col[v], terms.out);
@@ -357,12 +375,12 @@ int64_t requant_full_tiles(const GemmArgs& g, int64_t p, int64_t mb, int64_t me,
 
 template <bool I8>
 int64_t requant_full_tiles(const GemmArgs& g, int64_t p, int64_t nv, int64_t mb, int64_t me, const int8_t* pf_base,
-                           int64_t slice, int64_t pf_bytes, int lines) {
+                           int64_t slice, int64_t pf_bytes, int lines, bool rows_cold) {
   switch (nv) {
-    case 1: return requant_full_tiles<1, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines);
-    case 2: return requant_full_tiles<2, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines);
-    case 3: return requant_full_tiles<3, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines);
-    default: return requant_full_tiles<4, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines);
+    case 1: return requant_full_tiles<1, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines, rows_cold);
+    case 2: return requant_full_tiles<2, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines, rows_cold);
+    case 3: return requant_full_tiles<3, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines, rows_cold);
+    default: return requant_full_tiles<4, I8>(g, p, mb, me, pf_base, slice, pf_bytes, lines, rows_cold);
   }
 }
 
@@ -371,8 +389,11 @@ int64_t requant_full_tiles(const GemmArgs& g, int64_t p, int64_t nv, int64_t mb,
 // min(2, ceil(vectors / tiles)) lines per k-group (with three tiles, two of them cover it all).
 // With one tile (M <= 6: a GEMV streaming the weight) the prefetch measured slower (the hardware
 // prefetcher keeps up with a single stream), so it has none (benchmarks/results/
-// design_measurements.md, "Native GEMM panel prefetch").
-inline void vnni_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, NextPanel next = {}) {
+// design_measurements.md, "Native GEMM panel prefetch"). With rows_cold (the sweep's first pass over
+// these rows, which come from L3 or memory), each row tile reads the next one's rows ahead into L1.
+inline void vnni_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me, NextPanel next = {},
+                            bool rows_cold = false) {
+  rows_cold = rows_cold && rows_read_ahead();
   const auto& table = g.a_int8 ? Tiles<true>::table : Tiles<false>::table;
   const int64_t cols = std::min<int64_t>(kGemmPanel, g.N - p * kGemmPanel);
   const auto& by_rows = table[(cols + 15) / 16 - 1];
@@ -383,13 +404,13 @@ inline void vnni_panel_rows(const GemmArgs& g, int64_t p, int64_t mb, int64_t me
   int64_t i = 0, m = mb;
   if (requantizes_without_gelu(g)) {
     const int64_t nv = (cols + 15) / 16;
-    m = g.a_int8 ? requant_full_tiles<true>(g, p, nv, mb, me, next.p, slice, next.bytes, lines)
-                 : requant_full_tiles<false>(g, p, nv, mb, me, next.p, slice, next.bytes, lines);
+    m = g.a_int8 ? requant_full_tiles<true>(g, p, nv, mb, me, next.p, slice, next.bytes, lines, rows_cold)
+                 : requant_full_tiles<false>(g, p, nv, mb, me, next.p, slice, next.bytes, lines, rows_cold);
     i = (m - mb) / kMaxRows;
   }
   for (; m < me; m += kMaxRows, ++i) {
     const int8_t* pf = lines && i * slice < next.bytes ? next.p + i * slice : nullptr;
-    by_rows[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p, pf, lines);
+    by_rows[std::min<int64_t>(kMaxRows, me - m) - 1](g, m, p, pf, lines, rows_cold);
   }
 }
 

@@ -61,12 +61,16 @@ inline NextPanel next_panel(const GemmArgs& g, int64_t p, int64_t panel_end) {
 // A callback that takes `next` (NextPanel) is handed the panel the sweep reads after p from memory
 // or L3 (the first time it reads it): prefetching it while p runs hides that read, which otherwise
 // stalls the first row tile of every panel (Intel's L3 serves one core about 20-25 GB/s, a VNNI tile
-// consumes about 60).
+// consumes about 60). One that also takes `rows_cold` is told whether this pass reads rows
+// [mb, me) from L3 or memory (the first panel over a block of rows, or every panel where the rows
+// are too many to stay in L2 beside it), so that it may read the next rows ahead.
 template <class PanelRows>
 void sweep(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begin, int64_t panel_end,
            int64_t row_tile, PanelRows&& panel_rows) {
-  auto run = [&](int64_t p, int64_t mb, int64_t me, NextPanel next) {
-    if constexpr (std::is_invocable_v<PanelRows&, int64_t, int64_t, int64_t, NextPanel>) panel_rows(p, mb, me, next);
+  auto run = [&](int64_t p, int64_t mb, int64_t me, NextPanel next, bool rows_cold) {
+    if constexpr (std::is_invocable_v<PanelRows&, int64_t, int64_t, int64_t, NextPanel, bool>)
+      panel_rows(p, mb, me, next, rows_cold);
+    else if constexpr (std::is_invocable_v<PanelRows&, int64_t, int64_t, int64_t, NextPanel>) panel_rows(p, mb, me, next);
     else panel_rows(p, mb, me);
   };
   const int64_t Kp = gemm_kp(g.K);
@@ -76,10 +80,13 @@ void sweep(const GemmArgs& g, int64_t m_begin, int64_t m_end, int64_t panel_begi
     const int64_t block = std::max<int64_t>(row_tile, kRowsInL2 / Kp / row_tile * row_tile);
     for (int64_t mb = m_begin; mb < m_end; mb += block)
       for (int64_t p = panel_begin; p < panel_end; ++p)
-        run(p, mb, std::min(m_end, mb + block), mb == m_begin ? next_panel(g, p, panel_end) : NextPanel{});
+        run(p, mb, std::min(m_end, mb + block), mb == m_begin ? next_panel(g, p, panel_end) : NextPanel{},
+            !g.a_cached && p == panel_begin);
   } else {
     // A large weight: one panel at a time stays in L2 while the rows stream past it.
-    for (int64_t p = panel_begin; p < panel_end; ++p) run(p, m_begin, m_end, next_panel(g, p, panel_end));
+    const bool rows_stay = (m_end - m_begin) * Kp <= kRowsInL2;
+    for (int64_t p = panel_begin; p < panel_end; ++p)
+      run(p, m_begin, m_end, next_panel(g, p, panel_end), !g.a_cached && (p == panel_begin || !rows_stay));
   }
 }
 

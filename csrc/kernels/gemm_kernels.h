@@ -38,6 +38,7 @@ struct GemmArgs {
   int64_t M = 0, N = 0, K = 0;
   const uint8_t* a = nullptr;  // [M, lda] activation bytes
   int64_t lda = 0;
+  bool a_cached = false;       // the caller has just written the rows (in L1/L2): nothing to read ahead
   bool a_int8 = false;
   int32_t a_zp = 0;            // zero point of the uint8 view
   const int8_t* b = nullptr;   // packed panels
@@ -68,6 +69,12 @@ inline bool requantizes_without_gelu(const GemmArgs& g) {
 // Computes rows [m_begin, m_end) x panels [panel_begin, panel_end) of the output.
 using GemmFn = void (*)(const GemmArgs&, int64_t m_begin, int64_t m_end, int64_t panel_begin,
                         int64_t panel_end);
+
+// Whether the AVX512-VNNI kernel's row tiles read the next tile's activation rows ahead into L1 where
+// the sweep reads them from L3 or memory (gemm_avx512_vnni_impl.h); true by default. A switch for
+// tests and benchmarks (benchmarks/rows_read_ahead.py): either way the same output bytes.
+bool rows_read_ahead();
+void set_rows_read_ahead(bool enabled);
 
 // A convolution with groups 1 and C a multiple of 64 as one GEMM per band of output rows, without
 // gathered taps ("direct"; conv_amx.cpp). The band's input is copied into `scratch` as sh x sw

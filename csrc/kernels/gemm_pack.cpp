@@ -2,12 +2,19 @@
 // filter into the Winograd conv's transformed one (winograd_kernels.h). Runs once per layer, at
 // prepack: plain C++.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "kernels/gemm_kernels.h"
 #include "kernels/winograd_kernels.h"
 
 namespace qbackend::kernels {
+namespace {
+std::atomic<bool> g_rows_read_ahead{true};
+}  // namespace
+
+bool rows_read_ahead() { return g_rows_read_ahead.load(std::memory_order_relaxed); }
+void set_rows_read_ahead(bool enabled) { g_rows_read_ahead.store(enabled, std::memory_order_relaxed); }
 
 void gemm_pack_b(const int8_t* w, int64_t N, int64_t K, int8_t* packed, int32_t* colsum) {
   const int64_t Kp = gemm_kp(K), Np = gemm_np(N);

@@ -210,6 +210,7 @@ void run_gathered(const GemmArgs& g0, const Taps& t, int64_t pixels) {
     g.M = rows;
     g.a = taps;
     g.lda = K;
+    g.a_cached = true;  // gathered just before
     g.r = g0.r ? g0.r + p0 * g0.ldr : nullptr;
     g.out = static_cast<uint8_t*>(g0.out) + p0 * g0.ldc * esize;
   };

@@ -167,6 +167,7 @@ struct Block {
       GemmArgs g = project.g;
       g.M = (r1 - r0) * OW;
       g.a = mid;
+      g.a_cached = true;
       g.out = y + r0 * OW * Cout * y_elem;
       if (accum != nullptr) g.r = accum + r0 * OW * Cout;
       kp.gemm(g, 0, g.M, 0, project_panels);

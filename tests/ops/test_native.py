@@ -7,6 +7,7 @@ this provider in test_linear.py and test_conv2d.py, like the other providers'.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -102,6 +103,33 @@ def test_weights_beyond_the_l2_budget_sum_exactly(n):
     for m in (1, 6, 7, 12, 13, 18, 19, 25):
         x = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
         assert torch.equal(native_sums(x, 3, w).to(torch.int64), exact_sums(x, 3, w)), f"m={m} n={n}"
+
+
+@pytest.mark.parametrize("m,n,k", [(1000, 64, 1024), (1003, 200, 255), (50, 300, 2048)])
+def test_rows_read_ahead_changes_no_byte(m, n, k):
+    """The VNNI kernel's read ahead of the next row tile's activations (on where the sweep reads rows
+    from L3 or memory: the first panel over each block of rows, every panel beside a weight over the
+    L2 budget) only prefetches: the sums stay exact and the requantized bytes are the same with it
+    off, for several row blocks, partial tiles, a partial k-group and both thread splits."""
+    g = torch.Generator().manual_seed(m + n + k)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    x = torch.randint(0, 256, (m, k), dtype=torch.uint8, generator=g)
+    p = ops.native_linear_prepack(w)
+    scales, bias = torch.rand(n, generator=g) * 1e-3 + 1e-4, torch.randn(n, generator=g)
+    outs = {}
+    try:
+        for on in (True, False):
+            _C.set_native_rows_read_ahead(on)
+            for threads in (False, True):
+                assert torch.equal(native_sums(x, 7, w, threads).to(torch.int64), exact_sums(x, 7, w)), \
+                    f"read ahead {on}, threads {threads}"
+                with all_threads() if threads else contextlib.nullcontext():
+                    outs[on, threads] = ops.native_linear(x, 0.02, 7, p, scales, bias, 0.05, 128, torch.uint8, "relu")
+    finally:
+        _C.set_native_rows_read_ahead(True)
+    for threads in (False, True):
+        assert torch.equal(outs[True, threads], outs[False, threads])
+    assert torch.equal(outs[True, False], outs[True, True])
 
 
 def test_largest_sums_at_the_int32_range():
