@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import math
 import os
 import statistics
@@ -25,7 +24,7 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _machine import cpu_line, git_state, load_average  # noqa: E402
+from _machine import load_average, run_lines, write_report  # noqa: E402
 
 import qbackend  # noqa: E402
 from qbackend.core.extension import _C  # noqa: E402
@@ -98,14 +97,11 @@ def main(argv=None) -> int:
         print(f"the read ahead is the AVX512-VNNI kernel's; this CPU's native kernel is {_C.native_isa()!r}")
         return 0
     torch.set_num_threads(args.threads)
-    lines = [f"# The AVX512-VNNI GEMM's read ahead of activation rows: on / off, step by step", "", cpu_line(),
-             f"- threads: {args.threads} (thread pools at their defaults); torch {torch.__version__}, qbackend "
-             f"{qbackend.__version__} ({git_state()})",
-             f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}; load average at start "
-             f"{load_average()}",
-             "- method: benchmarks/rows_read_ahead.py's docstring (pairs of plan replays, off and on back to back); "
-             "per kind: the geometric mean over its steps of each step's median on / off time ratio (< 1: faster "
-             "with the read ahead), its range over the steps", "",
+    lines = ["# The AVX512-VNNI GEMM's read ahead of activation rows: on / off, step by step", "",
+             *run_lines([args.threads]),
+             "- method: benchmarks/rows_read_ahead.py's docstring (pairs of plan replays, off and on back to back, "
+             "thread pools at their defaults); per kind: the geometric mean over its steps of each step's median "
+             "on / off time ratio (< 1: faster with the read ahead), its range over the steps", "",
              "| model | batch | pairs | kind | steps | on / off | range |", "|---|---|---|---|---|---|---|"]
     for model in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
@@ -118,14 +114,10 @@ def main(argv=None) -> int:
                 v = by_kind[k]
                 lines.append(f"| {model} | {batch} | {pairs} | {k} | {len(v)} | {geomean(v):.3f} | "
                              f"{min(v):.3f}-{max(v):.3f} |")
-                print(lines[-1], flush=True)
             lines.append(f"| {model} | {batch} | {pairs} | **all steps summed** | {len(kinds)} | "
                          f"{statistics.median(totals):.3f} | - |")
-            print(lines[-1], flush=True)
     lines += ["", f"Load average at the end: {load_average()}."]
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    write_report("\n".join(lines), args.out)
     return 0
 
 
