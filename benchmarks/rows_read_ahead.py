@@ -1,7 +1,7 @@
 """The AVX512-VNNI GEMM's read ahead of activation rows, on and off, step by step through converted
-CNNs: the measurement behind `rows_read_ahead` (csrc/kernels/gemm_kernels.h).
+CNNs (and BERT-base): the measurement behind `rows_read_ahead` (csrc/kernels/gemm_kernels.h).
 
-    python benchmarks/rows_read_ahead.py [--models resnet50,resnet18,mobilenet_v2] [--batches 1,32]
+    python benchmarks/rows_read_ahead.py [--models resnet50,resnet18,mobilenet_v2,bert_base] [--batches 1,32]
                                          [--pairs 0] [--threads 2] [--out FILE]
 
 Each model is quantized once; its forward plan is then replayed in pairs (read ahead off, on; the
@@ -28,7 +28,7 @@ from _machine import load_average, run_lines, write_report  # noqa: E402
 
 import qbackend  # noqa: E402
 from qbackend.core.extension import _C  # noqa: E402
-from qbackend.models import MODELS  # noqa: E402
+from qbackend.models import MODELS, bert_inputs  # noqa: E402
 from qbackend.models.case import generator  # noqa: E402
 from qbackend.models.synthetic import synthetic_images  # noqa: E402
 
@@ -53,17 +53,21 @@ def kind(qmodel, layer: str | None) -> str:
 
 
 def measure(model: str, batch: int, pairs: int, seed: int = 0) -> tuple[list[str], dict, list[float]]:
-    case = MODELS[model](batch_size=8, num_calibration_batches=4, num_eval_batches=1, image_size=224, seed=seed)
-    x = synthetic_images(batch, 224, generator(seed + 4))
+    if model == "bert_base":  # 128-token sequences (BERT's vocabulary), its default 12 layers
+        case = MODELS[model](batch_size=8, num_calibration_batches=4, num_eval_batches=1, seq_len=128, seed=seed)
+        x = bert_inputs(batch, 128, generator(seed + 4), case.model.config.vocab_size)
+    else:
+        case = MODELS[model](batch_size=8, num_calibration_batches=4, num_eval_batches=1, image_size=224, seed=seed)
+        x = (synthetic_images(batch, 224, generator(seed + 4)),)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qmodel = qbackend.quantize(case.model, (x,), case.calibration)
+        qmodel = qbackend.quantize(case.model, x, case.calibration)
     ratios, totals = collections.defaultdict(list), []
     try:
         with torch.no_grad():
-            qmodel(x)
-            qmodel(x)
-            plan, tensors = qmodel.recorded_plan(x)
+            qmodel(*x)
+            qmodel(*x)
+            plan, tensors = qmodel.recorded_plan(*x)
             if plan is None:
                 raise RuntimeError(f"{model}: no forward plan for batch {batch}")
             for i in range(pairs):
@@ -86,7 +90,8 @@ def geomean(values) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="resnet50,resnet18,mobilenet_v2")
+    ap.add_argument("--models", default="resnet50,resnet18,mobilenet_v2",
+                    help="zoo CNNs (224 x 224 images) and bert_base (128-token sequences)")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--pairs", type=int, default=0, help="replay pairs per model and batch (0: 150 at batch 1, "
                                                          "24 above)")
