@@ -17,6 +17,10 @@ Each side is timed (whole forwards, no profiler) and profiled in blocks of `--ca
 sides alternating for `--rounds` rounds, each block after a 0.2 s pause (the other library's
 spinning threads go idle) and 5 untimed forwards; each figure is the median over the rounds. The per-layer
 sum against the whole forward shows each side's time outside its layers (dispatch, allocation).
+On a shared machine whose speed drifts over seconds, `--calls 1` with more rounds (25) alternates the
+sides every forward, so that the drift moves both alike: blocks of several forwards a side moved
+per-layer ratios by about +-10% between runs on a KVM guest
+(benchmarks/results/xeon_icelake/README.md, 2026-12-08).
 """
 from __future__ import annotations
 
